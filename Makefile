@@ -1,0 +1,38 @@
+# context-ceiling developer entry points. Everything installs itself; nothing by hand.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+.PHONY: venv lint typecheck test demo bench local-model clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+local-model:  ## build/fetch (once, cached under ~/.cache/context-ceiling) llama-server + the GGUF model
+	bash scripts/local_model.sh
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: venv lint typecheck local-model  ## the README's test command; CI runs exactly this
+	$(BIN)/pytest -q
+
+demo: venv local-model  ## the whole loop on a real local model
+	$(PY) scripts/demo.py
+
+bench: venv
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

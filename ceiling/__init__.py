@@ -1,0 +1,1 @@
+"""context-ceiling core: definitions shared by the sidecar and the sweep."""

@@ -1,0 +1,144 @@
+"""Run llama.cpp's ``llama-server`` on loopback as a real, local, OpenAI-compatible upstream.
+
+Used by ``make demo`` and the real-model tests. The server runs in its own process group and is
+stopped (TERM, then KILL) when the context exits, when the interpreter exits, or on SIGTERM of
+the parent, so it is never left orphaned. The window is read from the server, never assumed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+FETCH_SCRIPT = ROOT / "scripts" / "local_model.sh"
+
+
+class LocalModelError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    server: Path
+    model: Path
+
+
+def ensure_local_model() -> LocalModel:
+    """Build/fetch (first time) or reuse the cached llama-server and GGUF model."""
+    env = os.environ.copy()
+    if os.environ.get("CEILING_LLAMA_SERVER") and os.environ.get("CEILING_MODEL"):
+        return LocalModel(
+            Path(os.environ["CEILING_LLAMA_SERVER"]), Path(os.environ["CEILING_MODEL"])
+        )
+    proc = subprocess.run(["bash", str(FETCH_SCRIPT)], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LocalModelError(
+            f"{FETCH_SCRIPT.name} failed: {proc.stderr.strip().splitlines()[-1:]}"
+        )
+    found = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    return LocalModel(Path(found["SERVER"]), Path(found["MODEL"]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningServer:
+    url: str
+    window: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.url + "/v1"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def llama_server(
+    ctx_size: int,
+    *,
+    local: LocalModel | None = None,
+    threads: int | None = None,
+    cache_prompt: bool = True,
+    log_path: Path | None = None,
+    alias: str = "qwen2.5-coder-0.5b-instruct",
+) -> Iterator[RunningServer]:
+    """Start llama-server with ``ctx_size`` tokens of context on a free loopback port."""
+    local = local or ensure_local_model()
+    port = free_port()
+    args = [
+        str(local.server),
+        "-m",
+        str(local.model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ctx-size",
+        str(ctx_size),
+        "-np",
+        "1",
+        "-t",
+        str(threads or os.cpu_count() or 2),
+        "--no-webui",
+        "--alias",
+        alias,
+    ]
+    if not cache_prompt:
+        args += ["--cache-ram", "0", "--no-cache-prompt"]
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    atexit.register(_stop, proc)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        with httpx.Client(timeout=2.0, trust_env=False) as c:
+            while True:
+                if proc.poll() is not None:
+                    raise LocalModelError(
+                        f"llama-server exited with {proc.returncode} during start"
+                    )
+                try:
+                    if c.get(url + "/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise LocalModelError("llama-server did not become healthy in 120 s")
+                time.sleep(0.2)
+            props = c.get(url + "/props").json()
+        window = int(props["default_generation_settings"]["n_ctx"])
+        yield RunningServer(url, window, proc)
+    finally:
+        _stop(proc)
+        atexit.unregister(_stop)
+        if log_path:
+            log.close()  # type: ignore[union-attr]

@@ -1,0 +1,133 @@
+"""Text tokenizers, offline.
+
+The one place that turns text into token counts. The sidecar and the sweep both count through
+these classes, so a ceiling measured by the sweep and enforced by the sidecar use the same ruler.
+
+tiktoken normally downloads its vocabularies on first use; we ship the official files inside the
+package (``ceiling/data``), verify their sha256 and hand tiktoken the ranks directly, so counting
+never touches the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import tiktoken
+import tiktoken_ext.openai_public as _openai_public  # type: ignore[import-untyped]
+
+DATA_DIR = Path(__file__).with_name("data")
+
+#: sha256 of the official vocabulary files (the same values tiktoken pins).
+ENCODING_SHA256: dict[str, str] = {
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+}
+
+_ctor_lock = threading.Lock()
+
+
+class TokenizerError(ValueError):
+    """A tokenizer could not be loaded; the message says which and why."""
+
+
+def _read_ranks(name: str) -> dict[bytes, int]:
+    path = DATA_DIR / f"{name}.tiktoken"
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != ENCODING_SHA256[name]:
+        raise TokenizerError(f"{path}: sha256 {digest} does not match the official {name} file")
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+@cache
+def load_encoding(name: str) -> tiktoken.Encoding:
+    """The tiktoken encoding ``name`` built from the packaged vocabulary.
+
+    The pattern and special tokens come from tiktoken's own constructor so they can never drift
+    from upstream; only its download step is replaced by the packaged file.
+    """
+    if name not in ENCODING_SHA256:
+        raise TokenizerError(
+            f"unknown tiktoken encoding {name!r}; shipped: {', '.join(sorted(ENCODING_SHA256))}"
+        )
+    ranks = _read_ranks(name)
+    ctor: Callable[[], dict[str, Any]] = getattr(_openai_public, name)
+    with _ctor_lock:
+        original = _openai_public.load_tiktoken_bpe
+        _openai_public.load_tiktoken_bpe = lambda *_a, **_k: ranks
+        try:
+            spec = ctor()
+        finally:
+            _openai_public.load_tiktoken_bpe = original
+    return tiktoken.Encoding(**spec)
+
+
+class TextCounter(Protocol):
+    """Counts the tokens of a piece of text for one model family."""
+
+    #: short, bounded description used in logs ("tiktoken:o200k_base", ...)
+    name: str
+
+    def count(self, text: str) -> int: ...
+
+
+class TiktokenCounter:
+    """A tiktoken BPE; special-token text in user content is counted as ordinary text."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = load_encoding(encoding)
+        self.name = f"tiktoken:{encoding}"
+        self._encode = self.encoding.encode_ordinary
+
+    def count(self, text: str) -> int:
+        return len(self._encode(text)) if text else 0
+
+
+class HuggingFaceCounter:
+    """A Hugging Face ``tokenizer.json`` (open models), loaded from a local path only."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        p = Path(path)
+        try:
+            self._tok = Tokenizer.from_file(str(p))
+        except Exception as exc:  # the library raises bare Exception subclasses
+            raise TokenizerError(f"{p}: cannot load tokenizer.json: {exc}") from exc
+        self.name = f"huggingface:{p.name}"
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+class CalibratedCounter:
+    """A stand-in BPE scaled by a measured factor, for models with no public tokenizer.
+
+    Claude's tokenizer is not published. Counting with a known BPE and multiplying by a factor
+    fitted against the provider's reported usage keeps the estimate honest; the sidecar's
+    ``llm_context_token_estimate_error_ratio`` shows when the factor needs refitting.
+    """
+
+    def __init__(self, base: TextCounter, factor: float) -> None:
+        if factor <= 0:
+            raise TokenizerError(f"calibration factor must be > 0, got {factor}")
+        self._base = base
+        self.factor = factor
+        self.name = f"calibrated:{base.name}x{factor:g}"
+
+    def count(self, text: str) -> int:
+        n = self._base.count(text)
+        return round(n * self.factor) if n else 0

@@ -1,0 +1,104 @@
+"""The ASGI application: routes, probes and the metrics endpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sidecar.config import Settings
+from sidecar.metrics import Metrics
+from sidecar.proxy import Proxy
+from sidecar.state import State
+
+READY_CACHE_S = 5.0
+
+
+class Readiness:
+    """``/readyz``: config loaded and every configured upstream accepts a TCP connection.
+
+    The check is cached for a few seconds so a tight probe loop does not hammer the provider."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._checked = 0.0
+        self._result: dict[str, str] = {}
+
+    async def _probe(self, base_url: str) -> str:
+        parts = urlsplit(base_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            with anyio.fail_after(2.0):
+                stream = await anyio.connect_tcp(parts.hostname or "localhost", port)
+                await stream.aclose()
+        except (OSError, TimeoutError) as exc:
+            return f"unreachable ({type(exc).__name__})"
+        return "ok"
+
+    async def check(self) -> dict[str, str]:
+        if time.monotonic() - self._checked > READY_CACHE_S or not self._result:
+            out: dict[str, str] = {}
+            for api, client in self.state.clients.items():
+                out[api] = await self._probe(str(client.base_url))
+            self._result, self._checked = out, time.monotonic()
+        return self._result
+
+
+def create_app(
+    settings: Settings,
+    transport: httpx.AsyncBaseTransport | None = None,
+    metrics: Metrics | None = None,
+) -> Starlette:
+    """Build the sidecar. ``transport`` replaces the network to the upstreams (tests, benchmarks)."""
+    state = State.build(settings, transport, metrics)
+    proxy = Proxy(state)
+    readiness = Readiness(state)
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> Response:
+        if transport is not None:  # injected upstreams have no address to probe
+            return JSONResponse(
+                {"status": "ok", "upstreams": dict.fromkeys(state.clients, "injected")}
+            )
+        result = await readiness.check()
+        ok = all(v == "ok" for v in result.values())
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable", "upstreams": result},
+            status_code=200 if ok else 503,
+        )
+
+    async def metrics_endpoint(_: Request) -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await state.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", proxy.openai_chat, methods=["POST"]),
+            Route("/v1/messages", proxy.anthropic_messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", proxy.anthropic_count_tokens, methods=["POST"]),
+            Route("/v1/models", proxy.models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.sidecar = state
+    return app

@@ -1,0 +1,196 @@
+"""Sidecar configuration: one YAML file, every option overridable from the environment.
+
+Precedence: environment (``CEILING_`` prefix, ``__`` between nested keys, JSON for lists and
+objects, e.g. ``CEILING_LISTEN__PORT=9000`` or ``CEILING_MODELS='[...]'``) over the YAML file
+over the defaults. A bad value is reported with the file (or variable), the field and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from ceiling.counting import DEFAULT_CHUNK_PATTERN
+from ceiling.models import ModelSpec
+
+ENV_PREFIX = "CEILING_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, already phrased as one line for the operator."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Listen(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+
+
+class Timeouts(_Section):
+    """Seconds. ``read`` is per chunk (a long generation keeps streaming); ``total`` caps the
+    whole exchange including a stream."""
+
+    connect: float = Field(default=5.0, gt=0)
+    read: float = Field(default=300.0, gt=0)
+    total: float = Field(default=900.0, gt=0)
+
+
+class Upstream(_Section):
+    """Where requests go. ``base_url`` is what you would give the provider's SDK: for OpenAI it
+    includes ``/v1`` (``https://api.openai.com/v1``), for Anthropic it does not
+    (``https://api.anthropic.com``)."""
+
+    base_url: str
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    pool_size: int = Field(default=100, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+
+class Upstreams(_Section):
+    openai: Upstream | None = None
+    anthropic: Upstream | None = None
+
+
+class Limits(_Section):
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+
+
+class Retrieval(_Section):
+    """How retrieved chunks inlined as text are recognised (Anthropic ``document`` and
+    ``search_result`` blocks are always recognised)."""
+
+    chunk_pattern: str | None = DEFAULT_CHUNK_PATTERN
+
+    @field_validator("chunk_pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return v or None
+
+
+Stage = Literal["tool_results", "retrieved", "history"]
+STAGES: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
+
+
+class Enforcement(_Section):
+    """Trimming to the ceiling (the enforcement issue): the mode per workload and the order of
+    stages. Recorded here so one file configures the sidecar; ``off`` forwards unchanged."""
+
+    mode: Literal["off", "observe", "enforce"] = "off"
+    stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
+
+
+class Settings(BaseSettings):
+    """The whole sidecar configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    listen: Listen = Field(default_factory=Listen)
+    upstreams: Upstreams = Field(default_factory=Upstreams)
+    models: list[ModelSpec] = Field(default_factory=list)
+    workloads: list[str] = Field(default_factory=lambda: ["default"])
+    ceilings_file: Path | None = None
+    retrieval: Retrieval = Field(default_factory=Retrieval)
+    enforcement: Enforcement = Field(default_factory=Enforcement)
+    limits: Limits = Field(default_factory=Limits)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("workloads")
+    @classmethod
+    def _workload_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+                raise ValueError(f"workload name {name!r} must match [a-z0-9][a-z0-9_.-]*")
+        return v if "default" in v else ["default", *v]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init kwargs carry the YAML document; the environment wins over it.
+        return (env_settings, init_settings)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    return data
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        env = ENV_PREFIX + "__".join(str(p) for p in err["loc"][:2]).upper()
+        source = f"env {env}" if env in os.environ else (str(path) if path else "config")
+        problems.append(f"{source}: {loc}: {err['msg']}")
+    return "; ".join(problems)
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load and validate; raises :class:`ConfigError` with a one-line description."""
+    p = Path(path) if path else None
+    if p is None and os.environ.get(ENV_PREFIX + "CONFIG"):
+        p = Path(os.environ[ENV_PREFIX + "CONFIG"])
+    data = _read_yaml(p) if p else {}
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, p)) from exc
+    if settings.upstreams.openai is None and settings.upstreams.anthropic is None:
+        raise ConfigError(
+            f"{p or 'config'}: upstreams: configure at least one of upstreams.openai, upstreams.anthropic"
+        )
+    if (
+        settings.ceilings_file is not None
+        and p is not None
+        and not settings.ceilings_file.is_absolute()
+    ):
+        settings.ceilings_file = p.parent / settings.ceilings_file
+    return settings

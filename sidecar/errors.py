@@ -1,0 +1,73 @@
+"""Errors in the client's own API format.
+
+An OpenAI SDK raises the right exception class only for an OpenAI-shaped body, an Anthropic SDK
+only for an Anthropic-shaped one; so every error the sidecar itself produces is rendered in the
+format of the API the client called.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import orjson
+from starlette.responses import Response
+
+Api = Literal["openai", "anthropic"]
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def error_body(api: Api, status: int, message: str, code: str | None = None) -> bytes:
+    if api == "anthropic":
+        return orjson.dumps(
+            {
+                "type": "error",
+                "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+            }
+        )
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _OPENAI_TYPES.get(status, "api_error"),
+                "param": None,
+                "code": code,
+            }
+        }
+    )
+
+
+def error_response(
+    api: Api,
+    status: int,
+    message: str,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return Response(
+        error_body(api, status, message, code),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )

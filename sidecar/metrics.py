@@ -1,0 +1,127 @@
+"""Prometheus metrics on an app-owned registry.
+
+The names are a contract: the dashboards, alert rules and Helm chart query them. Every label is
+bounded: ``model`` is a registry label or ``other``, ``workload`` a configured name or
+``default``, ``api`` and ``outcome`` fixed vocabularies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ceiling.utilization import COMPONENTS, Component
+
+UTILIZATION_BUCKETS = (
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+    0.98,
+    1.0,
+)
+TOKEN_BUCKETS = (
+    0,
+    64,
+    256,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+)
+ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+
+APIS = ("openai_chat", "anthropic_messages", "anthropic_count_tokens", "models")
+#: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
+#: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
+OUTCOMES = ("ok", "upstream_4xx", "upstream_5xx", "invalid", "timeout", "unreachable", "cancelled")
+
+
+class Metrics:
+    """All sidecar metric families, registered on one registry the app owns."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "llm_context_requests",
+            "Proxied requests by outcome.",
+            ["model", "workload", "api", "outcome"],
+            registry=r,
+        )
+        self.utilization = Histogram(
+            "llm_context_utilization_ratio",
+            "Input tokens / model context window, per request, before forwarding.",
+            ["model", "workload"],
+            buckets=UTILIZATION_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Histogram(
+            "llm_context_input_tokens",
+            "Input tokens per request by component (estimated before forwarding).",
+            ["model", "workload", "component"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.window = Gauge(
+            "llm_context_window_tokens",
+            "Context window of each registered model.",
+            ["model"],
+            registry=r,
+        )
+        self.estimate_error = Histogram(
+            "llm_context_token_estimate_error_ratio",
+            "(estimated - upstream-reported input tokens) / reported.",
+            ["model"],
+            buckets=ERROR_BUCKETS,
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "llm_context_upstream_duration_seconds",
+            "Time from forwarding to the last byte of the upstream response.",
+            ["model", "api"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Histogram(
+            "llm_context_output_tokens",
+            "Output tokens per request as reported by the upstream.",
+            ["model", "workload"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+
+    def declare_model(self, label: str, window: int) -> None:
+        self.window.labels(model=label).set(window)
+
+    def observe_input(
+        self,
+        model: str,
+        workload: str,
+        utilization: float | None,
+        components: Mapping[Component, int],
+    ) -> None:
+        if utilization is not None:
+            self.utilization.labels(model=model, workload=workload).observe(utilization)
+        for comp in COMPONENTS:
+            self.input_tokens.labels(model=model, workload=workload, component=comp.value).observe(
+                components.get(comp, 0)
+            )

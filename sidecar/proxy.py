@@ -1,0 +1,454 @@
+"""The proxy path: measure a chat request, forward it, pass the answer back, record the result.
+
+Every request is parsed and counted once before forwarding; its body goes upstream byte for byte
+unless the sidecar must change it (OpenAI streams get ``stream_options.include_usage`` so usage
+can be recorded). Responses come back unchanged: bodies as the upstream sent them, streams event
+by event as they arrive, errors with the upstream's own status and body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import httpx
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ceiling.counting import RequestCount, RequestShapeError, count_anthropic, count_openai
+from ceiling.engine import EngineCountError, count_chat
+from ceiling.models import OTHER, ModelSpec, UpstreamSpec
+from ceiling.utilization import utilization
+from sidecar.errors import Api, error_response
+from sidecar.logs import log_request
+from sidecar.sse import EventSplitter
+from sidecar.state import State
+from sidecar.upstream import request_headers, response_headers
+from sidecar.usage import (
+    AnthropicStreamTap,
+    OpenAIStreamTap,
+    Usage,
+    anthropic_body_usage,
+    openai_body_usage,
+)
+
+log = logging.getLogger("sidecar.proxy")
+
+WORKLOAD_HEADER = "x-ceiling-workload"
+
+
+class _Tap(Protocol):
+    usage: Usage
+
+    def on_event(self, event: bytes) -> bytes | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What differs between the two wire formats."""
+
+    api: Api
+    metric_api: str
+    path: str
+    count: Callable[..., RequestCount]
+    body_usage: Callable[[bytes], Usage]
+    tap: Callable[[bool], _Tap]
+
+
+OPENAI_CHAT = Route(
+    "openai", "openai_chat", "/chat/completions", count_openai, openai_body_usage, OpenAIStreamTap
+)
+ANTHROPIC_MESSAGES = Route(
+    "anthropic",
+    "anthropic_messages",
+    "/v1/messages",
+    count_anthropic,
+    anthropic_body_usage,
+    lambda _injected: AnthropicStreamTap(),
+)
+ANTHROPIC_COUNT = Route(
+    "anthropic",
+    "anthropic_count_tokens",
+    "/v1/messages/count_tokens",
+    count_anthropic,
+    anthropic_body_usage,
+    lambda _injected: AnthropicStreamTap(),
+)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Everything known about one request; becomes the log line and the metrics."""
+
+    route: Route
+    request_id: str
+    workload: str
+    started: float
+    model: str = ""
+    label: str = OTHER
+    spec: ModelSpec | None = None
+    count: RequestCount | None = None
+    util: float | None = None
+    stream: bool = False
+    status: int = 0
+    outcome: str = "ok"
+    usage: Usage = field(default_factory=Usage)
+    upstream_started: float | None = None
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Proxy:
+    """Request handlers bound to the sidecar's live state."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _workload(self, request: Request) -> str:
+        name = request.headers.get(WORKLOAD_HEADER)
+        return name if name and name in self.state.workloads else "default"
+
+    def _fail(
+        self, ex: Exchange, status: int, outcome: str, message: str, code: str | None = None
+    ) -> Response:
+        ex.status, ex.outcome = status, outcome
+        self._finish(ex)
+        return error_response(ex.route.api, status, message, code, headers=self._headers(ex))
+
+    def _headers(self, ex: Exchange) -> dict[str, str]:
+        h = {"x-ceiling-request-id": ex.request_id}
+        if ex.count is not None:
+            h["x-ceiling-input-tokens"] = str(ex.count.total)
+        if ex.util is not None:
+            h["x-ceiling-utilization"] = f"{ex.util:.4f}"
+        h.update(ex.extra_headers)
+        return h
+
+    def _finish(self, ex: Exchange) -> None:
+        now = time.perf_counter()
+        m = self.state.metrics
+        m.requests.labels(
+            model=ex.label, workload=ex.workload, api=ex.route.metric_api, outcome=ex.outcome
+        ).inc()
+        u = ex.usage
+        est_error: float | None = None
+        if ex.count is not None and u.input_tokens:
+            est_error = (ex.count.total - u.input_tokens) / u.input_tokens
+            m.estimate_error.labels(model=ex.label).observe(est_error)
+        if ex.upstream_started is not None:
+            m.upstream_duration.labels(model=ex.label, api=ex.route.metric_api).observe(
+                now - ex.upstream_started
+            )
+        if u.output_tokens is not None and ex.route is not ANTHROPIC_COUNT:
+            m.output_tokens.labels(model=ex.label, workload=ex.workload).observe(u.output_tokens)
+        c = ex.count
+        log_request(
+            {
+                "request_id": ex.request_id,
+                "api": ex.route.metric_api,
+                "model": ex.model,
+                "model_label": ex.label,
+                "workload": ex.workload,
+                "stream": ex.stream,
+                "input_tokens_estimated": c.total if c else None,
+                "input_tokens_exact": c.exact if c else None,
+                "tokenizer": c.counter if c else None,
+                "input_tokens_reported": u.input_tokens,
+                "cached_tokens": u.cached_tokens,
+                "estimate_error": round(est_error, 5) if est_error is not None else None,
+                "window": ex.spec.window if ex.spec else None,
+                "utilization": round(ex.util, 5) if ex.util is not None else None,
+                "components": {k.value: v for k, v in c.components.items()} if c else None,
+                "output_tokens": u.output_tokens,
+                "finish_reason": u.finish_reason,
+                "response_model": u.response_model,
+                "status": ex.status,
+                "outcome": ex.outcome,
+                "latency_ms": round((now - ex.started) * 1000, 2),
+            }
+        )
+
+    async def _exact_count(
+        self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
+    ) -> RequestCount:
+        if route.api != "openai":
+            return est
+        try:
+            total = await count_chat(
+                self.state.engine_client, spec, obj["messages"], obj.get("tools"), obj.get("model")
+            )
+        except EngineCountError as exc:
+            log.warning(
+                "engine tokenize failed; using the estimate", extra={"fields": {"reason": str(exc)}}
+            )
+            return est
+        return est.scaled_to(total, exact=True, counter=f"upstream:{spec.style}")
+
+    # -- handlers --------------------------------------------------------------------------
+
+    async def openai_chat(self, request: Request) -> Response:
+        return await self._handle(request, OPENAI_CHAT)
+
+    async def anthropic_messages(self, request: Request) -> Response:
+        return await self._handle(request, ANTHROPIC_MESSAGES)
+
+    async def anthropic_count_tokens(self, request: Request) -> Response:
+        return await self._handle(request, ANTHROPIC_COUNT)
+
+    async def _handle(self, request: Request, route: Route) -> Response:
+        st = self.state
+        ex = Exchange(
+            route=route,
+            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+            workload=self._workload(request),
+            started=time.perf_counter(),
+        )
+        client = st.clients.get(route.api)
+        if client is None:
+            return self._fail(
+                ex, 404, "invalid", f"no {route.api} upstream is configured on this sidecar"
+            )
+        try:
+            raw = await read_body(request, st.settings.limits.max_body_bytes)
+        except BodyTooLarge:
+            return self._fail(
+                ex,
+                413,
+                "invalid",
+                f"request body exceeds the limit of {st.settings.limits.max_body_bytes} bytes",
+            )
+        except ClientDisconnect:
+            ex.outcome = "cancelled"
+            self._finish(ex)
+            return Response(status_code=499)
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return self._fail(ex, 400, "invalid", f"request body is not valid JSON: {exc}")
+        if not isinstance(obj, dict):
+            return self._fail(ex, 400, "invalid", "request body must be a JSON object")
+        model = obj.get("model")
+        if not isinstance(model, str) or not model:
+            return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
+        ex.model = model
+        spec = st.registry.resolve(model)
+        if spec is not None:
+            ex.spec, ex.label = spec, spec.metric_label
+        counter = st.registry.counter(spec) if spec else st.default_counter
+        try:
+            ex.count = route.count(
+                obj, counter, spec.chat_format if spec else None, st.chunk_pattern
+            )
+        except RequestShapeError as exc:
+            return self._fail(ex, 400, "invalid", str(exc))
+        if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
+            ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
+        if route is not ANTHROPIC_COUNT:
+            if spec is not None:
+                ex.util = utilization(ex.count.total, spec.window)
+            st.metrics.observe_input(ex.label, ex.workload, ex.util, ex.count.components)
+
+        body = raw
+        ex.stream = obj.get("stream") is True and route is not ANTHROPIC_COUNT
+        injected = False
+        if ex.stream and route.api == "openai":
+            opts = obj.get("stream_options")
+            if not (isinstance(opts, dict) and opts.get("include_usage")):
+                obj["stream_options"] = {
+                    **(opts if isinstance(opts, dict) else {}),
+                    "include_usage": True,
+                }
+                body = orjson.dumps(obj)
+                injected = True
+        headers = request_headers(request.headers.items())
+        upstream_cfg = st.upstream_settings(route.api)
+        deadline = time.monotonic() + upstream_cfg.timeouts.total
+        ex.upstream_started = time.perf_counter()
+        req = client.build_request("POST", route.path, content=body, headers=headers)
+        try:
+            with anyio.fail_after(upstream_cfg.timeouts.total):
+                resp = await client.send(req, stream=True)
+        except (httpx.TimeoutException, TimeoutError):
+            return self._fail(ex, 504, "timeout", "upstream timed out")
+        except httpx.TransportError as exc:
+            return self._fail(ex, 502, "unreachable", f"upstream unreachable: {type(exc).__name__}")
+        ex.status = resp.status_code
+        if not ex.stream or resp.status_code != 200:
+            return await self._unary(ex, resp, deadline)
+        return self._relay(ex, resp, route.tap(injected), deadline)
+
+    async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:
+        try:
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                content = await resp.aread()
+        except (httpx.TimeoutException, TimeoutError):
+            return self._fail(ex, 504, "timeout", "upstream timed out")
+        except httpx.TransportError as exc:
+            return self._fail(
+                ex, 502, "unreachable", f"upstream connection failed: {type(exc).__name__}"
+            )
+        finally:
+            await resp.aclose()
+        status = resp.status_code
+        if status < 300:
+            ex.usage = ex.route.body_usage(content)
+            ex.outcome = "ok"
+        else:
+            ex.outcome = "upstream_4xx" if status < 500 else "upstream_5xx"
+        self._finish(ex)
+        return Response(
+            content, status_code=status, headers=response_headers(resp.headers) | self._headers(ex)
+        )
+
+    def _relay(self, ex: Exchange, resp: httpx.Response, tap: _Tap, deadline: float) -> SSERelay:
+        return SSERelay(
+            self, ex, resp, tap, deadline, response_headers(resp.headers) | self._headers(ex)
+        )
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models`` passed through to the upstream the client's headers point at."""
+        st = self.state
+        api: Api = (
+            "anthropic"
+            if ("x-api-key" in request.headers or "anthropic-version" in request.headers)
+            else "openai"
+        )
+        client = st.clients.get(api) or next(iter(st.clients.values()))
+        api = "openai" if client is st.clients.get("openai") else "anthropic"
+        path = "/models" if api == "openai" else "/v1/models"
+        try:
+            resp = await client.get(
+                path,
+                headers=request_headers(request.headers.items()),
+                params=list(request.query_params.multi_items()),
+            )
+        except httpx.TimeoutException:
+            return error_response(api, 504, "upstream timed out")
+        except httpx.TransportError as exc:
+            return error_response(api, 502, f"upstream unreachable: {type(exc).__name__}")
+        st.metrics.requests.labels(
+            model=OTHER,
+            workload="default",
+            api="models",
+            outcome="ok"
+            if resp.status_code < 300
+            else ("upstream_4xx" if resp.status_code < 500 else "upstream_5xx"),
+        ).inc()
+        return Response(
+            resp.content, status_code=resp.status_code, headers=response_headers(resp.headers)
+        )
+
+
+class SSERelay(Response):
+    """A pure ASGI response that relays an upstream event stream as it arrives.
+
+    Each complete SSE event is sent as soon as it is whole; nothing else is buffered. A client
+    disconnect cancels the pump and closes the upstream response, which cancels the upstream
+    request; the exchange is recorded exactly once, whatever ended it."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        ex: Exchange,
+        resp: httpx.Response,
+        tap: _Tap,
+        deadline: float,
+        headers: dict[str, str],
+    ) -> None:
+        self.proxy, self.ex, self.resp, self.tap, self.deadline = proxy, ex, resp, tap, deadline
+        self.status_code = resp.status_code
+        self.background = None
+        self._closed = False
+        self.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.ex.outcome = "cancelled"
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
+                try:
+                    await self._pump(send)
+                except OSError:  # the client went away while we were sending
+                    self.ex.outcome = "cancelled"
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+
+    async def _close(self) -> None:
+        """Close the upstream response and record the exchange, exactly once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.resp.aclose()
+        self.ex.usage = self.tap.usage
+        self.proxy._finish(self.ex)
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel()
+                return
+
+    async def _pump(self, send: Send) -> None:
+        ex, tap = self.ex, self.tap
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.resp.status_code,
+                "headers": self.raw_headers,
+            }
+        )
+        splitter = EventSplitter()
+        try:
+            with anyio.fail_after(max(0.0, self.deadline - time.monotonic())):
+                async for chunk in self.resp.aiter_bytes():
+                    for event in splitter.feed(chunk):
+                        out = tap.on_event(event)
+                        if out:
+                            await send(
+                                {"type": "http.response.body", "body": out, "more_body": True}
+                            )
+                rest = splitter.flush()
+                out = tap.on_event(rest) if rest else None
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            ex.outcome = "ok"
+        except (TimeoutError, httpx.TimeoutException):
+            ex.outcome = "timeout"
+        except httpx.TransportError:
+            ex.outcome = "unreachable"
+        # recorded before the client sees the end, so metrics are complete when it does
+        with anyio.CancelScope(shield=True):
+            await self._close()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

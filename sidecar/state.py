@@ -1,0 +1,69 @@
+"""The sidecar's live state: configuration, registry, metrics and upstream connections.
+
+Built once at startup; the ceilings (reload issue) are swapped atomically on top of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import httpx
+
+from ceiling.models import Registry
+from ceiling.tokenizers import TextCounter, TiktokenCounter
+from sidecar.config import Settings, Upstream
+from sidecar.errors import Api
+from sidecar.metrics import Metrics
+from sidecar.upstream import build_client
+
+
+@dataclass
+class State:
+    settings: Settings
+    registry: Registry
+    metrics: Metrics
+    clients: dict[Api, httpx.AsyncClient]
+    engine_client: httpx.AsyncClient
+    chunk_pattern: re.Pattern[str] | None
+    workloads: frozenset[str]
+    default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: Metrics | None = None,
+    ) -> State:
+        registry = Registry(settings.models)
+        metrics = metrics or Metrics()
+        for spec in settings.models:
+            metrics.declare_model(spec.metric_label, spec.window)
+        clients: dict[Api, httpx.AsyncClient] = {}
+        if settings.upstreams.openai:
+            clients["openai"] = build_client(settings.upstreams.openai, transport)
+        if settings.upstreams.anthropic:
+            clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
+        pattern = settings.retrieval.chunk_pattern
+        return cls(
+            settings=settings,
+            registry=registry,
+            metrics=metrics,
+            clients=clients,
+            engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
+            chunk_pattern=re.compile(pattern) if pattern else None,
+            workloads=frozenset(settings.workloads),
+        )
+
+    def upstream_settings(self, api: Api) -> Upstream:
+        up = (
+            self.settings.upstreams.openai if api == "openai" else self.settings.upstreams.anthropic
+        )
+        assert up is not None  # only called for configured upstreams
+        return up
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+        await self.engine_client.aclose()

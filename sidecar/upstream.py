@@ -1,0 +1,76 @@
+"""Connections to the upstream model APIs.
+
+One pooled, keep-alive ``httpx.AsyncClient`` per upstream, built once. The transport is
+injectable so tests and benchmarks can put any ASGI app or loopback server behind the sidecar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import httpx
+
+from sidecar.config import Upstream
+
+#: Never forwarded upstream: hop-by-hop, recomputed, or ours.
+_DROP_REQUEST = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",
+        "x-ceiling-workload",
+        "x-ceiling-bypass",
+    }
+)
+#: Never passed back to the client: hop-by-hop or invalidated because httpx decodes the body.
+_DROP_RESPONSE = frozenset(
+    {
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
+def build_client(
+    upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    t = upstream.timeouts
+    limits = httpx.Limits(
+        max_connections=upstream.pool_size,
+        max_keepalive_connections=upstream.pool_size,
+        keepalive_expiry=30.0,
+    )
+    return httpx.AsyncClient(
+        base_url=upstream.base_url,
+        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.read, pool=t.connect),
+        limits=limits,
+        transport=transport,
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+def request_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Client headers to send upstream: auth and provider headers pass untouched."""
+    return [(k, v) for k, v in items if k.lower() not in _DROP_REQUEST]
+
+
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers.multi_items():
+        if k.lower() not in _DROP_RESPONSE:
+            out[k] = v
+    return out

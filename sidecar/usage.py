@@ -1,0 +1,159 @@
+"""What the upstream says it used: read from a response body or tapped from a stream.
+
+Anthropic's input is ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``
+(cached tokens still occupy the window). OpenAI's is ``prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sidecar.sse import event_data
+
+
+@dataclass(slots=True)
+class Usage:
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    response_model: str | None = None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _openai_usage(u: Usage, usage: Any) -> None:
+    if isinstance(usage, dict):
+        u.input_tokens = _int(usage.get("prompt_tokens"))
+        u.output_tokens = _int(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            u.cached_tokens = _int(details.get("cached_tokens"))
+
+
+def _anthropic_usage(u: Usage, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    fresh = _int(usage.get("input_tokens"))
+    read = _int(usage.get("cache_read_input_tokens")) or 0
+    created = _int(usage.get("cache_creation_input_tokens")) or 0
+    if fresh is not None:
+        u.input_tokens = fresh + read + created
+        u.cached_tokens = read
+    out = _int(usage.get("output_tokens"))
+    if out is not None:
+        u.output_tokens = out
+
+
+def openai_body_usage(body: bytes) -> Usage:
+    u = Usage()
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return u
+    if isinstance(obj, dict):
+        _openai_usage(u, obj.get("usage"))
+        u.response_model = obj.get("model") if isinstance(obj.get("model"), str) else None
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            u.finish_reason = choices[0].get("finish_reason")
+    return u
+
+
+def anthropic_body_usage(body: bytes) -> Usage:
+    u = Usage()
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return u
+    if isinstance(obj, dict):
+        _anthropic_usage(u, obj.get("usage"))
+        u.response_model = obj.get("model") if isinstance(obj.get("model"), str) else None
+        u.finish_reason = obj.get("stop_reason")
+        if obj.get("input_tokens") is not None and u.input_tokens is None:  # count_tokens reply
+            u.input_tokens = _int(obj.get("input_tokens"))
+    return u
+
+
+class OpenAIStreamTap:
+    """Reads usage from chat.completion.chunk events.
+
+    When the sidecar injected ``stream_options.include_usage`` the client did not ask for it, so
+    the extra usage-only chunk is dropped and the ``"usage":null`` field the option adds to every
+    other chunk is removed again: the client sees the stream it would have seen without us."""
+
+    __slots__ = ("injected", "usage")
+
+    def __init__(self, injected: bool) -> None:
+        self.injected = injected
+        self.usage = Usage()
+
+    def on_event(self, event: bytes) -> bytes | None:
+        """The bytes to forward for this event (None: drop it)."""
+        _, data = event_data(event)
+        if not data or data == b"[DONE]" or data[:1] != b"{":
+            return event
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(obj, dict):
+            return event
+        u = self.usage
+        if u.response_model is None and isinstance(obj.get("model"), str):
+            u.response_model = obj["model"]
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for c in choices:
+                if isinstance(c, dict) and c.get("finish_reason"):
+                    u.finish_reason = c["finish_reason"]
+        usage = obj.get("usage")
+        if usage:
+            _openai_usage(u, usage)
+            if self.injected and not choices:
+                return None
+        if self.injected:
+            return event.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
+        return event
+
+
+class AnthropicStreamTap:
+    """Reads usage from ``message_start`` and ``message_delta`` events; forwards all unchanged."""
+
+    __slots__ = ("usage",)
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+    def on_event(self, event: bytes) -> bytes | None:
+        name, data = event_data(event)
+        if name not in (b"message_start", b"message_delta") or not data:
+            return event
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(obj, dict):
+            return event
+        if name == b"message_start" and isinstance(obj.get("message"), dict):
+            msg = obj["message"]
+            _anthropic_usage(self.usage, msg.get("usage"))
+            if isinstance(msg.get("model"), str):
+                self.usage.response_model = msg["model"]
+        else:
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                # message_delta usage is cumulative; input fields appear there on some versions
+                if usage.get("input_tokens") is not None:
+                    _anthropic_usage(self.usage, usage)
+                elif _int(usage.get("output_tokens")) is not None:
+                    self.usage.output_tokens = _int(usage.get("output_tokens"))
+            delta = obj.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason"):
+                self.usage.finish_reason = delta["stop_reason"]
+        return event

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from sidecar.app import create_app
+from sidecar.config import Settings
+from sidecar.metrics import Metrics
+from sidecar.state import State
+from tests.hosted_provider_double import HostedProviderDouble, serve
+
+MODELS: list[dict[str, Any]] = [
+    {
+        "match": "gpt-4o",
+        "window": 128000,
+        "max_output_tokens": 16384,
+        "tokenizer": {"kind": "tiktoken", "encoding": "o200k_base"},
+    },
+    {"match": "gpt-4o-mini*", "label": "gpt-4o-mini", "window": 128000, "max_output_tokens": 16384},
+    {
+        "match": "claude-*",
+        "label": "claude",
+        "window": 200000,
+        "max_output_tokens": 8192,
+        "tokenizer": {"kind": "calibrated", "encoding": "cl100k_base", "factor": 1.1},
+    },
+]
+
+
+@dataclass
+class Running:
+    url: str
+    state: State
+    double: HostedProviderDouble
+    double_url: str
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.state.metrics
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def double() -> Iterator[tuple[HostedProviderDouble, str]]:
+    d = HostedProviderDouble()
+    with serve(d.app()) as url:
+        yield d, url
+
+
+@pytest.fixture
+def make_sidecar(double: tuple[HostedProviderDouble, str]) -> Iterator[Callable[..., Running]]:
+    d, durl = double
+    with ExitStack() as stack:
+
+        def make(**overrides: Any) -> Running:
+            cfg: dict[str, Any] = {
+                "upstreams": {
+                    "openai": {
+                        "base_url": durl + "/v1",
+                        "timeouts": {"connect": 2, "read": 5, "total": 10},
+                    },
+                    "anthropic": {
+                        "base_url": durl,
+                        "timeouts": {"connect": 2, "read": 5, "total": 10},
+                    },
+                },
+                "models": MODELS,
+                "workloads": ["default", "rag", "agent"],
+            }
+            cfg.update(overrides)
+            app = create_app(Settings(**cfg))
+            url = stack.enter_context(serve(app))
+            return Running(url, app.state.sidecar, d, durl)
+
+        yield make
+
+
+@pytest.fixture
+def sidecar(make_sidecar: Callable[..., Running]) -> Running:
+    return make_sidecar()

@@ -1,0 +1,360 @@
+"""A test double for the hosted providers (OpenAI, Anthropic), served for real on loopback.
+
+It stands in only for what cannot run here: api.openai.com and api.anthropic.com. It speaks their
+wire formats (JSON bodies, SSE streams, error shapes), records exactly what it received, and can
+be told per request to fail, stall or stream slowly through ``x-double-*`` headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+@dataclass
+class HostedProviderDouble:
+    """Loopback stand-in for a hosted provider. ``prompt_tokens`` is what it reports as usage."""
+
+    prompt_tokens: int = 1234
+    completion_tokens: int = 7
+    cache_read: int = 0
+    cache_creation: int = 0
+    received: list[Received] = field(default_factory=list)
+    stream_cancelled: threading.Event = field(default_factory=threading.Event)
+    last_bodies: dict[str, bytes] = field(default_factory=dict)
+
+    # -- canned bodies --------------------------------------------------------------------
+
+    def openai_body(self, model: str) -> bytes:
+        return orjson.dumps(
+            {
+                "id": "chatcmpl-double-1",
+                "object": "chat.completion",
+                "created": 1700000000,
+                "model": model + "-2024-08-06",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": "The answer is 42.",
+                            "refusal": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "total_tokens": self.prompt_tokens + self.completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": self.cache_read},
+                },
+                "system_fingerprint": "fp_double",
+            }
+        )
+
+    def anthropic_body(self, model: str) -> bytes:
+        return orjson.dumps(
+            {
+                "id": "msg_double_1",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": "The answer is 42."}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": self.prompt_tokens,
+                    "cache_read_input_tokens": self.cache_read,
+                    "cache_creation_input_tokens": self.cache_creation,
+                    "output_tokens": self.completion_tokens,
+                },
+            }
+        )
+
+    def openai_events(self, model: str, include_usage: bool, n: int) -> list[bytes]:
+        base = {
+            "id": "chatcmpl-double-2",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": model,
+            "system_fingerprint": "fp_double",
+        }
+        extra = {"usage": None} if include_usage else {}
+        events = []
+        first = (
+            base
+            | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            }
+            | extra
+        )
+        events.append(first)
+        for i in range(n):
+            events.append(
+                base
+                | {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": f"tok{i} "},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                }
+                | extra
+            )
+        events.append(
+            base
+            | {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}
+            | extra
+        )
+        if include_usage:
+            events.append(
+                base
+                | {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": self.prompt_tokens,
+                        "completion_tokens": self.completion_tokens,
+                        "total_tokens": self.prompt_tokens + self.completion_tokens,
+                    },
+                }
+            )
+        out = [b"data: " + orjson.dumps(e) + b"\n\n" for e in events]
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+    def anthropic_events(self, model: str, n: int) -> list[bytes]:
+        def ev(name: str, data: dict[str, Any]) -> bytes:
+            return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+        out = [
+            ev(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_double_2",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {
+                            "input_tokens": self.prompt_tokens,
+                            "cache_read_input_tokens": self.cache_read,
+                            "cache_creation_input_tokens": self.cache_creation,
+                            "output_tokens": 1,
+                        },
+                    },
+                },
+            ),
+            ev(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            ),
+            ev("ping", {"type": "ping"}),
+        ]
+        for i in range(n):
+            out.append(
+                ev(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": f"tok{i} "},
+                    },
+                )
+            )
+        out += [
+            ev("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ev(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": self.completion_tokens},
+                },
+            ),
+            ev("message_stop", {"type": "message_stop"}),
+        ]
+        return out
+
+    # -- the app --------------------------------------------------------------------------
+
+    async def _record(self, request: Request) -> Received:
+        rec = Received(request.url.path, dict(request.headers), await request.body())
+        self.received.append(rec)
+        return rec
+
+    def _stream(self, events: list[bytes], pace: float, split: bool) -> StreamingResponse:
+        async def gen() -> AsyncIterator[bytes]:
+            try:
+                for e in events:
+                    if split:  # cut events across network chunks to exercise reassembly
+                        mid = len(e) // 2
+                        yield e[:mid]
+                        await asyncio.sleep(0)
+                        yield e[mid:]
+                    else:
+                        yield e
+                    if pace:
+                        await asyncio.sleep(pace)
+            except BaseException:
+                self.stream_cancelled.set()
+                raise
+
+        self.last_bodies["stream"] = b"".join(events)
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def _control(self, request: Request, api: str) -> Response | None:
+        delay = float(request.headers.get("x-double-delay", "0"))
+        if delay:
+            await asyncio.sleep(delay)
+        status = int(request.headers.get("x-double-status", "0"))
+        if status:
+            if api == "anthropic":
+                body = {
+                    "type": "error",
+                    "error": {
+                        "type": "rate_limit_error" if status == 429 else "api_error",
+                        "message": f"double says {status}",
+                    },
+                }
+            else:
+                body = {
+                    "error": {
+                        "message": f"double says {status}",
+                        "type": "requests",
+                        "param": None,
+                        "code": None,
+                    }
+                }
+            return JSONResponse(
+                body, status_code=status, headers={"retry-after": "1", "x-double": "error"}
+            )
+        return None
+
+    async def chat(self, request: Request) -> Response:
+        rec = await self._record(request)
+        if (r := await self._control(request, "openai")) is not None:
+            return r
+        body = rec.json
+        if body.get("stream"):
+            inc = bool((body.get("stream_options") or {}).get("include_usage"))
+            return self._stream(
+                self.openai_events(
+                    body["model"], inc, int(request.headers.get("x-double-chunks", "5"))
+                ),
+                float(request.headers.get("x-double-pace", "0")),
+                request.headers.get("x-double-split") == "1",
+            )
+        content = self.openai_body(body["model"])
+        self.last_bodies["openai"] = content
+        return Response(
+            content,
+            media_type="application/json",
+            headers={"x-request-id": "req_double", "openai-processing-ms": "5"},
+        )
+
+    async def messages(self, request: Request) -> Response:
+        rec = await self._record(request)
+        if (r := await self._control(request, "anthropic")) is not None:
+            return r
+        body = rec.json
+        if body.get("stream"):
+            return self._stream(
+                self.anthropic_events(
+                    body["model"], int(request.headers.get("x-double-chunks", "5"))
+                ),
+                float(request.headers.get("x-double-pace", "0")),
+                request.headers.get("x-double-split") == "1",
+            )
+        content = self.anthropic_body(body["model"])
+        self.last_bodies["anthropic"] = content
+        return Response(
+            content, media_type="application/json", headers={"request-id": "req_double"}
+        )
+
+    async def count_tokens(self, request: Request) -> Response:
+        await self._record(request)
+        return JSONResponse({"input_tokens": self.prompt_tokens})
+
+    async def models(self, request: Request) -> Response:
+        await self._record(request)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": "gpt-4o", "object": "model", "created": 0, "owned_by": "double"}],
+            }
+        )
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+            ]
+        )
+
+
+@contextmanager
+def serve(app: Any, **kwargs: Any) -> Iterator[str]:
+    """Run an ASGI app with uvicorn on a free loopback port in a thread; yields its base URL."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **kwargs
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("loopback server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,0 +1,108 @@
+"""Configuration: YAML validated by pydantic, env overrides, one-line errors, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import ConfigError, load_settings
+
+GOOD = """
+listen: {host: 127.0.0.1, port: 9100}
+upstreams:
+  openai: {base_url: "https://api.openai.com/v1", timeouts: {connect: 3, read: 60, total: 120}, pool_size: 20}
+models:
+  - {match: "gpt-4o*", window: 128000, max_output_tokens: 16384}
+workloads: [rag]
+ceilings_file: ceilings.yaml
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sidecar.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_good_file(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, GOOD))
+    assert s.listen.port == 9100
+    assert s.upstreams.openai is not None and s.upstreams.openai.pool_size == 20
+    assert s.workloads == ["default", "rag"]
+    assert s.ceilings_file == tmp_path / "ceilings.yaml"  # relative to the config file
+    assert s.models[0].tokenizer.kind == "tiktoken"
+
+
+def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CEILING_LISTEN__PORT", "9200")
+    monkeypatch.setenv("CEILING_UPSTREAMS__OPENAI__TIMEOUTS__READ", "30")
+    monkeypatch.setenv("CEILING_WORKLOADS", '["agent"]')
+    s = load_settings(write(tmp_path, GOOD))
+    assert s.listen.port == 9200
+    assert s.upstreams.openai is not None and s.upstreams.openai.timeouts.read == 30
+    assert s.upstreams.openai.timeouts.connect == 3  # the rest of the section still from the file
+    assert s.workloads == ["default", "agent"]
+
+
+def test_env_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CEILING_UPSTREAMS__ANTHROPIC__BASE_URL", "https://api.anthropic.com")
+    monkeypatch.setenv("CEILING_MODELS", '[{"match": "claude-*", "window": 200000}]')
+    s = load_settings(None)
+    assert s.upstreams.anthropic is not None and s.models[0].window == 200000
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        (
+            GOOD.replace("port: 9100", "port: 99999"),
+            ["sidecar.yaml", "listen.port", "less than or equal to 65535"],
+        ),
+        (GOOD.replace("window: 128000", "window: -1"), ["models.0.window", "greater than 0"]),
+        (
+            GOOD.replace("max_output_tokens: 16384", "max_output_tokens: 200000"),
+            ["models.0", "must be below window"],
+        ),
+        (
+            GOOD.replace('"https://api.openai.com/v1"', "ftp://x"),
+            ["upstreams.openai.base_url", "http"],
+        ),
+        (GOOD + "surprise: 1\n", ["surprise", "Extra inputs are not permitted"]),
+        (GOOD.replace("workloads: [rag]", "workloads: [Bad Name]"), ["workloads", "must match"]),
+        ("listen: [1, 2", ["sidecar.yaml", "invalid YAML"]),
+        ("- just\n- a list\n", ["top level must be a mapping"]),
+        ("listen: {port: 1}\n", ["configure at least one of upstreams"]),
+    ],
+)
+def test_errors_name_file_field_reason(tmp_path: Path, text: str, needles: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text))
+    for n in needles:
+        assert n in str(info.value)
+
+
+def test_env_error_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CEILING_LISTEN__PORT", "not-a-port")
+    with pytest.raises(ConfigError, match=r"env CEILING_LISTEN__PORT: listen\.port"):
+        load_settings(write(tmp_path, GOOD))
+
+
+def test_cli_exits_2_with_one_line(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("port: 9100", "port: -5"))
+    r = subprocess.run(
+        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(p)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "listen.port" in lines[0] and str(p) in lines[0]
+    r = subprocess.run(
+        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "missing.yaml: cannot read" in r.stderr

@@ -1,0 +1,210 @@
+"""Request counting: the published framing rules, the component breakdown, images."""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import zlib
+
+from ceiling.counting import (
+    ANTHROPIC_TOOL_SYSTEM_TOKENS,
+    DEFAULT_CHUNK_PATTERN,
+    count_anthropic,
+    count_openai,
+)
+from ceiling.images import anthropic_image_tokens, image_size, openai_image_tokens
+from ceiling.models import ChatFormat
+from ceiling.tokenizers import TiktokenCounter
+from ceiling.utilization import Component
+
+ENC = TiktokenCounter("o200k_base")
+CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
+n = ENC.count
+
+
+def png(w: int, h: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + struct.pack(">I", 13)
+        + b"IHDR"
+        + ihdr
+        + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    )
+
+
+def test_openai_published_rule() -> None:
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "name": "alice", "content": "What is the renewal fee?"},
+        {"role": "assistant", "content": "120 EUR."},
+        {"role": "user", "content": "And the notice period?"},
+    ]
+    want = 3  # reply priming
+    for m in messages:
+        want += 3 + n(m["role"]) + n(m["content"])
+        if "name" in m:
+            want += 1 + n(m["name"])
+    c = count_openai({"model": "gpt-4o", "messages": messages}, ENC)
+    assert c.total == want
+    assert c.components[Component.SYSTEM] == 3 + n("system") + n("You are a helpful assistant.")
+    assert c.components[Component.LATEST_USER] == 3 + n("user") + n("And the notice period?") + 3
+    assert c.total == sum(c.components.values())
+    assert not c.exact
+
+
+def test_openai_components_tools_and_retrieval() -> None:
+    doc1 = '<document id="a">Contract A: fee 120 EUR.</document>'
+    doc2 = '<document id="b">Contract B: fee 90 EUR.</document>'
+    body = {
+        "model": "gpt-4o",
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "description": "find a contract",
+                    "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+                },
+            }
+        ],
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "first question"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"id":"a"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "fee: 120 EUR, notice: 90 days"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": doc1 + "\n" + doc2},
+                    {"type": "text", "text": "Which fee is lower?"},
+                ],
+            },
+        ],
+    }
+    c = count_openai(body, ENC, chunks=CHUNKS)
+    assert c.components[Component.RETRIEVED] == n(doc1) + n(doc2)
+    assert c.components[Component.TOOL_RESULTS] == 3 + n("tool") + n(
+        "fee: 120 EUR, notice: 90 days"
+    )
+    assert c.components[Component.TOOL_DEFINITIONS] > 0
+    assert c.components[Component.HISTORY] > n("first question")
+    assert c.total == sum(c.components.values())
+    parts = {(p.message, p.component) for p in c.parts}
+    assert (4, Component.RETRIEVED) in parts and (3, Component.TOOL_RESULTS) in parts
+
+
+def test_chat_format_knobs() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    fmt = ChatFormat(per_message=5, reply_priming=3, default_system=20)
+    c = count_openai(body, ENC, fmt)
+    assert c.total == 5 + n("user") + n("hi") + 3 + 20
+    assert c.components[Component.SYSTEM] == 20
+
+
+def test_openai_image_rule() -> None:
+    assert openai_image_tokens((1024, 1024), "high") == 765
+    assert openai_image_tokens((2048, 4096), "high") == 1105
+    assert openai_image_tokens((4000, 4000), "low") == 85
+    url = "data:image/png;base64," + base64.b64encode(png(1024, 1024)).decode()
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+        ],
+    }
+    c = count_openai(body, ENC)
+    assert c.components[Component.LATEST_USER] == 3 + n("user") + 765 + 3
+
+
+def test_image_headers() -> None:
+    assert image_size(png(640, 480)) == (640, 480)
+    assert image_size(b"GIF89a" + struct.pack("<HH", 31, 17) + b"\0" * 10) == (31, 17)
+    jpeg = (
+        b"\xff\xd8"
+        + b"\xff\xe0"
+        + struct.pack(">H", 16)
+        + b"\0" * 14
+        + b"\xff\xc0"
+        + struct.pack(">HBHH", 17, 8, 300, 400)
+        + b"\0" * 10
+    )
+    assert image_size(jpeg) == (400, 300)
+    assert image_size(b"not an image") is None
+    assert anthropic_image_tokens((1000, 1000)) == 1334
+    assert anthropic_image_tokens((3136, 1568)) == anthropic_image_tokens((1568, 784))
+
+
+def test_anthropic_components() -> None:
+    body = {
+        "model": "claude-x",
+        "system": [{"type": "text", "text": "You answer from the contracts."}],
+        "tools": [{"name": "lookup", "description": "find", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"id": "a"}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "fee 120"},
+                    {
+                        "type": "document",
+                        "source": {
+                            "type": "text",
+                            "media_type": "text/plain",
+                            "data": "Contract A text",
+                        },
+                        "title": "A",
+                    },
+                    {
+                        "type": "search_result",
+                        "source": "kb://b",
+                        "title": "B",
+                        "content": [{"type": "text", "text": "Contract B text"}],
+                    },
+                    {"type": "text", "text": "Which is cheaper?"},
+                ],
+            },
+        ],
+    }
+    c = count_anthropic(body, ENC, chunks=CHUNKS)
+    assert c.components[Component.SYSTEM] == n("You answer from the contracts.")
+    assert c.components[Component.TOOL_RESULTS] == n("fee 120") + 3
+    assert c.components[Component.RETRIEVED] == n("A\nContract A text") + n(
+        "B\nkb://b\nContract B text"
+    )
+    assert c.components[Component.TOOL_DEFINITIONS] > ANTHROPIC_TOOL_SYSTEM_TOKENS
+    assert c.components[Component.LATEST_USER] == 3 + n("Which is cheaper?") + 3
+    assert c.total == sum(c.components.values())
+
+
+def test_scaled_to_keeps_the_sum() -> None:
+    c = count_openai(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "a b c"},
+                {"role": "user", "content": "d e f g"},
+            ],
+        },
+        ENC,
+    )
+    s = c.scaled_to(1001, exact=True)
+    assert s.total == 1001 == sum(s.components.values())
+    assert s.exact

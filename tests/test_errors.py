@@ -1,0 +1,208 @@
+"""Bad input and upstream failures reach the client in its own API's error format."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Running
+
+MSG: list[Any] = [{"role": "user", "content": "hi"}]
+
+
+def oa(sc: Running, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0, **kw)
+
+
+def an(sc: Running) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=sc.url, api_key="k", max_retries=0)
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"messages": []}', "'model' is required"),
+        (b'{"model": "gpt-4o"}', "'messages' is required"),
+        (b'{"model": "gpt-4o", "messages": [{"content": "x"}]}', "messages[0].role is required"),
+        (
+            b'{"model": "gpt-4o", "messages": [{"role": "user", "content": 5}]}',
+            "messages[0].content",
+        ),
+    ],
+)
+def test_openai_bad_request(sidecar: Running, body: bytes, needle: str) -> None:
+    r = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"] == "invalid_request_error"
+    assert sidecar.double.received == []  # nothing forwarded
+    label = "gpt-4o" if b'"gpt-4o"' in body else "other"
+    assert (
+        sidecar.sample(
+            "llm_context_requests_total",
+            model=label,
+            workload="default",
+            api="openai_chat",
+            outcome="invalid",
+        )
+        == 1
+    )
+
+
+def test_openai_sdk_raises_its_own_error_class(sidecar: Running) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        oa(sidecar).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": 5}]
+        )  # type: ignore[typeddict-item]
+    assert "messages[0].content" in str(info.value)
+
+
+def test_anthropic_bad_request(sidecar: Running) -> None:
+    r = httpx.post(
+        sidecar.url + "/v1/messages",
+        content=b'{"model": "claude-x", "messages": [{"role": "system", "content": "x"}]}',
+    )
+    assert r.status_code == 400
+    assert r.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "messages[0].role must be 'user' or 'assistant'",
+        },
+    }
+    with pytest.raises(anthropic.BadRequestError):
+        an(sidecar).messages.create(
+            model="claude-x", max_tokens=5, messages=[{"role": "user", "content": 7}]
+        )  # type: ignore[typeddict-item]
+
+
+def test_body_limit_is_413(make_sidecar: Callable[..., Running]) -> None:
+    sc = make_sidecar(limits={"max_body_bytes": 2048})
+    big = "x " * 4000
+    with pytest.raises(openai.APIStatusError) as info:
+        oa(sc).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": big}])
+    assert info.value.status_code == 413
+    with pytest.raises(anthropic.APIStatusError) as ainfo:
+        an(sc).messages.create(
+            model="claude-x", max_tokens=5, messages=[{"role": "user", "content": big}]
+        )
+    assert ainfo.value.status_code == 413
+    assert ainfo.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+    assert sc.double.received == []
+
+
+def test_upstream_errors_pass_through_as_they_came(sidecar: Running) -> None:
+    r = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MSG},
+        headers={"x-double-status": "429"},
+    )
+    assert r.status_code == 429
+    assert r.json() == {
+        "error": {"message": "double says 429", "type": "requests", "param": None, "code": None}
+    }
+    assert r.headers["retry-after"] == "1" and r.headers["x-double"] == "error"
+    with pytest.raises(anthropic.InternalServerError):
+        an(sidecar).messages.create(
+            model="claude-x", max_tokens=5, messages=MSG, extra_headers={"x-double-status": "529"}
+        )
+    r = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MSG, "stream": True},
+        headers={"x-double-status": "500"},
+    )
+    assert r.status_code == 500 and r.json()["error"]["message"] == "double says 500"
+    s = sidecar.sample
+    assert (
+        s(
+            "llm_context_requests_total",
+            model="gpt-4o",
+            workload="default",
+            api="openai_chat",
+            outcome="upstream_4xx",
+        )
+        == 1
+    )
+    assert (
+        s(
+            "llm_context_requests_total",
+            model="gpt-4o",
+            workload="default",
+            api="openai_chat",
+            outcome="upstream_5xx",
+        )
+        == 1
+    )
+
+
+def test_upstream_timeout_is_504(make_sidecar: Callable[..., Running], double: Any) -> None:
+    _, durl = double
+    sc = make_sidecar(
+        upstreams={
+            "openai": {
+                "base_url": durl + "/v1",
+                "timeouts": {"connect": 1, "read": 0.3, "total": 5},
+            },
+            "anthropic": {"base_url": durl, "timeouts": {"connect": 1, "read": 5, "total": 0.3}},
+        }
+    )
+    with pytest.raises(openai.APIStatusError) as info:
+        oa(sc).chat.completions.create(
+            model="gpt-4o", messages=MSG, extra_headers={"x-double-delay": "1"}
+        )
+    assert info.value.status_code == 504
+    r = httpx.post(
+        sc.url + "/v1/messages",
+        json={"model": "claude-x", "max_tokens": 5, "messages": MSG},
+        headers={"x-double-delay": "1"},
+    )
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    assert (
+        sc.sample(
+            "llm_context_requests_total",
+            model="gpt-4o",
+            workload="default",
+            api="openai_chat",
+            outcome="timeout",
+        )
+        == 1
+    )
+
+
+def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> None:
+    from ceiling.llamacpp import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    sc = make_sidecar(
+        upstreams={"openai": {"base_url": dead + "/v1"}, "anthropic": {"base_url": dead}}
+    )
+    r = httpx.post(sc.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": MSG})
+    assert r.status_code == 502 and r.json()["error"]["type"] == "api_error"
+    r = httpx.post(
+        sc.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 5, "messages": MSG}
+    )
+    assert r.status_code == 502 and r.json()["type"] == "error"
+    ready = httpx.get(sc.url + "/readyz")
+    assert ready.status_code == 503 and ready.json()["upstreams"]["openai"].startswith(
+        "unreachable"
+    )
+    assert httpx.get(sc.url + "/healthz").status_code == 200
+
+
+def test_readyz_with_reachable_upstreams(sidecar: Running) -> None:
+    r = httpx.get(sidecar.url + "/readyz")
+    assert r.status_code == 200 and r.json() == {
+        "status": "ok",
+        "upstreams": {"openai": "ok", "anthropic": "ok"},
+    }
