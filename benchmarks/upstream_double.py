@@ -18,15 +18,37 @@ import orjson
 CHUNKS = int(os.environ.get("DOUBLE_CHUNKS", "20"))
 PACE = float(os.environ.get("DOUBLE_PACE", "0"))
 
-BODY = orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "gpt-4o",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020},
-})
-_chunk = orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4o",
-                       "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}]})
-_usage = orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4o", "choices": [],
-                       "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020}})
+BODY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "gpt-4o",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020},
+    }
+)
+_chunk = orjson.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
+    }
+)
+_usage = orjson.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gpt-4o",
+        "choices": [],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020},
+    }
+)
 EVENT = b"data: " + _chunk + b"\n\n"
 USAGE = b"data: " + _usage + b"\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -48,11 +70,22 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body += msg.get("body", b"")
         more = msg.get("more_body", False)
     if b'"stream":true' not in body and b'"stream": true' not in body:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": BODY})
         return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
     for _ in range(CHUNKS):
         await send({"type": "http.response.body", "body": EVENT, "more_body": True})
         if PACE:
@@ -65,5 +98,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 if __name__ == "__main__":
     import uvicorn
 
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
-                loop="uvloop", http="httptools")
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )

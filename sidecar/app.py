@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -15,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sidecar.admin import Admin
 from sidecar.config import Settings
 from sidecar.metrics import Metrics
 from sidecar.proxy import Proxy
@@ -60,7 +63,9 @@ def create_app(
 ) -> Starlette:
     """Build the sidecar. ``transport`` replaces the network to the upstreams (tests, benchmarks)."""
     state = State.build(settings, transport, metrics)
+    state.ceilings.reload_file("startup")  # a bad file at startup raises CeilingsError
     proxy = Proxy(state)
+    admin = Admin(state)
     readiness = Readiness(state)
 
     async def healthz(_: Request) -> Response:
@@ -83,9 +88,24 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        hup = False
         try:
-            yield
+            loop.add_signal_handler(signal.SIGHUP, state.ceilings.reload_file, "sighup")
+            hup = True
+        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
+            pass
+        try:
+            async with anyio.create_task_group() as tg:
+                if settings.ceilings_watch:
+                    tg.start_soon(state.ceilings.watch)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
         finally:
+            if hup:
+                loop.remove_signal_handler(signal.SIGHUP)
             await state.aclose()
 
     app = Starlette(
@@ -97,6 +117,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/admin/ceilings", admin.ceilings, methods=["GET", "PUT"]),
         ],
         lifespan=lifespan,
     )

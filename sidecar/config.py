@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -103,6 +103,16 @@ class Enforcement(_Section):
     stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
 
 
+class Staleness(_Section):
+    """When live traffic stops resembling the traffic a ceiling was measured on."""
+
+    tolerance: float = Field(default=0.25, gt=0, description="relative change that counts as drift")
+    window: int = Field(default=50, ge=2, description="requests in the moving average")
+    min_requests: int = Field(
+        default=20, ge=1, description="requests seen before judging the shape"
+    )
+
+
 class Settings(BaseSettings):
     """The whole sidecar configuration."""
 
@@ -118,6 +128,14 @@ class Settings(BaseSettings):
     models: list[ModelSpec] = Field(default_factory=list)
     workloads: list[str] = Field(default_factory=lambda: ["default"])
     ceilings_file: Path | None = None
+    #: write accepted admin-API pushes to ceilings_file (off when it is a read-only ConfigMap)
+    ceilings_persist: bool = True
+    #: follow ceilings_file for changes (off: only SIGHUP and the admin API reload)
+    ceilings_watch: bool = True
+    #: the admin API's bearer token (env CEILING_ADMIN_TOKEN) or a file holding it; neither: API off
+    admin_token: SecretStr | None = None
+    admin_token_file: Path | None = None
+    staleness: Staleness = Field(default_factory=Staleness)
     retrieval: Retrieval = Field(default_factory=Retrieval)
     enforcement: Enforcement = Field(default_factory=Enforcement)
     limits: Limits = Field(default_factory=Limits)
@@ -187,10 +205,24 @@ def load_settings(path: str | Path | None = None) -> Settings:
         raise ConfigError(
             f"{p or 'config'}: upstreams: configure at least one of upstreams.openai, upstreams.anthropic"
         )
-    if (
-        settings.ceilings_file is not None
-        and p is not None
-        and not settings.ceilings_file.is_absolute()
-    ):
-        settings.ceilings_file = p.parent / settings.ceilings_file
+    if p is not None:
+        for name in ("ceilings_file", "admin_token_file"):
+            value = getattr(settings, name)
+            if value is not None and not value.is_absolute():
+                setattr(settings, name, p.parent / value)
     return settings
+
+
+def admin_token(settings: Settings) -> str | None:
+    """The admin API token, or None when the admin API is off."""
+    if settings.admin_token is not None and settings.admin_token.get_secret_value():
+        return settings.admin_token.get_secret_value()
+    if settings.admin_token_file is not None:
+        try:
+            token = settings.admin_token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"admin_token_file: cannot read {settings.admin_token_file}: {exc.strerror}"
+            ) from exc
+        return token or None
+    return None

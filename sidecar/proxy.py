@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ceiling.ceilings import EMPTY, CeilingsDocument
 from ceiling.counting import RequestCount, RequestShapeError, count_anthropic, count_openai
 from ceiling.engine import EngineCountError, count_chat
 from ceiling.models import OTHER, ModelSpec, UpstreamSpec
@@ -106,6 +107,8 @@ class Exchange:
     usage: Usage = field(default_factory=Usage)
     upstream_started: float | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    #: the ceilings this request started with; a reload mid-flight does not change them
+    ceilings: CeilingsDocument = EMPTY
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -147,6 +150,9 @@ class Proxy:
             h["x-ceiling-input-tokens"] = str(ex.count.total)
         if ex.util is not None:
             h["x-ceiling-utilization"] = f"{ex.util:.4f}"
+        entry = ex.ceilings.lookup(ex.label, ex.workload) if ex.count is not None else None
+        if entry is not None:
+            h["x-ceiling-ceiling-tokens"] = str(entry.ceiling_tokens)
         h.update(ex.extra_headers)
         return h
 
@@ -168,6 +174,8 @@ class Proxy:
         if u.output_tokens is not None and ex.route is not ANTHROPIC_COUNT:
             m.output_tokens.labels(model=ex.label, workload=ex.workload).observe(u.output_tokens)
         c = ex.count
+        if c is not None and ex.outcome == "ok" and ex.route is not ANTHROPIC_COUNT:
+            self.state.staleness.observe(ex.label, ex.workload, c, u.response_model, ex.ceilings)
         log_request(
             {
                 "request_id": ex.request_id,
@@ -257,6 +265,7 @@ class Proxy:
         if not isinstance(model, str) or not model:
             return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
         ex.model = model
+        ex.ceilings = st.ceilings.current
         spec = st.registry.resolve(model)
         if spec is not None:
             ex.spec, ex.label = spec, spec.metric_label

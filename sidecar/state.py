@@ -12,9 +12,11 @@ import httpx
 
 from ceiling.models import Registry
 from ceiling.tokenizers import TextCounter, TiktokenCounter
-from sidecar.config import Settings, Upstream
+from sidecar.ceilings_store import CeilingStore
+from sidecar.config import Settings, Upstream, admin_token
 from sidecar.errors import Api
 from sidecar.metrics import Metrics
+from sidecar.staleness import StalenessTracker
 from sidecar.upstream import build_client
 
 
@@ -27,6 +29,9 @@ class State:
     engine_client: httpx.AsyncClient
     chunk_pattern: re.Pattern[str] | None
     workloads: frozenset[str]
+    ceilings: CeilingStore
+    staleness: StalenessTracker
+    admin_token: str | None
     default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
 
     @classmethod
@@ -46,6 +51,11 @@ class State:
         if settings.upstreams.anthropic:
             clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
         pattern = settings.retrieval.chunk_pattern
+        st = settings.staleness
+        staleness = StalenessTracker(st.tolerance, st.window, st.min_requests)
+        store = CeilingStore(
+            registry, metrics, staleness, settings.ceilings_file, settings.ceilings_persist
+        )
         return cls(
             settings=settings,
             registry=registry,
@@ -54,6 +64,9 @@ class State:
             engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
             chunk_pattern=re.compile(pattern) if pattern else None,
             workloads=frozenset(settings.workloads),
+            ceilings=store,
+            staleness=staleness,
+            admin_token=admin_token(settings),
         )
 
     def upstream_settings(self, api: Api) -> Upstream:

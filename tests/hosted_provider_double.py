@@ -48,13 +48,13 @@ class HostedProviderDouble:
 
     # -- canned bodies --------------------------------------------------------------------
 
-    def openai_body(self, model: str) -> bytes:
+    def openai_body(self, model: str, version: str | None = None) -> bytes:
         return orjson.dumps(
             {
                 "id": "chatcmpl-double-1",
                 "object": "chat.completion",
                 "created": 1700000000,
-                "model": model + "-2024-08-06",
+                "model": version or model + "-2024-08-06",
                 "choices": [
                     {
                         "index": 0,
@@ -287,7 +287,7 @@ class HostedProviderDouble:
                 float(request.headers.get("x-double-pace", "0")),
                 request.headers.get("x-double-split") == "1",
             )
-        content = self.openai_body(body["model"])
+        content = self.openai_body(body["model"], request.headers.get("x-double-model"))
         self.last_bodies["openai"] = content
         return Response(
             content,
