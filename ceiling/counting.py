@@ -48,6 +48,10 @@ class Part:
     block: int
     component: Component
     tokens: int
+    #: for a retrieved chunk found by pattern inside a text: its (start, end) in that text
+    span: tuple[int, int] | None = None
+    #: the message's framing tokens (role, separators), not its content
+    frame: bool = False
 
 
 @dataclass(slots=True)
@@ -82,9 +86,17 @@ class _Tally:
         self.parts: list[Part] = []
         self.comps = dict.fromkeys(COMPONENTS, 0)
 
-    def add(self, message: int, block: int, component: Component, tokens: int) -> None:
+    def add(
+        self,
+        message: int,
+        block: int,
+        component: Component,
+        tokens: int,
+        span: tuple[int, int] | None = None,
+        frame: bool = False,
+    ) -> None:
         if tokens:
-            self.parts.append(Part(message, block, component, tokens))
+            self.parts.append(Part(message, block, component, tokens, span, frame))
             self.comps[component] += tokens
 
     def text(
@@ -103,7 +115,7 @@ class _Tally:
         pos = 0
         for m in chunks.finditer(text):
             self.add(message, block, component, count(text[pos : m.start()]))
-            self.add(message, block, Component.RETRIEVED, count(m.group(0)))
+            self.add(message, block, Component.RETRIEVED, count(m.group(0)), span=m.span())
             pos = m.end()
         self.add(message, block, component, count(text[pos:] if pos else text))
 
@@ -178,7 +190,7 @@ def count_openai(
         name = msg.get("name")
         if isinstance(name, str):
             frame += fmt.per_name + count(name)
-        tally.add(i, -1, comp, frame)
+        tally.add(i, -1, comp, frame, frame=True)
         content = msg.get("content")
         if isinstance(content, str):
             tally.text(i, -1, comp, content, chunks)
@@ -324,7 +336,7 @@ def count_anthropic(
         if role not in ("user", "assistant"):
             raise RequestShapeError(f"messages[{i}].role must be 'user' or 'assistant'")
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
-        tally.add(i, -1, comp, fmt.per_message)
+        tally.add(i, -1, comp, fmt.per_message, frame=True)
         content = msg.get("content")
         if isinstance(content, str):
             tally.text(i, -1, comp, content, chunks)

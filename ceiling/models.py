@@ -88,6 +88,8 @@ class ModelSpec(_Strict):
     )
     window: int = Field(gt=0, description="context window in tokens")
     max_output_tokens: int = Field(gt=0, default=4096)
+    #: tokens kept free for hidden reasoning on top of the requested output (reasoning models)
+    reasoning_reservation: int = Field(ge=0, default=0)
     tokenizer: TokenizerSpec = Field(default_factory=TiktokenSpec)
     chat_format: ChatFormat = Field(default_factory=ChatFormat)
 

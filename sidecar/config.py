@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from ceiling.counting import DEFAULT_CHUNK_PATTERN
 from ceiling.models import ModelSpec
+from sidecar.budget import Policy
 
 ENV_PREFIX = "CEILING_"
 
@@ -91,16 +92,31 @@ class Retrieval(_Section):
         return v or None
 
 
-Stage = Literal["tool_results", "retrieved", "history"]
-STAGES: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
+Mode = Literal["off", "observe", "enforce"]
+
+
+class WorkloadEnforcement(_Section):
+    """Overrides for one workload; unset fields inherit the defaults."""
+
+    mode: Mode | None = None
+    policy: Policy | None = None
 
 
 class Enforcement(_Section):
-    """Trimming to the ceiling (the enforcement issue): the mode per workload and the order of
-    stages. Recorded here so one file configures the sidecar; ``off`` forwards unchanged."""
+    """Trimming to the ceiling. ``off``: forward unchanged; ``observe``: compute what would be
+    trimmed, record it, forward unchanged; ``enforce``: trim (or reject) to fit."""
 
-    mode: Literal["off", "observe", "enforce"] = "off"
-    stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
+    mode: Mode = "off"
+    policy: Policy = Field(default_factory=Policy)
+    #: output reservation for requests that do not say max_tokens / max_completion_tokens
+    default_output_reservation: int = Field(default=4096, ge=0)
+    workloads: dict[str, WorkloadEnforcement] = Field(default_factory=dict)
+
+    def for_workload(self, workload: str) -> tuple[Mode, Policy]:
+        o = self.workloads.get(workload)
+        if o is None:
+            return self.mode, self.policy
+        return o.mode or self.mode, o.policy or self.policy
 
 
 class Staleness(_Section):

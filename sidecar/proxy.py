@@ -13,14 +13,13 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import httpx
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from ceiling.ceilings import EMPTY, CeilingsDocument
 from ceiling.counting import RequestCount, RequestShapeError, count_anthropic, count_openai
@@ -29,7 +28,7 @@ from ceiling.models import OTHER, ModelSpec, UpstreamSpec
 from ceiling.utilization import utilization
 from sidecar.errors import Api, error_response
 from sidecar.logs import log_request
-from sidecar.sse import EventSplitter
+from sidecar.relay import SSERelay, Tap
 from sidecar.state import State
 from sidecar.upstream import request_headers, response_headers
 from sidecar.usage import (
@@ -45,12 +44,6 @@ log = logging.getLogger("sidecar.proxy")
 WORKLOAD_HEADER = "x-ceiling-workload"
 
 
-class _Tap(Protocol):
-    usage: Usage
-
-    def on_event(self, event: bytes) -> bytes | None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class Route:
     """What differs between the two wire formats."""
@@ -60,7 +53,7 @@ class Route:
     path: str
     count: Callable[..., RequestCount]
     body_usage: Callable[[bytes], Usage]
-    tap: Callable[[bool], _Tap]
+    tap: Callable[[bool], Tap]
 
 
 OPENAI_CHAT = Route(
@@ -336,10 +329,13 @@ class Proxy:
             content, status_code=status, headers=response_headers(resp.headers) | self._headers(ex)
         )
 
-    def _relay(self, ex: Exchange, resp: httpx.Response, tap: _Tap, deadline: float) -> SSERelay:
-        return SSERelay(
-            self, ex, resp, tap, deadline, response_headers(resp.headers) | self._headers(ex)
-        )
+    def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> SSERelay:
+        def done(outcome: str, usage: Usage) -> None:
+            ex.outcome, ex.usage = outcome, usage
+            self._finish(ex)
+
+        headers = response_headers(resp.headers) | self._headers(ex)
+        return SSERelay(resp, tap, deadline, headers, done)
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/models`` passed through to the upstream the client's headers point at."""
@@ -373,92 +369,3 @@ class Proxy:
         return Response(
             resp.content, status_code=resp.status_code, headers=response_headers(resp.headers)
         )
-
-
-class SSERelay(Response):
-    """A pure ASGI response that relays an upstream event stream as it arrives.
-
-    Each complete SSE event is sent as soon as it is whole; nothing else is buffered. A client
-    disconnect cancels the pump and closes the upstream response, which cancels the upstream
-    request; the exchange is recorded exactly once, whatever ended it."""
-
-    def __init__(
-        self,
-        proxy: Proxy,
-        ex: Exchange,
-        resp: httpx.Response,
-        tap: _Tap,
-        deadline: float,
-        headers: dict[str, str],
-    ) -> None:
-        self.proxy, self.ex, self.resp, self.tap, self.deadline = proxy, ex, resp, tap, deadline
-        self.status_code = resp.status_code
-        self.background = None
-        self._closed = False
-        self.raw_headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.ex.outcome = "cancelled"
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-                try:
-                    await self._pump(send)
-                except OSError:  # the client went away while we were sending
-                    self.ex.outcome = "cancelled"
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._close()
-
-    async def _close(self) -> None:
-        """Close the upstream response and record the exchange, exactly once."""
-        if self._closed:
-            return
-        self._closed = True
-        await self.resp.aclose()
-        self.ex.usage = self.tap.usage
-        self.proxy._finish(self.ex)
-
-    @staticmethod
-    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                scope.cancel()
-                return
-
-    async def _pump(self, send: Send) -> None:
-        ex, tap = self.ex, self.tap
-        await send(
-            {
-                "type": "http.response.start",
-                "status": self.resp.status_code,
-                "headers": self.raw_headers,
-            }
-        )
-        splitter = EventSplitter()
-        try:
-            with anyio.fail_after(max(0.0, self.deadline - time.monotonic())):
-                async for chunk in self.resp.aiter_bytes():
-                    for event in splitter.feed(chunk):
-                        out = tap.on_event(event)
-                        if out:
-                            await send(
-                                {"type": "http.response.body", "body": out, "more_body": True}
-                            )
-                rest = splitter.flush()
-                out = tap.on_event(rest) if rest else None
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-            ex.outcome = "ok"
-        except (TimeoutError, httpx.TimeoutException):
-            ex.outcome = "timeout"
-        except httpx.TransportError:
-            ex.outcome = "unreachable"
-        # recorded before the client sees the end, so metrics are complete when it does
-        with anyio.CancelScope(shield=True):
-            await self._close()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,396 @@
+"""Fit a chat request into its token budget the way an engineer would by hand.
+
+Stages, in a configurable order, each run only while the request is still over budget:
+
+- ``tool_results``: cap each tool result carried forward to N tokens, oldest first, keeping its
+  head and tail around a visible marker that says how many tokens were removed;
+- ``retrieved``: drop retrieved chunks (Anthropic ``document``/``search_result`` blocks, text
+  matching the chunk pattern), whole chunks only, the lowest-ranked (last) first;
+- ``history``: drop the oldest whole turns, keeping system messages, the first user turn
+  (configurable) and the latest turn; a turn carries its assistant tool calls and their results,
+  so no tool call or tool result is ever orphaned.
+
+Anthropic ``cache_control`` prefixes are cut only when nothing else fits, and the cache loss is
+counted. The request is counted once (the sidecar passes its count in); trimming works on the
+per-part counts and re-tokenizes only the small texts it rewrites, so it stays linear.
+
+Application code can call :func:`fit` in its own request builder; the sidecar is the safety net.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ceiling.counting import (
+    DEFAULT_CHUNK_PATTERN,
+    Part,
+    RequestCount,
+    count_anthropic,
+    count_openai,
+)
+from ceiling.models import ChatFormat
+from ceiling.tokenizers import TextCounter, TiktokenCounter
+from ceiling.utilization import Component
+
+Api = Literal["openai", "anthropic"]
+Stage = Literal["tool_results", "retrieved", "history"]
+KINDS: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
+
+MARKER = "\n[... {n} tokens removed by context-ceiling ...]\n"
+PLACEHOLDER = "[retrieved documents removed by context-ceiling to fit the context budget]"
+
+
+class Policy(BaseModel):
+    """How to trim (one per workload)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stages: list[Stage] = Field(default_factory=lambda: list(KINDS))
+    tool_result_max_tokens: int = Field(default=1024, ge=16)
+    max_retrieved_chunks: int | None = Field(default=None, ge=0)
+    keep_first_user: bool = True
+    protect_cache_prefix: bool = True
+
+
+@dataclass
+class FitReport:
+    """What fitting did (or, in observe mode, would do)."""
+
+    budget: int
+    before: int
+    after: int
+    removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    cache_loss_tokens: int = 0
+    actions: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.after <= self.budget
+
+    @property
+    def trimmed(self) -> int:
+        return sum(self.removed.values())
+
+
+def input_budget(window: int, reservation: int, ceiling_tokens: int | None = None) -> int:
+    """Input tokens allowed: the ceiling, and never more than the window minus the reservation."""
+    budget = window - reservation
+    if ceiling_tokens is not None:
+        budget = min(budget, ceiling_tokens)
+    return max(0, budget)
+
+
+def requested_output(body: Mapping[str, Any], api: Api) -> int | None:
+    keys = ("max_completion_tokens", "max_tokens") if api == "openai" else ("max_tokens",)
+    for k in keys:
+        v = body.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _texts(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    out, pos = [], 0
+    for start, end in sorted(spans):
+        if start < pos:
+            continue
+        out.append(text[pos:start])
+        pos = end + 1 if text[end : end + 1] == "\n" else end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+class _Trimmer:
+    def __init__(
+        self,
+        body: Mapping[str, Any],
+        api: Api,
+        count: RequestCount,
+        counter: TextCounter,
+        policy: Policy,
+        budget: int,
+    ) -> None:
+        self.body, self.api, self.counter, self.policy = body, api, counter, policy
+        self.messages: list[Any] = list(body.get("messages") or [])
+        self.parts: dict[int, list[Part]] = defaultdict(list)
+        for p in count.parts:
+            self.parts[p.message].append(p)
+        self.msg_tokens = {i: sum(p.tokens for p in ps) for i, ps in self.parts.items()}
+        self.report = FitReport(budget=budget, before=count.total, after=count.total)
+        self.drop_messages: set[int] = set()
+        self.drop_blocks: dict[int, set[int]] = defaultdict(set)
+        self.spans: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+        self.replace: dict[tuple[int, int], Any] = {}
+        self.first_cut: tuple[int, int] | None = None
+        self.boundary = self._cache_boundary()
+        self.count = count
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def fits(self) -> bool:
+        return self.report.after <= self.report.budget
+
+    def _take(self, kind: Stage, i: int, j: int, tokens: int) -> None:
+        self.report.after -= tokens
+        self.report.removed[kind] += tokens
+        self.msg_tokens[i] = self.msg_tokens.get(i, 0) - tokens
+        if self.first_cut is None or (i, j) < self.first_cut:
+            self.first_cut = (i, j)
+
+    def _cache_boundary(self) -> tuple[int, int] | None:
+        if self.api != "anthropic":
+            return None
+        last: tuple[int, int] | None = None
+        for i, m in enumerate(self.messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                for j, b in enumerate(content):
+                    if isinstance(b, dict) and b.get("cache_control"):
+                        last = (i, j)
+        return last
+
+    def _protected(self, i: int, j: int, allow_prefix: bool) -> bool:
+        return not allow_prefix and self.boundary is not None and (i, j) <= self.boundary
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def tool_results(self, allow_prefix: bool) -> None:
+        cap = self.policy.tool_result_max_tokens
+        for i, m in enumerate(self.messages):
+            if self.fits():
+                return
+            if i in self.drop_messages or not isinstance(m, dict):
+                continue
+            if self.api == "openai" and m.get("role") in ("tool", "function"):
+                if (i, -1) in self.replace or self._protected(i, -1, allow_prefix):
+                    continue
+                tokens = sum(p.tokens for p in self.parts[i] if not p.frame)
+                new = self._truncate(_texts(m.get("content")), tokens, cap)
+                if new is not None:
+                    text, new_tokens = new
+                    self.replace[(i, -1)] = text
+                    self._take("tool_results", i, -1, tokens - new_tokens)
+            elif self.api == "anthropic" and isinstance(m.get("content"), list):
+                for j, b in enumerate(m["content"]):
+                    if self.fits():
+                        return
+                    if not (isinstance(b, dict) and b.get("type") == "tool_result"):
+                        continue
+                    inner = b.get("content")
+                    if isinstance(inner, list) and any(
+                        isinstance(x, dict) and x.get("type") != "text" for x in inner
+                    ):
+                        continue  # results with images are left whole
+                    if (i, j) in self.replace or self._protected(i, j, allow_prefix):
+                        continue
+                    tokens = sum(p.tokens for p in self.parts[i] if p.block == j) - 3
+                    new = self._truncate(_texts(inner), tokens, cap)
+                    if new is not None:
+                        text, new_tokens = new
+                        self.replace[(i, j)] = {**b, "content": text}
+                        self._take("tool_results", i, j, tokens - new_tokens)
+
+    def _truncate(self, text: str, tokens: int, cap: int) -> tuple[str, int] | None:
+        if tokens <= cap or not text:
+            return None
+        keep = max(1, int(len(text) * (cap / 2) / tokens))
+        head, tail = text[:keep], text[-keep:]
+        kept = self.counter.count(head) + self.counter.count(tail)
+        new = head + MARKER.format(n=max(0, tokens - kept)) + tail
+        new_tokens = self.counter.count(new)
+        return (new, new_tokens) if new_tokens < tokens else None
+
+    def retrieved(self, allow_prefix: bool) -> None:
+        by_message: dict[int, list[Part]] = defaultdict(list)
+        for i in sorted(self.parts):
+            if i < 0 or i in self.drop_messages:
+                continue
+            for p in self.parts[i]:
+                if p.component is Component.RETRIEVED:
+                    by_message[i].append(p)
+        limit = self.policy.max_retrieved_chunks
+        if limit is not None:
+            for i, chunks in by_message.items():
+                for p in chunks[limit:]:
+                    if not self._protected(i, p.block, allow_prefix):
+                        self._drop_chunk(p)
+        for i, chunks in by_message.items():
+            for p in reversed(chunks[: limit if limit is not None else len(chunks)]):
+                if self.fits():
+                    return
+                if not self._protected(i, p.block, allow_prefix):
+                    self._drop_chunk(p)
+
+    def _drop_chunk(self, p: Part) -> None:
+        key = (p.message, p.block)
+        if p.span is None:
+            if p.block in self.drop_blocks[p.message]:
+                return
+            self.drop_blocks[p.message].add(p.block)
+            tokens = p.tokens
+        else:
+            if p.span in self.spans[key]:
+                return
+            self.spans[key].append(p.span)
+            tokens = p.tokens - 1  # one token of slack: joining the text around a cut can cost one
+        self._take("retrieved", p.message, p.block, tokens)
+
+    def history(self, allow_prefix: bool) -> None:
+        starts = [i for i, m in enumerate(self.messages) if self._starts_turn(m)]
+        if len(starts) < 2:
+            return
+        turns = [
+            (s, starts[k + 1] if k + 1 < len(starts) else len(self.messages))
+            for k, s in enumerate(starts)
+        ]
+        protected = {len(turns) - 1} | ({0} if self.policy.keep_first_user else set())
+        for k, (start, end) in enumerate(turns):
+            if self.fits():
+                return
+            if k in protected or self._protected(start, -1, allow_prefix):
+                continue
+            for i in range(start, end):
+                m = self.messages[i]
+                if isinstance(m, dict) and m.get("role") in ("system", "developer"):
+                    continue
+                if i not in self.drop_messages:
+                    self.drop_messages.add(i)
+                    self._take("history", i, -1, self.msg_tokens.get(i, 0))
+
+    def _starts_turn(self, m: Any) -> bool:
+        if not isinstance(m, dict) or m.get("role") != "user":
+            return False
+        if self.api == "openai":
+            return True
+        content = m.get("content")
+        if isinstance(content, list):
+            return any(
+                not (isinstance(b, dict) and b.get("type") == "tool_result") for b in content
+            )
+        return True
+
+    # -- run and materialize -----------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.fits():
+            return
+        passes = (
+            [False, True]
+            if (self.policy.protect_cache_prefix and self.boundary is not None)
+            else [True]
+        )
+        for allow_prefix in passes:
+            for stage in self.policy.stages:
+                getattr(self, stage)(allow_prefix)
+                if self.fits():
+                    break
+            if self.fits():
+                break
+        if (
+            self.boundary is not None
+            and self.first_cut is not None
+            and self.first_cut <= self.boundary
+        ):
+            lo, hi = self.first_cut, self.boundary
+            self.report.cache_loss_tokens = sum(
+                p.tokens
+                for p in self.count.parts
+                if p.message >= 0 and lo <= (p.message, p.block) <= hi
+            )
+        self.report.actions = self._summary()
+
+    def _summary(self) -> list[str]:
+        out = []
+        n_tools = sum(1 for _ in self.replace)
+        if n_tools:
+            out.append(
+                f"capped {n_tools} tool result(s) at {self.policy.tool_result_max_tokens} tokens"
+            )
+        n_chunks = sum(len(v) for v in self.spans.values()) + sum(
+            len(v) for v in self.drop_blocks.values()
+        )
+        if n_chunks:
+            out.append(f"dropped {n_chunks} retrieved chunk(s)")
+        if self.drop_messages:
+            out.append(f"dropped {len(self.drop_messages)} message(s) of older turns")
+        return out
+
+    def materialize(self) -> dict[str, Any]:
+        touched = {i for i, _ in self.replace} | set(self.drop_blocks) | {i for i, _ in self.spans}
+        if not touched and not self.drop_messages:
+            return dict(self.body)
+        messages: list[Any] = []
+        for i, m in enumerate(self.messages):
+            if i in self.drop_messages:
+                continue
+            if i not in touched:
+                messages.append(m)
+                continue
+            m2 = dict(m)
+            content = m.get("content")
+            if (i, -1) in self.replace:
+                m2["content"] = self.replace[(i, -1)]
+            elif isinstance(content, str):
+                m2["content"] = _cut(content, self.spans[(i, -1)]) or PLACEHOLDER
+            elif isinstance(content, list):
+                blocks: list[Any] = []
+                for j, b in enumerate(content):
+                    if j in self.drop_blocks.get(i, ()):
+                        continue
+                    if (i, j) in self.replace:
+                        b = self.replace[(i, j)]
+                    elif (i, j) in self.spans:
+                        b = {**b, "text": _cut(str(b.get("text", "")), self.spans[(i, j)])}
+                        if not b["text"].strip():
+                            continue
+                    blocks.append(b)
+                m2["content"] = blocks or [{"type": "text", "text": PLACEHOLDER}]
+            messages.append(m2)
+        out = dict(self.body)
+        out["messages"] = messages
+        return out
+
+
+def fit(
+    body: Mapping[str, Any],
+    *,
+    api: Api,
+    budget: int,
+    counter: TextCounter | None = None,
+    count: RequestCount | None = None,
+    policy: Policy | None = None,
+    chat_format: ChatFormat | None = None,
+    chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+) -> tuple[dict[str, Any], FitReport]:
+    """Fit an OpenAI chat or Anthropic messages body into ``budget`` input tokens.
+
+    Returns the fitted body (the input is never mutated; untouched messages are shared, not
+    copied) and a report. ``report.fits`` is False when even the full policy cannot make it fit;
+    the body returned then is the best effort. Pass ``count`` to reuse an existing count.
+    """
+    counter = counter or TiktokenCounter("o200k_base")
+    pattern = re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
+    if count is None:
+        fn = count_openai if api == "openai" else count_anthropic
+        count = fn(body, counter, chat_format, pattern)
+    trimmer = _Trimmer(body, api, count, counter, policy or Policy(), budget)
+    trimmer.run()
+    return trimmer.materialize(), trimmer.report
