@@ -31,8 +31,9 @@ test: venv lint typecheck local-model  ## the README's test command; CI runs exa
 demo: venv local-model  ## the whole loop on a real local model
 	$(PY) scripts/demo.py
 
-bench: venv
+bench: venv  ## sidecar vs direct, counting vs tiktoken, trimming growth
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/trim.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

@@ -52,7 +52,34 @@ DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80
 APIS = ("openai_chat", "anthropic_messages", "anthropic_count_tokens", "models")
 #: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
 #: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
-OUTCOMES = ("ok", "upstream_4xx", "upstream_5xx", "invalid", "timeout", "unreachable", "cancelled")
+#: rejected: over the ceiling and could not be trimmed to fit (enforce mode).
+OUTCOMES = (
+    "ok",
+    "upstream_4xx",
+    "upstream_5xx",
+    "invalid",
+    "rejected",
+    "timeout",
+    "unreachable",
+    "cancelled",
+)
+CEILING_RATIO_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    0.6,
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+    1.0,
+    1.05,
+    1.1,
+    1.25,
+    1.5,
+)
 
 
 class Metrics:
@@ -106,6 +133,38 @@ class Metrics:
             "Output tokens per request as reported by the upstream.",
             ["model", "workload"],
             buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+
+        self.ceiling_utilization = Histogram(
+            "llm_context_ceiling_utilization_ratio",
+            "Input tokens / ceiling per request, before trimming: how close traffic runs to the ceiling.",
+            ["model", "workload"],
+            buckets=CEILING_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.trimmed_tokens = Counter(
+            "llm_context_trimmed_tokens",
+            "Tokens removed by trimming (enforce mode), by what was removed.",
+            ["model", "workload", "kind"],
+            registry=r,
+        )
+        self.would_trim_tokens = Counter(
+            "llm_context_would_trim_tokens",
+            "Tokens trimming would have removed (observe mode), by what would be removed.",
+            ["model", "workload", "kind"],
+            registry=r,
+        )
+        self.over_ceiling = Counter(
+            "llm_context_over_ceiling",
+            "Requests over their input budget, by what was done: trimmed, rejected or observed.",
+            ["model", "workload", "action"],
+            registry=r,
+        )
+        self.cache_loss_tokens = Counter(
+            "llm_context_cache_loss_tokens",
+            "Tokens of an Anthropic cache_control prefix invalidated because trimming had to cut inside it.",
+            ["model", "workload"],
             registry=r,
         )
 

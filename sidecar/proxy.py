@@ -8,6 +8,7 @@ by event as they arrive, errors with the upstream's own status and body.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 import uuid
@@ -25,7 +26,8 @@ from ceiling.ceilings import EMPTY, CeilingsDocument
 from ceiling.counting import RequestCount, RequestShapeError, count_anthropic, count_openai
 from ceiling.engine import EngineCountError, count_chat
 from ceiling.models import OTHER, ModelSpec, UpstreamSpec
-from ceiling.utilization import utilization
+from ceiling.utilization import Component, utilization
+from sidecar.enforce import Decision, context_error, decide
 from sidecar.errors import Api, error_response
 from sidecar.logs import log_request
 from sidecar.relay import SSERelay, Tap
@@ -42,6 +44,13 @@ from sidecar.usage import (
 log = logging.getLogger("sidecar.proxy")
 
 WORKLOAD_HEADER = "x-ceiling-workload"
+#: With the admin token as its value, the request is never trimmed (the sweep measures with it).
+BYPASS_HEADER = "x-ceiling-bypass"
+_KIND_COMPONENT = {
+    "tool_results": Component.TOOL_RESULTS,
+    "retrieved": Component.RETRIEVED,
+    "history": Component.HISTORY,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,16 @@ class Exchange:
     extra_headers: dict[str, str] = field(default_factory=dict)
     #: the ceilings this request started with; a reload mid-flight does not change them
     ceilings: CeilingsDocument = EMPTY
+    decision: Decision | None = None
+    bypass: bool = False
+
+    @property
+    def forwarded_tokens(self) -> int:
+        """Input tokens sent upstream: after trimming when the sidecar trimmed."""
+        d = self.decision
+        if d is not None and d.body is not None and d.report is not None:
+            return d.report.after
+        return self.count.total if self.count else 0
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -140,12 +159,16 @@ class Proxy:
     def _headers(self, ex: Exchange) -> dict[str, str]:
         h = {"x-ceiling-request-id": ex.request_id}
         if ex.count is not None:
-            h["x-ceiling-input-tokens"] = str(ex.count.total)
+            h["x-ceiling-input-tokens"] = str(ex.forwarded_tokens)
         if ex.util is not None:
             h["x-ceiling-utilization"] = f"{ex.util:.4f}"
+        d = ex.decision
         entry = ex.ceilings.lookup(ex.label, ex.workload) if ex.count is not None else None
-        if entry is not None:
-            h["x-ceiling-ceiling-tokens"] = str(entry.ceiling_tokens)
+        h["x-ceiling-ceiling-tokens"] = str(entry.ceiling_tokens) if entry else "none"
+        h["x-ceiling-trimmed-tokens"] = str(d.report.trimmed if d and d.report else 0)
+        h["x-ceiling-mode"] = (
+            d.mode if d else self.state.settings.enforcement.for_workload(ex.workload)[0]
+        )
         h.update(ex.extra_headers)
         return h
 
@@ -158,7 +181,7 @@ class Proxy:
         u = ex.usage
         est_error: float | None = None
         if ex.count is not None and u.input_tokens:
-            est_error = (ex.count.total - u.input_tokens) / u.input_tokens
+            est_error = (ex.forwarded_tokens - u.input_tokens) / u.input_tokens
             m.estimate_error.labels(model=ex.label).observe(est_error)
         if ex.upstream_started is not None:
             m.upstream_duration.labels(model=ex.label, api=ex.route.metric_api).observe(
@@ -167,6 +190,8 @@ class Proxy:
         if u.output_tokens is not None and ex.route is not ANTHROPIC_COUNT:
             m.output_tokens.labels(model=ex.label, workload=ex.workload).observe(u.output_tokens)
         c = ex.count
+        d = ex.decision
+        r = d.report if d else None
         if c is not None and ex.outcome == "ok" and ex.route is not ANTHROPIC_COUNT:
             self.state.staleness.observe(ex.label, ex.workload, c, u.response_model, ex.ceilings)
         log_request(
@@ -177,7 +202,8 @@ class Proxy:
                 "model_label": ex.label,
                 "workload": ex.workload,
                 "stream": ex.stream,
-                "input_tokens_estimated": c.total if c else None,
+                "input_tokens_estimated": ex.forwarded_tokens if c else None,
+                "input_tokens_before_trim": c.total if c else None,
                 "input_tokens_exact": c.exact if c else None,
                 "tokenizer": c.counter if c else None,
                 "input_tokens_reported": u.input_tokens,
@@ -189,11 +215,49 @@ class Proxy:
                 "output_tokens": u.output_tokens,
                 "finish_reason": u.finish_reason,
                 "response_model": u.response_model,
+                "mode": d.mode if d else None,
+                "bypass": ex.bypass,
+                "ceiling_tokens": d.entry.ceiling_tokens if d and d.entry else None,
+                "budget": d.budget if d else None,
+                "trimmed_tokens": r.trimmed if r else 0,
+                "trimmed": {k: v for k, v in r.removed.items() if v} if r else None,
+                "trim_actions": r.actions if r else None,
+                "cache_loss_tokens": r.cache_loss_tokens if r else None,
                 "status": ex.status,
                 "outcome": ex.outcome,
                 "latency_ms": round((now - ex.started) * 1000, 2),
             }
         )
+
+    def _record_decision(self, ex: Exchange, d: Decision) -> None:
+        m, model, wl = self.state.metrics, ex.label, ex.workload
+        if d.entry is not None and ex.count is not None:
+            m.ceiling_utilization.labels(model=model, workload=wl).observe(
+                ex.count.total / d.entry.ceiling_tokens
+            )
+        r = d.report
+        if r is None:
+            return
+        action = "rejected" if d.reject else ("trimmed" if d.body is not None else "observed")
+        m.over_ceiling.labels(model=model, workload=wl, action=action).inc()
+        if action == "rejected":
+            return
+        family = m.trimmed_tokens if action == "trimmed" else m.would_trim_tokens
+        for kind, tokens in r.removed.items():
+            if tokens:
+                family.labels(model=model, workload=wl, kind=kind).inc(tokens)
+        if action == "trimmed" and r.cache_loss_tokens:
+            m.cache_loss_tokens.labels(model=model, workload=wl).inc(r.cache_loss_tokens)
+
+    @staticmethod
+    def _forwarded_components(ex: Exchange) -> dict[Component, int]:
+        assert ex.count is not None
+        comps = dict(ex.count.components)
+        d = ex.decision
+        if d is not None and d.body is not None and d.report is not None:
+            for kind, comp in _KIND_COMPONENT.items():
+                comps[comp] = max(0, comps[comp] - d.report.removed.get(kind, 0))
+        return comps
 
     async def _exact_count(
         self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
@@ -272,12 +336,43 @@ class Proxy:
             return self._fail(ex, 400, "invalid", str(exc))
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
-        if route is not ANTHROPIC_COUNT:
-            if spec is not None:
-                ex.util = utilization(ex.count.total, spec.window)
-            st.metrics.observe_input(ex.label, ex.workload, ex.util, ex.count.components)
-
+        bypass_token = request.headers.get(BYPASS_HEADER)
+        if bypass_token is not None:
+            if st.admin_token is None or not hmac.compare_digest(
+                bypass_token.encode(), st.admin_token.encode()
+            ):
+                return self._fail(
+                    ex, 403, "invalid", f"{BYPASS_HEADER} needs this sidecar's admin token"
+                )
+            ex.bypass = True
         body = raw
+        if route is not ANTHROPIC_COUNT:
+            d = decide(
+                obj,
+                route.api,
+                ex.count,
+                spec,
+                ex.label,
+                ex.workload,
+                ex.ceilings,
+                st.settings.enforcement,
+                counter,
+                st.chunk_pattern,
+                ex.bypass,
+            )
+            ex.decision = d
+            self._record_decision(ex, d)
+            if d.reject:
+                assert spec is not None
+                message = context_error(route.api, ex.label, ex.workload, d, spec.window)
+                return self._fail(ex, 400, "rejected", message, code="context_length_exceeded")
+            if d.body is not None:
+                obj = d.body
+                body = orjson.dumps(obj)
+            if spec is not None:
+                ex.util = utilization(ex.forwarded_tokens, spec.window)
+            st.metrics.observe_input(ex.label, ex.workload, ex.util, self._forwarded_components(ex))
+
         ex.stream = obj.get("stream") is True and route is not ANTHROPIC_COUNT
         injected = False
         if ex.stream and route.api == "openai":

@@ -1,0 +1,104 @@
+"""Trimming cost at 10k, 100k and 1M tokens: must grow about linearly.
+
+Each request is an agent/RAG conversation (system prompt, turns with tool calls and results,
+retrieved chunks in the latest message) fitted to half its size, so every stage runs. Reports
+the count (one tokenization) and the fit (no re-tokenization of the whole) separately, medians
+over repeats, and the growth ratio 1M/100k (linear would be 10x).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
+from ceiling.tokenizers import TiktokenCounter  # noqa: E402
+from sidecar.budget import Policy, fit  # noqa: E402
+
+CLAUSE = "Clause {i}: the renewal fee of contract K-{i} is {f} EUR; notice {n} days; governed by the law of Ruritania. "
+
+
+def conversation(tokens: int) -> dict[str, Any]:
+    per_turn = 2000
+    turns = max(1, tokens // (2 * per_turn))
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a contracts assistant. " * 20}
+    ]
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"Question {t}: what changed in contract K-{t}?"})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{t}",
+                        "type": "function",
+                        "function": {"name": "search", "arguments": '{"q": "K"}'},
+                    }
+                ],
+            }
+        )
+        msgs.append(
+            {"role": "tool", "tool_call_id": f"c{t}", "content": CLAUSE.format(i=t, f=t, n=t) * 45}
+        )
+        msgs.append({"role": "assistant", "content": "Noted. " * 20})
+    chunks = "\n".join(
+        f'<document id="{i}">' + CLAUSE.format(i=i, f=i, n=i) * 20 + "</document>"
+        for i in range(max(1, tokens // 2 // 560))
+    )
+    msgs.append({"role": "user", "content": chunks + "\nWhich contract has the lowest fee?"})
+    return {"model": "gpt-4o", "messages": msgs}
+
+
+def main() -> int:
+    enc = TiktokenCounter("o200k_base")
+    pattern = re.compile(DEFAULT_CHUNK_PATTERN)
+    rows = []
+    for size in (10_000, 100_000, 1_000_000):
+        body = conversation(size)
+        reps = 5 if size < 1_000_000 else 3
+        counts, fits = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            c = count_openai(body, enc, None, pattern)
+            t1 = time.perf_counter()
+            _, report = fit(
+                body,
+                api="openai",
+                budget=c.total // 2,
+                counter=enc,
+                count=c,
+                policy=Policy(tool_result_max_tokens=256),
+                chunk_pattern=pattern,
+            )
+            t2 = time.perf_counter()
+            counts.append(t1 - t0)
+            fits.append(t2 - t1)
+        assert report.fits
+        rows.append((size, c.total, statistics.median(counts), statistics.median(fits), report))
+    print(
+        "| tokens | count ms | fit ms (no re-tokenization of the whole) | removed: tool results / retrieved / history |"
+    )
+    print("|---:|---:|---:|---|")
+    for _size, total, tc, tf, r in rows:
+        print(
+            f"| {total:,} | {tc * 1e3:.1f} | {tf * 1e3:.2f} | {r.removed['tool_results']:,} / {r.removed['retrieved']:,} / {r.removed['history']:,} |"
+        )
+    _, _, c100, f100, _ = rows[1]
+    _, _, c1m, f1m, _ = rows[2]
+    print(
+        f"\ngrowth 100k -> 1M (10x tokens): count x{c1m / c100:.1f}, fit x{f1m / f100:.1f}, count+fit x{(c1m + f1m) / (c100 + f100):.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
