@@ -24,6 +24,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ceiling.counting import RequestCount
+from ceiling.utilization import Component
+
 SCHEMA_VERSION: Literal[1] = 1
 
 
@@ -57,6 +60,19 @@ class TrafficFingerprint(_Doc):
     retrieved_chunk_tokens: float = Field(
         ge=0, default=0, description="mean tokens per retrieved chunk"
     )
+
+
+def traffic_shape(count: RequestCount) -> dict[str, float]:
+    """The fingerprint features of one request. The sweep records them for the prompts it
+    measured; the sidecar compares live traffic against them."""
+    chunks = [p for p in count.parts if p.component is Component.RETRIEVED]
+    retrieved = sum(p.tokens for p in chunks)
+    return {
+        "system_tokens": float(count.components.get(Component.SYSTEM, 0)),
+        "tool_definition_tokens": float(count.components.get(Component.TOOL_DEFINITIONS, 0)),
+        "retrieved_chunks": float(len(chunks)),
+        "retrieved_chunk_tokens": retrieved / len(chunks) if chunks else 0.0,
+    }
 
 
 class CeilingEntry(_Doc):

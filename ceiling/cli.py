@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="apply even if the version is not newer")
     p.set_defaults(func=_push)
 
+    from sweep.cli import add_parsers
+
+    add_parsers(sub)
+
     c = sub.add_parser(
         "ceilings", help="the ceilings document: validate a file, print the JSON Schema"
     )

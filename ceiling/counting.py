@@ -208,8 +208,8 @@ def count_openai(
                     url = img.get("url", "") if isinstance(img, dict) else str(img)
                     detail = img.get("detail", "auto") if isinstance(img, dict) else "auto"
                     tally.add(i, j, comp, openai_image_tokens(size_from_data_url(url), detail))
-                elif kind == "file":
-                    tally.add(i, j, comp, count(_json(part.get("file", {}))))
+                elif kind == "file":  # an attached document: retrieved material
+                    tally.add(i, j, Component.RETRIEVED, count(_json(part.get("file", {}))))
         elif content is not None:
             raise RequestShapeError(f"messages[{i}].content must be a string, an array or null")
         for k, call in enumerate(msg.get("tool_calls") or []):

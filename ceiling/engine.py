@@ -63,3 +63,46 @@ async def count_chat(
         return await count_text(client, spec, str(resp.json()["prompt"]))
     except (httpx.HTTPError, KeyError, ValueError) as exc:
         raise EngineCountError(f"{base}: tokenize failed: {type(exc).__name__}") from exc
+
+
+class SyncEngine:
+    """The same counts, blocking: for the sweep's context builder, which fills levels by count."""
+
+    def __init__(self, spec: UpstreamSpec) -> None:
+        self.spec = spec
+        self.base = spec.url.rstrip("/")
+        self._client = httpx.Client(timeout=spec.timeout_s, trust_env=False)
+        self.name = f"upstream:{spec.style}"
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = self._client.post(self.base + path, json=payload)
+        except httpx.HTTPError as exc:
+            raise EngineCountError(f"{self.base}{path}: {type(exc).__name__}") from exc
+        if resp.status_code != 200:
+            raise EngineCountError(f"{self.base}{path} answered HTTP {resp.status_code}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        if self.spec.style == "vllm":
+            return int(
+                self._post("/tokenize", {"prompt": text, "add_special_tokens": False})["count"]
+            )
+        return len(
+            self._post("/tokenize", {"content": text, "add_special": False, "parse_special": True})[
+                "tokens"
+            ]
+        )
+
+    def count_chat(self, messages: Sequence[Mapping[str, Any]], model: str | None = None) -> int:
+        if self.spec.style == "vllm":
+            payload = {"model": model, "messages": list(messages), "add_generation_prompt": True}
+            return int(self._post("/tokenize", payload)["count"])
+        prompt = self._post("/apply-template", {"messages": list(messages)})["prompt"]
+        return self.count(str(prompt))
+
+    def close(self) -> None:
+        self._client.close()

@@ -13,9 +13,8 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ceiling.ceilings import CeilingEntry, CeilingsDocument
+from ceiling.ceilings import CeilingEntry, CeilingsDocument, traffic_shape
 from ceiling.counting import RequestCount
-from ceiling.utilization import Component
 
 log = logging.getLogger("sidecar.staleness")
 
@@ -51,18 +50,6 @@ class _Live:
     active: frozenset[str] = frozenset()
 
 
-def shape(count: RequestCount) -> dict[str, float]:
-    """The traffic-shape features of one request (the sweep writes the same features)."""
-    chunks = [p for p in count.parts if p.component is Component.RETRIEVED]
-    retrieved = sum(p.tokens for p in chunks)
-    return {
-        "system_tokens": float(count.components.get(Component.SYSTEM, 0)),
-        "tool_definition_tokens": float(count.components.get(Component.TOOL_DEFINITIONS, 0)),
-        "retrieved_chunks": float(len(chunks)),
-        "retrieved_chunk_tokens": retrieved / len(chunks) if chunks else 0.0,
-    }
-
-
 class StalenessTracker:
     def __init__(self, tolerance: float = 0.25, window: int = 50, min_requests: int = 20) -> None:
         self.tolerance = tolerance
@@ -79,7 +66,7 @@ class StalenessTracker:
         doc: CeilingsDocument,
     ) -> frozenset[str]:
         live = self._live.setdefault((model, workload), _Live())
-        features = shape(count)
+        features = traffic_shape(count)
         if live.n == 0:
             live.mean = features
         else:

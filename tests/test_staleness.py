@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from ceiling.ceilings import traffic_shape as shape
 from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai
 from ceiling.tokenizers import TiktokenCounter
-from sidecar.staleness import shape
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
 

@@ -1,0 +1,130 @@
+"""Programmatic grading (the scorer): no judge model, every failure bucketed.
+
+The model is asked for ``{"answer": ..., "evidence": [...]}``. Scoring: normalised exact match,
+set match, or a JSON object checked against the item's JSON Schema and then field by field.
+Buckets for failures, in this order:
+
+- ``truncated_refused``: stop reason ``length`` or a content filter, or a refusal;
+- ``decoyed``: the answer is a known decoy value, or it cites a document that is not gold
+  evidence (a padding neighbour answered instead);
+- ``reasoned_wrongly``: it cites the gold evidence and still answers wrongly;
+- ``missed``: anything else: no answer, no evidence, an invented value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from sweep.taskset import ExactAnswer, Item, JsonAnswer, SetAnswer
+
+BUCKETS = ("correct", "missed", "decoyed", "reasoned_wrongly", "truncated_refused")
+_REFUSAL = re.compile(
+    r"\b(i can(?:no|')t|i am unable|i'm unable|i'm sorry|i apologi[sz]e|cannot help)\b", re.I
+)
+_OBJECT = re.compile(r"\{.*\}", re.S)
+
+
+@dataclass(frozen=True)
+class Grade:
+    correct: bool
+    bucket: str
+    answer: Any = None
+    evidence: tuple[str, ...] = ()
+
+
+def parse_reply(text: str) -> tuple[Any, list[str], bool]:
+    """(answer, evidence ids, whether the reply was the asked-for JSON)."""
+    cleaned = re.sub(r"^```(?:json)?|```$", "", text.strip(), flags=re.M).strip()
+    m = _OBJECT.search(cleaned)
+    if m:
+        try:
+            obj = json.loads(m.group(0))
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict) and "answer" in obj:
+            ev = obj.get("evidence") or []
+            ev = [str(e) for e in ev] if isinstance(ev, list) else [str(ev)]
+            return obj.get("answer"), ev, True
+    return (cleaned or None), [], False
+
+
+def _norm(v: Any) -> str:
+    s = str(v).strip().lower()
+    s = re.sub(r"\b(eur|euros?|days?)\b|[€$,\s]", "", s)
+    return s.rstrip(".")
+
+
+def _num(v: Any) -> str:
+    digits = re.findall(r"\d+", str(v).replace(",", ""))
+    return digits[0] if len(digits) == 1 else _norm(v)
+
+
+def _as_set(v: Any) -> set[str]:
+    if isinstance(v, list):
+        return {_norm(x) for x in v}
+    return {_norm(x) for x in re.findall(r"[A-Za-z]-\d+/\d+|[\w-]+", str(v))}
+
+
+def is_correct(item: Item, answer: Any) -> bool:
+    a = item.answer
+    if answer is None:
+        return False
+    if isinstance(a, ExactAnswer):
+        return (
+            _num(answer) == _num(a.value)
+            if re.fullmatch(r"[\d,. ]+", a.value)
+            else _norm(answer) == _norm(a.value)
+        )
+    if isinstance(a, SetAnswer):
+        return _as_set(answer) == {_norm(x) for x in a.values}
+    if isinstance(a, JsonAnswer):
+        if isinstance(answer, str):
+            try:
+                answer = json.loads(answer)
+            except json.JSONDecodeError:
+                return False
+        if not isinstance(answer, dict):
+            return False
+        try:
+            jsonschema.validate(answer, a.schema_)
+        except jsonschema.ValidationError:
+            return False
+        return all(_norm(answer.get(k)) == _norm(v) for k, v in a.value.items())
+    return False
+
+
+def _is_decoy(item: Item, answer: Any) -> bool:
+    decoys = {_norm(d) for d in item.decoy_values}
+    if not decoys or answer is None:
+        return False
+    if isinstance(item.answer, SetAnswer):
+        return bool(_as_set(answer) & decoys)
+    if isinstance(answer, dict):
+        return any(_norm(v) in decoys for v in answer.values())
+    return _norm(answer) in decoys or _num(answer) in decoys
+
+
+def grade(
+    item: Item, text: str | None, finish_reason: str | None, shown: list[str] | None = None
+) -> Grade:
+    """Grade one reply. ``shown``: the document ids that were in the prompt."""
+    answer, evidence, _ = parse_reply(text or "")
+    ev = tuple(evidence)
+    if is_correct(item, answer):
+        return Grade(True, "correct", answer, ev)
+    if finish_reason in ("length", "max_tokens", "content_filter", "refusal") or (
+        text and _REFUSAL.search(text) and not evidence
+    ):
+        return Grade(False, "truncated_refused", answer, ev)
+    gold = set(item.gold)
+    cited_padding = [e for e in evidence if e not in gold and (shown is None or e in shown)]
+    if _is_decoy(item, answer) or cited_padding:
+        return Grade(False, "decoyed", answer, ev)
+    if gold & set(evidence) and answer not in (None, "", [], {}):
+        return Grade(False, "reasoned_wrongly", answer, ev)
+    return Grade(False, "missed", answer, ev)
