@@ -179,12 +179,15 @@ def analyse(
 def refinements(
     stats: list[LevelStats], tolerance: float, resolution: float, measured: set[float]
 ) -> list[float]:
-    """Geometric midpoints between adjacent levels where accuracy drops by more than the
-    tolerance and the gap is still wider than the resolution asked for."""
-    out = []
+    """Where to measure next: the geometric midpoint of the bracket that decides the ceiling (the
+    highest passing level and the first failing one), when accuracy drops across it by more than
+    the tolerance and the bracket is still wider than the resolution asked for. Drops between two
+    failing levels cannot move the ceiling and are left alone."""
     for a, b in itertools.pairwise(stats):
-        if a.diff - b.diff > tolerance and b.level - a.level > resolution:
-            mid = round(math.sqrt(a.level * b.level), 4)
-            if mid not in measured:
-                out.append(mid)
-    return out
+        if a.passes and not b.passes:
+            if a.diff - b.diff > tolerance and b.level - a.level > resolution:
+                mid = round(math.sqrt(a.level * b.level), 4)
+                if mid not in measured:
+                    return [mid]
+            return []
+    return []

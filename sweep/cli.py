@@ -58,6 +58,10 @@ def add_parsers(sub: Any) -> None:
     r.add_argument(
         "--tokenizer", default="auto", choices=["auto", "engine", "o200k_base", "cl100k_base"]
     )
+    r.add_argument(
+        "--tokenize-url",
+        help="the engine's root URL for /tokenize when --base-url is a sidecar or proxy",
+    )
     r.add_argument("--max-tokens", type=int, default=100, help="output reservation per call")
     r.add_argument("--concurrency", type=int, default=1)
     r.add_argument(
@@ -124,7 +128,7 @@ def _window(arg: str, base_url: str) -> int:
         ) from exc
 
 
-def _meter(kind: str, base_url: str) -> Meter:
+def _meter(kind: str, base_url: str, console: Console) -> Meter:
     if kind in ("auto", "engine"):
         engine = SyncEngine(UpstreamSpec(kind="upstream", url=_root(base_url), style="llamacpp"))
         try:
@@ -136,6 +140,10 @@ def _meter(kind: str, base_url: str) -> Meter:
                 raise SweepUsageError(
                     f"--tokenizer engine: {_root(base_url)}/tokenize is not usable ({exc})"
                 ) from exc
+            console.print(
+                f"[yellow]note:[/] {_root(base_url)} has no /tokenize: counting with o200k_base, an "
+                "estimate for other models (pass --tokenize-url ENGINE or --tokenizer)"
+            )
     return Meter(TiktokenCounter("o200k_base" if kind == "auto" else kind))
 
 
@@ -184,6 +192,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             "repeats": args.repeats,
             "window_arg": args.window,
             "tokenizer": args.tokenizer,
+            "tokenize_url": args.tokenize_url,
             "max_tokens": args.max_tokens,
             "shared_haystack": args.shared_haystack,
             "control": not args.no_control,
@@ -199,7 +208,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         raise SweepUsageError(str(exc)) from exc
     window = int(plan.get("window") or _window(str(plan["window_arg"]), plan["base_url"]))
     levels = plan.get("levels") or _levels(plan["levels_arg"], window, plan["max_tokens"])
-    meter = _meter(plan["tokenizer"], plan["base_url"])
+    meter = _meter(plan["tokenizer"], plan.get("tokenize_url") or plan["base_url"], console)
     builder = ContextBuilder(ts, meter, plan["seed"])
     rng = random.Random(plan["seed"])
     items = sorted(ts.items, key=lambda _: rng.random())[: plan["items"]]

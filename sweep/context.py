@@ -98,6 +98,7 @@ class ContextBuilder:
         self._doc_tokens: dict[str, int] = {}
         self._sep = self.meter.text("\n")
         self._base: dict[str, int] = {}
+        self._haystacks: dict[Any, tuple[list[str], dict[str, Doc], dict[str, float]]] = {}
 
     def doc_tokens(self, doc_id: str) -> int:
         t = self._doc_tokens.get(doc_id)
@@ -152,23 +153,34 @@ class ContextBuilder:
         closed_book: bool = False,
     ) -> Prompt:
         """The prompt asking ``question_item`` (default: the only item) with the evidence of all
-        ``items`` (one item: a per-item haystack; several: a shared haystack), filled to
-        ``target`` tokens."""
+        ``items`` (one item: a per-item haystack; several: a shared haystack, identical for each
+        of their questions so a prefix cache can serve it), filled to ``target`` tokens."""
         asked = question_item or items[0]
         system, _ = self.ts.skeleton.render("", asked.question)
         if closed_book:
             _, user = self.ts.skeleton.render(NO_DOCUMENTS, asked.question)
             return Prompt(system, user, [], {}, self.meter.prompt(system, user), target)
+        order, docs, positions = self._haystack(tuple(items), target, repeat)
+        _, user = self.ts.skeleton.render(self._render(order, docs), asked.question)
+        return Prompt(system, user, order, positions, self.meter.prompt(system, user), target)
+
+    def _render(self, order: list[str], docs: dict[str, Doc]) -> str:
+        return "\n".join(render_doc(docs.get(d) or self.ts.docs[d]) for d in order)
+
+    def _haystack(
+        self, items: tuple[Item, ...], target: int, repeat: int
+    ) -> tuple[list[str], dict[str, Doc], dict[str, float]]:
+        key = (tuple(it.id for it in items), target, repeat)
+        hit = self._haystacks.get(key)
+        if hit is not None:
+            return hit
         gold = [g for it in items for g in it.gold]
-        gold_set = set(gold)
-        # the longest question sets the fill so every question of a shared haystack fits
-        base = max(self.base_tokens(it.question) for it in items)
-        budget = target - base - sum(self.doc_tokens(g) for g in gold)
+        longest = max(items, key=lambda it: self.base_tokens(it.question))
+        budget = target - self.base_tokens(longest.question) - sum(self.doc_tokens(g) for g in gold)
         chosen: list[str] = []
-        ranked = self.ranked([it.question for it in items], gold_set)
-        used = 0
         skipped: list[str] = []
-        for d in ranked:
+        used = 0
+        for d in self.ranked([it.question for it in items], set(gold)):
             t = self.doc_tokens(d)
             if used + t <= budget:
                 chosen.append(d)
@@ -177,39 +189,44 @@ class ContextBuilder:
                 skipped.append(d)
                 if budget - used < 20 or len(skipped) > 400:
                     break
-        # fill the last gap with the largest neighbours that still fit, then, if the level is
-        # still more than 1% short, with the next neighbour cut at a word boundary
+        # close the gap with the largest neighbours that still fit
         for d in sorted(skipped, key=self.doc_tokens, reverse=True):
             t = self.doc_tokens(d)
             if used + t <= budget:
                 chosen.append(d)
                 used += t
-        partial: dict[str, Doc] = {}
-        gap = budget - used
-        spare = [d for d in skipped if d not in chosen]
-        if gap > max(8, target // 100) and spare:
-            cut = self._cut_to(spare[0], gap)
-            if cut is not None:
-                partial[spare[0]] = cut
-                chosen.append(spare[0])
+        spare = [d for d in skipped if d not in set(chosen)]
         rng = _seeded(self.seed, "order", repeat, *(it.id for it in items))
         rng.shuffle(chosen)
         order = list(chosen)
-        positions: dict[str, float] = {}
         for it in items:
             # seeded, stratified over repeats: front, middle and back all get measured
             u = _seeded(self.seed, "pos", it.id).random()
-            frac = ((repeat + u) / 3.0) % 1.0
-            at = round(frac * len(order))
+            at = round((((repeat + u) / 3.0) % 1.0) * len(order))
             for g in it.gold:
                 order.insert(at, g)
+        # measure the real prompt (the longest question) and top up with the next neighbour,
+        # cut at a word boundary, until the level is within 0.5% of its target
+        docs: dict[str, Doc] = {}
+        for _ in range(3):
+            _, user = self.ts.skeleton.render(self._render(order, docs), longest.question)
+            short = target - self.meter.prompt(self.ts.skeleton.system, user)
+            if short <= max(4, target // 200) or not spare:
+                break
+            d = spare.pop(0)
+            cut = self._cut_to(d, short - 1)
+            if cut is None:
+                continue
+            docs[d] = cut
+            order.insert(rng.randrange(len(order) + 1), d)
         n = max(1, len(order) - 1)
-        for it in items:
-            idx = [order.index(g) for g in it.gold]
-            positions[it.id] = round(sum(idx) / len(idx) / n, 4)
-        documents = "\n".join(render_doc(partial.get(d) or self.ts.docs[d]) for d in order)
-        _, user = self.ts.skeleton.render(documents, asked.question)
-        return Prompt(system, user, order, positions, self.meter.prompt(system, user), target)
+        positions = {
+            it.id: round(sum(order.index(g) for g in it.gold) / len(it.gold) / n, 4) for it in items
+        }
+        self._haystacks[key] = (order, docs, positions)
+        if len(self._haystacks) > 64:
+            self._haystacks.pop(next(iter(self._haystacks)))
+        return order, docs, positions
 
 
 def group_items(

@@ -6,6 +6,7 @@ a mismatched encoding must show up in the estimate-error metric.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,3 +143,138 @@ def test_exact_counts_match_the_server_and_mismatch_shows(sidecar_url: tuple[str
     print(
         "o200k_base vs Qwen tokenizer, relative error per request:", [round(e, 3) for e in errors]
     )
+
+
+def test_sweep_derive_push_enforce_on_the_real_model(
+    llm: RunningServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole loop on the real model: a small sweep through the sidecar's bypass, a derived
+    ceiling pushed to the running sidecar, and enforced requests that fit it. Asserts the
+    pipeline's contracts, not the model's accuracy."""
+    from ceiling.ceilings import load_document
+    from ceiling.cli import main as cli_main
+    from ceiling.push import push
+
+    token = "e2e-admin-token"
+    monkeypatch.setenv("CEILING_ADMIN_TOKEN", token)
+    settings = Settings(
+        upstreams={
+            "openai": {"base_url": llm.openai_base_url, "timeouts": {"read": 300, "total": 600}}
+        },
+        models=[
+            {
+                "match": "qwen",
+                "window": llm.window,
+                "max_output_tokens": 256,
+                "tokenizer": {"kind": "upstream", "url": llm.url, "style": "llamacpp"},
+            }
+        ],
+        workloads=["default", "rag"],
+        admin_token=token,
+        enforcement={
+            "mode": "observe",
+            "workloads": {"rag": {"mode": "enforce"}},
+            "default_output_reservation": 64,
+        },
+    )
+    app = create_app(settings)
+    with serve(app) as url:
+        out = tmp_path / "run"
+        code = cli_main(
+            [
+                "sweep",
+                "run",
+                "--base-url",
+                url + "/v1",
+                "--model",
+                "qwen",
+                "--items",
+                "4",
+                "--levels",
+                "0.3,0.6,0.9",
+                "--repeats",
+                "2",
+                "--shared-haystack",
+                "--bypass",
+                "--window",
+                str(llm.window),
+                "--tokenizer",
+                "engine",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        # --tokenizer engine needs the engine's own /tokenize: the sidecar is not it
+        assert code == 2
+        code = cli_main(
+            [
+                "sweep",
+                "run",
+                "--base-url",
+                url + "/v1",
+                "--model",
+                "qwen",
+                "--items",
+                "4",
+                "--levels",
+                "0.3,0.6,0.9",
+                "--repeats",
+                "2",
+                "--shared-haystack",
+                "--bypass",
+                "--window",
+                str(llm.window),
+                "--tokenize-url",
+                llm.url,
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        assert code == 0
+        summary = json.loads((out / "summary.json").read_text())["analysis"]
+        assert summary["errors"] == 0
+        assert [round(s["level"], 2) for s in summary["levels"]] == [0.3, 0.6, 0.9]
+        assert all(s["n_calls"] == 8 and s["n_items"] == 4 for s in summary["levels"])
+        state = app.state.sidecar
+        # the sweep went through the bypass: never trimmed, even in an enforcing sidecar
+        assert (
+            state.metrics.registry.get_sample_value(
+                "llm_context_requests_total",
+                {"model": "qwen", "workload": "default", "api": "openai_chat", "outcome": "ok"},
+            )
+            == 4 + 24
+        )
+        if summary["ceiling_tokens"] is None:
+            pytest.skip(
+                "the model failed even the lowest level on this run: nothing to derive (pipeline ran)"
+            )
+        assert cli_main(["sweep", "derive", str(out), "--model", "qwen", "--workload", "rag"]) == 0
+        doc = load_document(out / "ceilings.yaml")
+        ceiling = doc.entries[0].ceiling_tokens
+        assert 0 < ceiling < llm.window
+        push(out / "ceilings.yaml", [url])
+        assert state.ceilings.current.version == doc.version
+        client = openai.OpenAI(
+            base_url=url + "/v1",
+            api_key="none",
+            max_retries=0,
+            timeout=300,
+            default_headers={"x-ceiling-workload": "rag"},
+        )
+        docs = "\n".join(
+            f'<document id="{i}">Contract K-{i} renews yearly for {100 + i} EUR; notice {30 + i} days.</document>'
+            for i in range(80)
+        )
+        raw = client.chat.completions.with_raw_response.create(
+            model="qwen",
+            max_tokens=8,
+            messages=[{"role": "user", "content": docs + "\nWhat does K-3 cost?"}],
+        )
+        usage = raw.parse().usage
+        assert usage is not None
+        assert int(raw.headers["x-ceiling-trimmed-tokens"]) > 0
+        assert usage.prompt_tokens <= ceiling, (
+            "the enforced request fits the ceiling, by the server's own count"
+        )

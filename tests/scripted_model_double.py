@@ -1,0 +1,107 @@
+"""A test double for a language model whose accuracy falls at a known utilization.
+
+It stands in for a real model where the statistics must be checked against a known truth: it
+reads the question from the prompt, looks the item up in the task set, measures the prompt's
+utilization with the shared counter, and answers correctly with probability ``high`` below the
+knee and ``low`` above it (deterministically per prompt, so repeats with different gold positions
+vary). Wrong answers are decoys: a neighbour's value citing the neighbour's document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ceiling.counting import count_openai
+from ceiling.tokenizers import TiktokenCounter
+from sweep.taskset import ExactAnswer, Item, SetAnswer, TaskSet
+
+_Q = re.compile(r"Question: (.*?)\nReply with JSON", re.S)
+
+
+@dataclass
+class ScriptedModelDouble:
+    ts: TaskSet
+    window: int
+    knee: float
+    high: float = 0.95
+    low: float = 0.2
+    delay: float = 0.0
+    fail_first: dict[str, int] = field(default_factory=dict)  # status -> how many times
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        self.by_question = {it.question: it for it in self.ts.items}
+        self.enc = TiktokenCounter("o200k_base")
+
+    def _answer(self, item: Item, correct: bool) -> dict[str, Any]:
+        a = item.answer
+        if correct:
+            value: Any = (
+                a.value
+                if isinstance(a, ExactAnswer)
+                else a.values
+                if isinstance(a, SetAnswer)
+                else a.value
+            )
+            return {"answer": value, "evidence": item.gold}
+        value = item.decoy_values[0] if item.decoy_values else "unknown"
+        return {
+            "answer": [value] if isinstance(a, SetAnswer) else value,
+            "evidence": item.decoy_docs[:1],
+        }
+
+    async def chat(self, request: Request) -> Response:
+        self.calls += 1
+        for status, n in list(self.fail_first.items()):
+            if n > 0:
+                self.fail_first[status] = n - 1
+                return JSONResponse(
+                    {"error": {"message": "scripted failure"}},
+                    status_code=int(status),
+                    headers={"retry-after": "0"},
+                )
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        body = await request.json()
+        user = body["messages"][-1]["content"]
+        m = _Q.search(user)
+        item = self.by_question.get(m.group(1).strip()) if m else None
+        tokens = count_openai(body, self.enc).total
+        if item is None or "(no documents)" in user:
+            reply: dict[str, Any] = {"answer": None, "evidence": []}
+        else:
+            u = int.from_bytes(hashlib.sha256(user.encode()).digest()[:8], "big") / 2**64
+            p = self.high if tokens / self.window < self.knee else self.low
+            reply = self._answer(item, u < p)
+        return JSONResponse(
+            {
+                "id": "chatcmpl-scripted",
+                "object": "chat.completion",
+                "model": "scripted-model-v1",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": json.dumps(reply)},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "completion_tokens": 20,
+                    "total_tokens": tokens + 20,
+                },
+            }
+        )
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])

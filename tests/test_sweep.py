@@ -1,0 +1,337 @@
+"""The sweep: task sets, grading, the statistics on a scripted model, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ceiling.ceilings import load_document
+from ceiling.cli import main as cli_main
+from sweep.generate import generate
+from sweep.grade import grade
+from sweep.taskset import TaskSetError, bundled_path, load_taskset
+from tests.hosted_provider_double import serve
+from tests.scripted_model_double import ScriptedModelDouble
+
+TS = load_taskset("contracts")
+ITEMS = {i.id: i for i in TS.items}
+WINDOW = 8192
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[ScriptedModelDouble, str]]:
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.65)
+    with serve(d.app()) as url:
+        yield d, url + "/v1"
+
+
+def run_cli(*args: str) -> int:
+    return cli_main(["sweep", *args])
+
+
+def common(url: str, out: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--base-url",
+        url,
+        "--model",
+        "scripted",
+        "--window",
+        str(WINDOW),
+        "--tokenizer",
+        "o200k_base",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+
+
+# -- task sets ----------------------------------------------------------------------------
+
+
+def test_bundled_taskset_is_current_and_complete(tmp_path: Path) -> None:
+    generate(tmp_path / "contracts")
+    for name in ("taskset.json", "items.jsonl", "corpus.jsonl", "skeleton.txt"):
+        assert (tmp_path / "contracts" / name).read_bytes() == (
+            bundled_path("contracts") / name
+        ).read_bytes(), name
+    assert len(TS.items) >= 200
+    assert {i.answer.kind for i in TS.items} == {"exact", "set", "json"}
+    assert all(len(i.decoy_docs) >= 3 for i in TS.items)
+
+
+@pytest.mark.parametrize(
+    ("file", "mutate", "needle"),
+    [
+        (
+            "items.jsonl",
+            lambda s: s.replace('"question": ', '"questio": ', 1),
+            "items.jsonl:1: question: Field required",
+        ),
+        ("items.jsonl", lambda s: s + "{not json\n", "items.jsonl:241: not valid JSON"),
+        (
+            "items.jsonl",
+            lambda s: s.replace('"gold": ["', '"gold": ["MISSING-', 1),
+            "items.jsonl:1: gold: document 'MISSING-",
+        ),
+        (
+            "corpus.jsonl",
+            lambda s: s.replace('"text": ', '"txt": ', 1),
+            "corpus.jsonl:1: text: Field required",
+        ),
+        (
+            "skeleton.txt",
+            lambda s: s.replace("{question}", "?"),
+            "needs both {documents} and {question}",
+        ),
+    ],
+)
+def test_malformed_taskset_names_file_line_field(
+    tmp_path: Path, file: str, mutate: Any, needle: str
+) -> None:
+    root = tmp_path / "ts"
+    generate(root)
+    (root / file).write_text(mutate((root / file).read_text()))
+    with pytest.raises(TaskSetError) as info:
+        load_taskset(root)
+    assert needle in str(info.value)
+
+
+# -- grading ------------------------------------------------------------------------------
+
+
+def by_kind(kind: str) -> Any:
+    return next(i for i in TS.items if i.answer.kind == kind)
+
+
+def test_grading_buckets() -> None:
+    it = by_kind("exact")
+    gold, decoy = it.gold[0], it.decoy_docs[0]
+    v = it.answer.value  # type: ignore[union-attr]
+    assert (
+        grade(it, json.dumps({"answer": f"{int(v):,} EUR", "evidence": [gold]}), "stop").bucket
+        == "correct"
+    )
+    assert (
+        grade(it, json.dumps({"answer": it.decoy_values[0], "evidence": [decoy]}), "stop").bucket
+        == "decoyed"
+    )
+    assert grade(it, json.dumps({"answer": "7", "evidence": [decoy]}), "stop").bucket == "decoyed"
+    assert (
+        grade(it, json.dumps({"answer": "7", "evidence": [gold]}), "stop").bucket
+        == "reasoned_wrongly"
+    )
+    assert grade(it, json.dumps({"answer": None, "evidence": []}), "stop").bucket == "missed"
+    assert grade(it, '{"answer": "12', "length").bucket == "truncated_refused"
+    assert grade(it, "I'm sorry, I cannot help with that.", "stop").bucket == "truncated_refused"
+    s = by_kind("set")
+    vals = s.answer.values  # type: ignore[union-attr]
+    assert grade(
+        s, json.dumps({"answer": list(reversed(vals)), "evidence": s.gold}), "stop"
+    ).correct
+    assert not grade(
+        s, json.dumps({"answer": [*vals[:1], "X-1/9"], "evidence": s.gold}), "stop"
+    ).correct
+    j = by_kind("json")
+    val = j.answer.value  # type: ignore[union-attr]
+    assert grade(j, json.dumps({"answer": val, "evidence": j.gold}), "stop").correct
+    assert not grade(
+        j, json.dumps({"answer": {"supplier": val["supplier"]}, "evidence": j.gold}), "stop"
+    ).correct  # schema
+    assert not grade(
+        j, json.dumps({"answer": val | {"notice_days": "ninety"}, "evidence": j.gold}), "stop"
+    ).correct
+
+
+# -- the statistics, on a model with a known knee -------------------------------------------
+
+
+def test_curve_ceiling_and_refinement_on_a_known_knee(
+    scripted: tuple[ScriptedModelDouble, str], tmp_path: Path
+) -> None:
+    _, url = scripted
+    out = tmp_path / "run"
+    assert (
+        run_cli(
+            *common(
+                url,
+                out,
+                "--items",
+                "30",
+                "--repeats",
+                "3",
+                "--refine",
+                "--tolerance",
+                "0.1",
+                "--resolution",
+                "0.04",
+                "--seed",
+                "3",
+            )
+        )
+        == 0
+    )
+    plan = json.loads((out / "plan.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    initial = {0.2, 0.5, 0.8}
+    added = [lv for lv in plan["levels"] if lv not in initial and lv < 0.9]
+    assert added, "refinement measured new levels"
+    assert all(0.5 < lv < 0.8 for lv in added), f"levels added only where the drop is: {added}"
+    knee = 0.65
+    assert summary["ceiling_level"] is not None
+    ceiling_util = next(
+        s["utilization"] for s in summary["levels"] if s["level"] == summary["ceiling_level"]
+    )
+    assert 0.45 <= ceiling_util < knee, "the ceiling lands on the right side of the knee, near it"
+    assert summary["ceiling_utilization"] == pytest.approx(ceiling_util * 0.9, abs=1e-3)
+    levels = summary["levels"]
+    for s in levels:
+        assert s["repeat_min"] <= s["accuracy"] <= s["repeat_max"]
+        assert s["ci"][0] <= s["accuracy"] <= s["ci"][1]
+        assert abs(s["utilization"] - s["level"]) < 0.01, "filled to the target within 1%"
+    assert any(s["repeat_min"] < s["repeat_max"] for s in levels), "repeats produce a spread"
+    high = [s for s in levels if s["utilization"] > knee]
+    assert all(s["buckets"]["decoyed"] > 0.5 for s in high)
+    assert summary["closed_book_flagged"] == []
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 1
+    assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # derive -> a ceilings document the sidecar accepts
+    assert run_cli("derive", str(out), "--model", "gpt-4o", "--workload", "rag") == 0
+    doc = load_document(out / "ceilings.yaml")
+    [entry] = doc.entries
+    assert entry.ceiling_tokens == summary["ceiling_tokens"] and entry.window == WINDOW
+    assert entry.provenance.model_version == "scripted-model-v1"
+    assert entry.provenance.task_set_hash == TS.hash and entry.fingerprint is not None
+    assert entry.fingerprint.retrieved_chunks > 0
+
+
+def test_dry_run_sends_nothing_and_budget_stops(
+    scripted: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d, url = scripted
+    assert run_cli(*common(url, tmp_path / "dry", "--items", "5", "--dry-run")) == 0
+    assert "dry run: 65 calls" in capsys.readouterr().out and d.calls == 0
+    assert run_cli(*common(url, tmp_path / "b", "--items", "5", "--max-calls", "7")) == 0
+    lines = (tmp_path / "b" / "calls.jsonl").read_text().splitlines()
+    assert len(lines) == 7 and d.calls == 7
+
+
+def test_retries_on_429_and_5xx(scripted: tuple[ScriptedModelDouble, str], tmp_path: Path) -> None:
+    d, url = scripted
+    d.fail_first = {"429": 1, "503": 1}
+    assert (
+        run_cli(
+            *common(
+                url,
+                tmp_path / "r",
+                "--items",
+                "1",
+                "--levels",
+                "0.2",
+                "--repeats",
+                "1",
+                "--no-control",
+            )
+        )
+        == 0
+    )
+    [rec] = [json.loads(x) for x in (tmp_path / "r" / "calls.jsonl").read_text().splitlines()]
+    assert rec["status"] == "ok" and rec["attempts"] == 3 and rec["finish_reason"] == "stop"
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("run", "--model", "m") == 2
+    assert (
+        run_cli(
+            "run",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--window",
+            "1000",
+            "--levels",
+            "0.2,1.5",
+            "--tokenizer",
+            "o200k_base",
+        )
+        == 2
+    )
+    assert (
+        run_cli(
+            "run",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--window",
+            "1000",
+            "--taskset",
+            str(tmp_path / "nope"),
+            "--tokenizer",
+            "o200k_base",
+        )
+        == 2
+    )
+    assert run_cli("run", "--resume", "--out", str(tmp_path / "nothing")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and "outside (0," in err[1] and "not a task set directory" in err[2]
+
+
+def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.65, delay=0.05)
+    out = tmp_path / "run"
+    with serve(d.app()) as url:
+        args = [
+            sys.executable,
+            "-m",
+            "ceiling.cli",
+            "sweep",
+            *common(url + "/v1", out, "--items", "8", "--repeats", "2"),
+        ]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = out / "calls.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not log.exists() or len(log.read_text().splitlines()) < 20
+        ):
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = len(log.read_text().splitlines())
+        assert 20 <= before < 8 + 8 * 4 * 2
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ceiling.cli",
+                "sweep",
+                "run",
+                "--resume",
+                "--out",
+                str(out),
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr
+    keys = [json.loads(x)["key"] for x in log.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 8 + 8 * 4 * 2  # controls + items x levels x repeats
+    assert (
+        d.calls <= len(keys) + 2
+    )  # at most the calls in flight at the kill were made twice upstream
+    plan = yaml.safe_load((out / "plan.json").read_text())
+    assert plan["run_id"] == "run"
