@@ -88,6 +88,9 @@ class CeilingEntry(_Doc):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     provenance: Provenance = Field(default_factory=Provenance)
     fingerprint: TrafficFingerprint | None = None
+    #: overrides the sidecar's configured mode for this model/workload: roll a new ceiling out in
+    #: observe, then push it again with enforce, with no restart
+    mode: Literal["off", "observe", "enforce"] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> CeilingEntry:

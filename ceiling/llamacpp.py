@@ -1,8 +1,9 @@
 """Run llama.cpp's ``llama-server`` on loopback as a real, local, OpenAI-compatible upstream.
 
 Used by ``make demo`` and the real-model tests. The server runs in its own process group and is
-stopped (TERM, then KILL) when the context exits, when the interpreter exits, or on SIGTERM of
-the parent, so it is never left orphaned. The window is read from the server, never assumed.
+stopped (TERM, then KILL) when the context exits or the interpreter exits, and the kernel sends
+it SIGTERM when its parent process dies in any way (``PR_SET_PDEATHSIG``), so it is never left
+orphaned. The window is read from the server, never assumed.
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ class RunningServer:
         return self.url + "/v1"
 
 
+def die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM it when its parent dies, however the parent dies
+    (SIGKILL included), so a crashed demo or test never leaves a server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
@@ -115,7 +127,13 @@ def llama_server(
     if not cache_prompt:
         args += ["--cache-ram", "0", "--no-cache-prompt"]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
     atexit.register(_stop, proc)
     url = f"http://127.0.0.1:{port}"
     try:

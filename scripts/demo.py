@@ -1,23 +1,33 @@
-"""``make demo``: the sidecar measuring a real local model, end to end.
+"""``make demo``: measure, derive, push, enforce, observe, on a real local model.
 
-Starts llama.cpp's server with the cached Qwen2.5-Coder-0.5B model (8k window, read from the
-server), starts ``ceiling serve`` in front of it, replays requests of growing size through the
-official ``openai`` SDK and prints what the sidecar measured for each: input tokens, window
-utilization, the component breakdown and the server's own count. The sweep, the derived ceiling,
-the push and enforcement join this demo as their issues land.
+1. llama.cpp's server with the cached Qwen2.5-Coder-0.5B model (8k window, read from /props);
+2. ``ceiling serve`` in front of it, workload ``rag`` in observe mode;
+3. a reduced sweep of the bundled contracts task set through the sidecar's bypass, one shared
+   haystack per level so the server's prefix cache answers later questions cheaply;
+4. the ceiling derived from the curve and pushed to the running sidecar (hot reload);
+5. requests of mixed sizes through the official ``openai`` SDK, with the ceiling observed,
+   then the same ceiling pushed again with ``mode: enforce`` and the requests replayed;
+6. a summary: the curve, the ceiling, the utilization distribution, what was trimmed.
+
+Against a hosted API instead: set OPENAI_BASE_URL, OPENAI_API_KEY, CEILING_DEMO_MODEL and
+CEILING_DEMO_WINDOW (no local model is started).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -28,169 +38,347 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.llamacpp import free_port, llama_server  # noqa: E402
+from ceiling.ceilings import load_document  # noqa: E402
+from ceiling.cli import main as ceiling_cli  # noqa: E402
+from ceiling.llamacpp import die_with_parent, free_port, llama_server  # noqa: E402
+from ceiling.push import push  # noqa: E402
 
-console = Console(width=max(110, Console().width))
-
-RECORD = (
-    "Record {i}: service contract {code} between Northwind Ltd and client {client} renews on "
-    "day {day} of the year; the renewal fee is {fee} EUR and the notice period is {notice} days."
-)
+console = Console(width=max(120, Console().width))
+TOKEN = "demo-admin-token"
 
 
-def haystack(n: int) -> list[str]:
-    docs = []
-    for i in range(n):
-        docs.append(
-            f'<document id="r{i}">'
-            + RECORD.format(
-                i=i,
-                code=f"C-{1000 + 37 * i % 9000}",
-                client=f"K{(i * 7919) % 997:03d}",
-                day=(i * 53) % 365 + 1,
-                fee=100 + (i * 13) % 900,
-                notice=30 + (i * 11) % 90,
+@contextlib.contextmanager
+def upstream(ctx: int, out: Path) -> Iterator[tuple[str, str, int, str | None, str | None]]:
+    """(openai base url, model, window, engine url for /tokenize, api key)."""
+    hosted = os.environ.get("OPENAI_BASE_URL")
+    if hosted:
+        model = os.environ.get("CEILING_DEMO_MODEL")
+        window = os.environ.get("CEILING_DEMO_WINDOW")
+        if not model or not window:
+            raise SystemExit(
+                "with OPENAI_BASE_URL set, also set CEILING_DEMO_MODEL and CEILING_DEMO_WINDOW"
             )
-            + "</document>"
+        console.print(f"hosted upstream {hosted}, model {model}, window {int(window):,}")
+        yield hosted, model, int(window), None, os.environ.get("OPENAI_API_KEY")
+        return
+    with llama_server(ctx, log_path=out / "llama-server.log") as llm:
+        console.print(
+            f"llama-server at {llm.url}; window read from /props: [bold]{llm.window:,}[/] tokens"
         )
-    return docs
+        yield llm.openai_base_url, "qwen2.5-coder-0.5b-instruct", llm.window, llm.url, None
 
 
-def wait_ready(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the sidecar did not become ready")
+@contextlib.contextmanager
+def sidecar(cfg: dict[str, Any], out: Path) -> Iterator[str]:
+    tmp = Path(tempfile.mkdtemp(prefix="ceiling-demo-"))
+    (tmp / "sidecar.yaml").write_text(yaml.safe_dump(cfg))
+    log = open(out / "sidecar.log", "wb")  # noqa: SIM115
+    env = os.environ | {"CEILING_ADMIN_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(tmp / "sidecar.yaml")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        cwd=ROOT,
+        env=env,
+    )
+    url = f"http://{cfg['listen']['host']}:{cfg['listen']['port']}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the sidecar did not start; see {out / 'sidecar.log'}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+        log.close()
+
+
+def replay(url: str, model: str, window: int, n: int, label: str) -> list[dict[str, Any]]:
+    """A mixed sample of RAG requests: some small, some far above the ceiling."""
+    client = openai.OpenAI(
+        base_url=url + "/v1",
+        api_key=os.environ.get("OPENAI_API_KEY") or "none",
+        timeout=900,
+        max_retries=0,
+        default_headers={"x-ceiling-workload": "rag"},
+    )
+    docs = [
+        json.loads(x)
+        for x in (ROOT / "sweep" / "tasksets" / "contracts" / "corpus.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    rows = []
+    fills = [0.1, 0.25, 0.45, 0.6, 0.8][:n]
+    for k, fill in enumerate(fills):
+        count = max(2, int(fill * window / 95))
+        chunk = "\n".join(
+            # each request extends the previous one's documents: the prefix cache reuses them
+            f'<document id="{d["id"]}">{d["text"]}</document>'
+            for d in docs[:count]
+        )
+        t0 = time.perf_counter()
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            max_tokens=24,
+            temperature=0,
+            messages=[
+                {"role": "system", "content": "Answer from the documents, briefly."},
+                {
+                    "role": "user",
+                    "content": chunk + f"\nWhat is the renewal fee in {docs[k]['id']}?",
+                },
+            ],
+        )
+        h = raw.headers
+        usage = raw.parse().usage
+        rows.append(
+            {
+                "phase": label,
+                "documents": count,
+                "mode": h.get("x-ceiling-mode"),
+                "input": int(h.get("x-ceiling-input-tokens", "0")),
+                "trimmed": int(h.get("x-ceiling-trimmed-tokens", "0")),
+                "server": usage.prompt_tokens if usage else None,
+                "utilization": float(h.get("x-ceiling-utilization", "0")),
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+    return rows
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")) and all(
+            f'{k}="{v}"' in line for k, v in labels.items()
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, default=int(os.environ.get("CEILING_DEMO_CTX", "8192")))
+    ap.add_argument("--items", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--levels", default="0.2,0.5,0.8")
     ap.add_argument("--out", default=str(ROOT / "out" / "demo"))
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the servers running at the end (Ctrl-C to stop)"
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / "sweep"
+    if run_dir.exists():
+        import shutil
 
-    console.rule("[bold]1. A real local model")
-    with llama_server(args.ctx, log_path=out / "llama-server.log") as llm:
-        console.print(
-            f"llama-server at {llm.url}, window read from /props: [bold]{llm.window}[/] tokens"
-        )
+        shutil.rmtree(run_dir)
+    started = time.monotonic()
 
-        console.rule("[bold]2. The sidecar in front of it")
-        port = free_port()
+    console.rule("[bold]1. A real model")
+    with upstream(args.ctx, out) as (base_url, model, window, engine, _key):
+        console.rule("[bold]2. The sidecar in front of it (workload rag: observe)")
         cfg = {
-            "listen": {"host": "127.0.0.1", "port": port},
+            "listen": {"host": "127.0.0.1", "port": free_port()},
             "upstreams": {
-                "openai": {"base_url": llm.openai_base_url, "timeouts": {"read": 600, "total": 900}}
+                "openai": {"base_url": base_url, "timeouts": {"read": 900, "total": 1800}}
             },
             "models": [
                 {
-                    "match": "qwen2.5-coder-0.5b-instruct",
-                    "label": "qwen2.5-0.5b",
-                    "window": llm.window,
+                    "match": model,
+                    "label": "demo-model",
+                    "window": window,
                     "max_output_tokens": 512,
-                    "tokenizer": {"kind": "upstream", "url": llm.url, "style": "llamacpp"},
-                    "chat_format": {"per_message": 5, "reply_priming": 3, "default_system": 20},
+                    "tokenizer": (
+                        {"kind": "upstream", "url": engine, "style": "llamacpp"}
+                        if engine
+                        else {"kind": "tiktoken", "encoding": "o200k_base"}
+                    ),
                 }
             ],
             "workloads": ["default", "rag"],
+            "enforcement": {"mode": "observe", "default_output_reservation": 64},
         }
-        tmp = Path(tempfile.mkdtemp(prefix="ceiling-demo-"))
-        (tmp / "sidecar.yaml").write_text(yaml.safe_dump(cfg))
-        log = open(out / "sidecar.log", "wb")  # noqa: SIM115
-        sidecar = subprocess.Popen(
-            [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(tmp / "sidecar.yaml")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=ROOT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url)
-            console.print(f"sidecar at {url} (metrics at {url}/metrics)")
+        with sidecar(cfg, out) as url:
+            console.print(f"sidecar at {url}; metrics at {url}/metrics")
 
-            console.rule("[bold]3. Requests of growing size through the openai SDK")
-            client = openai.OpenAI(
-                base_url=url + "/v1", api_key="no-key-needed", timeout=900, max_retries=0
+            console.rule("[bold]3. A reduced sweep through the sidecar's bypass (shared haystack)")
+            os.environ["CEILING_ADMIN_TOKEN"] = TOKEN
+            sweep_args = [
+                "sweep",
+                "run",
+                "--base-url",
+                url + "/v1",
+                "--model",
+                model,
+                "--items",
+                str(args.items),
+                "--max-tokens",
+                "64",
+                "--levels",
+                args.levels,
+                "--repeats",
+                str(args.repeats),
+                "--shared-haystack",
+                "--bypass",
+                "--window",
+                str(window),
+                "--out",
+                str(run_dir),
+            ]
+            if engine:
+                sweep_args += ["--tokenize-url", engine]
+            if ceiling_cli(sweep_args) != 0:
+                raise SystemExit("the sweep failed")
+
+            console.rule("[bold]4. Derive the ceiling and push it to the running sidecar")
+            if (
+                ceiling_cli(
+                    [
+                        "sweep",
+                        "derive",
+                        str(run_dir),
+                        "--model",
+                        "demo-model",
+                        "--workload",
+                        "rag",
+                        "--mode",
+                        "observe",
+                    ]
+                )
+                != 0
+            ):
+                raise SystemExit(
+                    "no ceiling could be derived: the model failed even the lowest level"
+                )
+            doc = load_document(run_dir / "ceilings.yaml")
+            for line in push(run_dir / "ceilings.yaml", [url]):
+                console.print(line)
+            ceiling = doc.entries[0].ceiling_tokens
+
+            console.rule(
+                "[bold]5. Mixed requests: observed, then enforced (same ceiling, pushed with mode: enforce)"
             )
-            docs = haystack(400)
-            per_doc = 64  # rough tokens per record, refined by the sidecar's own count below
-            table = Table(
-                "target fill",
-                "input tokens (sidecar)",
+            rows = replay(url, model, window, 5, "observe")
+            (run_dir / "ceilings-enforce.yaml").write_text(
+                (run_dir / "ceilings.yaml")
+                .read_text()
+                .replace("mode: observe", "mode: enforce")
+                .replace(f"version: {doc.version}", f"version: {doc.version + 1}", 1)
+            )
+            for line in push(run_dir / "ceilings-enforce.yaml", [url]):
+                console.print(line)
+            rows += replay(url, model, window, 5, "enforce")
+            t = Table(
+                "phase",
+                "documents",
+                "mode",
+                "input tokens",
+                "trimmed",
                 "server prompt_tokens",
                 "utilization",
-                "retrieved",
-                "latency s",
-                "answer",
+                "seconds",
             )
-            for fill in (0.1, 0.3, 0.5, 0.7, 0.85):
-                k = max(1, int(fill * llm.window / per_doc))
-                context = "\n".join(docs[:k])
-                t0 = time.perf_counter()
-                raw = client.chat.completions.with_raw_response.create(
-                    model="qwen2.5-coder-0.5b-instruct",
-                    messages=[
-                        {
-                            "role": "system",
-                            "content": "Answer from the records. Reply with the fee only.",
-                        },
-                        {
-                            "role": "user",
-                            "content": context
-                            + "\n\nWhat is the renewal fee of the contract in Record 0?",
-                        },
-                    ],
-                    max_tokens=12,
-                    temperature=0,
-                    extra_headers={"X-Ceiling-Workload": "rag"},
+            for r in rows:
+                t.add_row(
+                    r["phase"],
+                    str(r["documents"]),
+                    r["mode"],
+                    f"{r['input']:,}",
+                    f"{r['trimmed']:,}",
+                    f"{r['server']:,}" if r["server"] else "?",
+                    f"{r['utilization']:.2f}",
+                    str(r["seconds"]),
                 )
-                dt = time.perf_counter() - t0
-                resp = raw.parse()
-                usage = resp.usage
-                table.add_row(
-                    f"{fill:.0%}",
-                    raw.headers.get("x-ceiling-input-tokens", "?"),
-                    str(usage.prompt_tokens if usage else "?"),
-                    raw.headers.get("x-ceiling-utilization", "?"),
-                    str(k),
-                    f"{dt:.1f}",
-                    (resp.choices[0].message.content or "").strip()[:20],
-                )
-            console.print(table)
+            console.print(t)
 
-            console.rule("[bold]4. What the sidecar recorded")
-            lines = [
-                json.loads(x)
-                for x in (out / "sidecar.log").read_text().splitlines()
-                if '"request_id"' in x
-            ]
-            if lines:
-                last = lines[-1]
-                console.print("last request's log line (no prompt text, no keys):")
-                console.print_json(json.dumps(last))
-            metrics = httpx.get(url + "/metrics").text
-            keep = [
-                m
-                for m in metrics.splitlines()
-                if m.startswith(
-                    ("llm_context_utilization_ratio_bucket", "llm_context_requests_total")
+            console.rule("[bold]6. Summary")
+            summary = json.loads((run_dir / "summary.json").read_text())["analysis"]
+            from sweep.analysis import Analysis, LevelStats
+            from sweep.report import ceiling_line, table
+
+            a = Analysis(
+                **{k: v for k, v in summary.items() if k != "levels"},
+                levels=[
+                    LevelStats(**{**s, "ci": tuple(s["ci"]), "diff_ci": tuple(s["diff_ci"])})
+                    for s in summary["levels"]
+                ],
+            )
+            console.print(table(a))
+            lvl = next(s for s in a.levels if s.level == a.ceiling_level)
+            console.print(
+                f"{ceiling_line(a)}\n  measured at level {lvl.level:g}: accuracy {lvl.accuracy:.0%} "
+                f"(95% CI {lvl.ci[0]:.0%}-{lvl.ci[1]:.0%}); ceiling = {ceiling:,} tokens"
+            )
+            m = httpx.get(url + "/metrics").text
+            buckets = [
+                (
+                    float(x),
+                    metric(
+                        m,
+                        "llm_context_utilization_ratio_bucket",
+                        model="demo-model",
+                        workload="rag",
+                        le=x,
+                    ),
+                )
+                for x in re.findall(
+                    r'llm_context_utilization_ratio_bucket\{le="([0-9.]+)",model="demo-model",workload="rag"',
+                    m,
                 )
             ]
-            console.print("\n".join(keep[:20]))
-            console.print(f"\nlogs: {out}/sidecar.log  llama-server log: {out}/llama-server.log")
-        finally:
-            os.killpg(sidecar.pid, signal.SIGTERM)
-            sidecar.wait(timeout=15)
-            log.close()
-    console.rule("[bold green]demo finished")
+            prev, dist = 0.0, []
+            for le, cum in buckets:
+                if cum - prev:
+                    dist.append(f"<= {le:g}: {int(cum - prev)}")
+                prev = cum
+            console.print("utilization of the replayed requests (forwarded): " + ", ".join(dist))
+            trimmed = {
+                k: int(
+                    metric(
+                        m,
+                        "llm_context_trimmed_tokens_total",
+                        model="demo-model",
+                        workload="rag",
+                        kind=k,
+                    )
+                )
+                for k in ("tool_results", "retrieved", "history")
+            }
+            over = {
+                a_: int(
+                    metric(
+                        m,
+                        "llm_context_over_ceiling_total",
+                        model="demo-model",
+                        workload="rag",
+                        action=a_,
+                    )
+                )
+                for a_ in ("observed", "trimmed", "rejected")
+            }
+            console.print(f"over the ceiling: {over}; tokens trimmed by kind: {trimmed}")
+            enforced = [r for r in rows if r["phase"] == "enforce"]
+            assert all((r["server"] or 0) <= ceiling for r in enforced), (
+                "an enforced request exceeded the ceiling"
+            )
+            console.print(f"report: {run_dir / 'report.html'}  plot: {run_dir / 'curve.png'}")
+            console.print(f"metrics: {url}/metrics   logs: {out / 'sidecar.log'}")
+            console.print(f"[bold green]demo finished[/] in {time.monotonic() - started:.0f} s")
+            if args.keep:
+                console.print("servers kept running; Ctrl-C to stop")
+                with contextlib.suppress(KeyboardInterrupt):
+                    while True:
+                        time.sleep(3600)
     return 0
 
 

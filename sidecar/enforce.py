@@ -50,9 +50,11 @@ def decide(
     bypass: bool = False,
 ) -> Decision:
     mode, policy = cfg.for_workload(workload)
+    entry = doc.lookup(label, workload)
+    if entry is not None and entry.mode is not None:
+        mode = entry.mode
     if bypass:
         mode = "off"
-    entry = doc.lookup(label, workload)
     d = Decision(mode=mode, entry=entry)
     if mode == "off" or spec is None:
         return d

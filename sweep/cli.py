@@ -24,6 +24,7 @@ from ceiling.utilization import practical_limit
 from sweep.analysis import analyse, refinements
 from sweep.context import ContextBuilder, Meter, group_items
 from sweep.derive import DeriveError, entry_from, merged
+from sweep.regression import compare, reduced_levels
 from sweep.report import write
 from sweep.runner import Budget, CallLog, Endpoint, Runner
 from sweep.taskset import TaskSetError, load_taskset
@@ -45,7 +46,11 @@ def add_parsers(sub: Any) -> None:
         help="env var holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY)",
     )
     r.add_argument("--taskset", default="contracts", help="bundled name or a task set directory")
-    r.add_argument("--items", type=int, default=30, help="items drawn (seeded) from the task set")
+    r.add_argument(
+        "--items",
+        type=int,
+        help="items drawn (seeded) from the task set (default 30; 10 with --reduced)",
+    )
     r.add_argument(
         "--levels",
         default="0.2,0.5,0.8,max",
@@ -90,6 +95,16 @@ def add_parsers(sub: Any) -> None:
         "--resume", action="store_true", help="continue the run in --out, skipping logged calls"
     )
     r.add_argument("--dry-run", action="store_true", help="print calls and tokens, spend nothing")
+    r.add_argument(
+        "--reduced",
+        action="store_true",
+        help="regression check against --baseline (10 items, 3 levels, 3 repeats)",
+    )
+    r.add_argument("--baseline", help="the stored run a --reduced sweep is paired against")
+    r.add_argument(
+        "--shard",
+        help="i/n: run only haystack groups with index %% n == i (Kubernetes Indexed Job)",
+    )
     r.add_argument("--no-progress", action="store_true")
     d = s.add_parser("derive", help="turn a run into a ceilings document entry")
     d.add_argument("run", help="run directory")
@@ -101,6 +116,14 @@ def add_parsers(sub: Any) -> None:
         "--merge", help="an existing ceilings document to add the entry to (version + 1)"
     )
     d.add_argument("--out", help="where to write the document (default RUN/ceilings.yaml)")
+    d.add_argument(
+        "--mode",
+        choices=["off", "observe", "enforce"],
+        help="the entry's mode (overrides the sidecar's)",
+    )
+    m = s.add_parser("merge", help="merge shard runs into one run directory and report it")
+    m.add_argument("out", help="the merged run directory")
+    m.add_argument("shards", nargs="+", help="shard run directories")
     p = s.add_parser("report", help="(re)write a run's report")
     p.add_argument("run")
     sw.set_defaults(func=main)
@@ -172,6 +195,15 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             raise SweepUsageError("--resume needs --out pointing at an existing run directory")
         plan = json.loads((out / "plan.json").read_text())
     else:
+        base: dict[str, Any] = {}
+        if args.reduced:
+            if not args.baseline or not (Path(args.baseline) / "plan.json").exists():
+                raise SweepUsageError(
+                    "--reduced needs --baseline pointing at a finished run directory"
+                )
+            base_analysis, base, _ = _analysis(Path(args.baseline))
+            args.base_url = args.base_url or base["base_url"]
+            args.model = args.model or base["model"]
         if not args.base_url or not args.model:
             raise SweepUsageError("--base-url and --model are required")
         run_id = (out.name if out else None) or datetime.now(UTC).strftime(
@@ -201,7 +233,31 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             "tolerance": args.tolerance,
             "margin": args.margin,
             "resolution": args.resolution,
+            "shard": _shard(args.shard),
         }
+        if args.items is None:
+            plan["items"] = 10 if args.reduced else 30
+        if args.reduced:
+            keep = (
+                "taskset_arg",
+                "window",
+                "tokenizer",
+                "max_tokens",
+                "shared_haystack",
+                "seed",
+                "json_mode",
+                "tolerance",
+                "margin",
+            )
+            plan |= {k: base[k] for k in keep} | {
+                "levels": reduced_levels(base_analysis),
+                "repeats": 3,
+                "control": False,
+                "refine": False,
+                "item_ids": base["item_ids"][: plan["items"]],
+                "baseline": str(Path(args.baseline).resolve()),
+                "tokenize_url": args.tokenize_url or base.get("tokenize_url"),
+            }
     try:
         ts = load_taskset(plan["taskset_arg"])
     except TaskSetError as exc:
@@ -210,9 +266,16 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     levels = plan.get("levels") or _levels(plan["levels_arg"], window, plan["max_tokens"])
     meter = _meter(plan["tokenizer"], plan.get("tokenize_url") or plan["base_url"], console)
     builder = ContextBuilder(ts, meter, plan["seed"])
-    rng = random.Random(plan["seed"])
-    items = sorted(ts.items, key=lambda _: rng.random())[: plan["items"]]
+    if plan.get("item_ids"):
+        by_id = {it.id: it for it in ts.items}
+        items = [by_id[i] for i in plan["item_ids"] if i in by_id]
+    else:
+        rng = random.Random(plan["seed"])
+        items = sorted(ts.items, key=lambda _: rng.random())[: plan["items"]]
     groups = group_items(builder, items, round(min(levels) * window), plan["shared_haystack"])
+    if plan.get("shard"):
+        shard_i, shard_n = plan["shard"]
+        groups = [g for k, g in enumerate(groups) if k % shard_n == shard_i]
     key_env = args.api_key_env or (
         "ANTHROPIC_API_KEY" if plan["api"] == "anthropic" else "OPENAI_API_KEY"
     )
@@ -301,6 +364,79 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         console.print(
             "[yellow]budget reached[/]: stopped starting calls; raise it and --resume to finish"
         )
+    code = _report(out, console)
+    if plan.get("baseline"):
+        return _verdict(out, Path(plan["baseline"]), console)
+    return code
+
+
+def _shard(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError as exc:
+        raise SweepUsageError(f"--shard must look like i/n (e.g. 0/4), not {spec!r}") from exc
+    if not 0 <= i < n:
+        raise SweepUsageError(f"--shard {spec}: need 0 <= i < n")
+    return [i, n]
+
+
+def _verdict(out: Path, baseline: Path, console: Console) -> int:
+    new, plan, records = _analysis(out)
+    old, _, base_records = _analysis(baseline)
+    ts = load_taskset(plan["taskset_arg"])
+    v = compare(old, new, base_records, records, {i.id: i for i in ts.items}, plan["seed"])
+    (out / "verdict.json").write_text(json.dumps(v.to_json(), indent=2))
+    for e in v.levels:
+        console.print(
+            f"level {e.level:g}: baseline {e.baseline_accuracy:.0%} -> now {e.accuracy:.0%} "
+            f"(paired change {e.change:+.0%}, 95% CI {e.change_ci[0]:+.0%}..{e.change_ci[1]:+.0%})"
+        )
+    console.print(("[bold green]" if v.holds else "[bold red]") + v.text)
+    return 0 if v.holds else 1
+
+
+def _merge(args: argparse.Namespace, console: Console) -> int:
+    out = Path(args.out)
+    plans = []
+    for d in args.shards:
+        p = Path(d) / "plan.json"
+        if not p.exists():
+            raise SweepUsageError(f"{d}: not a run directory (no plan.json)")
+        plans.append(json.loads(p.read_text()))
+    same = (
+        "taskset",
+        "model",
+        "window",
+        "levels",
+        "repeats",
+        "seed",
+        "max_tokens",
+        "shared_haystack",
+    )
+    for p in plans[1:]:
+        for k in same:
+            if p.get(k) != plans[0].get(k):
+                raise SweepUsageError(
+                    f"the shards disagree on {k}: they are not parts of one sweep"
+                )
+    merged_plan = dict(plans[0]) | {
+        "shard": None,
+        "run_id": out.name,
+        "merged_from": [p["run_id"] for p in plans],
+        "item_ids": sorted({i for p in plans for i in p["item_ids"]}),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    log = CallLog(out / "calls.jsonl")
+    have = set(log.records())
+    for d in args.shards:
+        for key, rec in CallLog(Path(d) / "calls.jsonl").records().items():
+            if key not in have:
+                log.append(rec)
+                have.add(key)
+    (out / "plan.json").write_text(json.dumps(merged_plan, indent=2))
+    console.print(f"merged {len(args.shards)} shard(s): {len(have)} calls -> {out}")
     return _report(out, console)
 
 
@@ -336,6 +472,8 @@ def _derive(args: argparse.Namespace, console: Console) -> int:
     a, plan, records = _analysis(out, args.tolerance, args.margin)
     try:
         entry = entry_from(a, plan, records, args.model, args.workload)
+        if args.mode:
+            entry = entry.model_copy(update={"mode": args.mode})
         existing = load_document(args.merge) if args.merge else None
     except (DeriveError, CeilingsError) as exc:
         raise SweepUsageError(str(exc)) from exc
@@ -356,6 +494,8 @@ def main(args: argparse.Namespace) -> int:
             return _run(args, console)
         if args.action == "derive":
             return _derive(args, console)
+        if args.action == "merge":
+            return _merge(args, console)
         return _report(Path(args.run), console)
     except (SweepUsageError, TaskSetError) as exc:
         print(f"ceiling sweep {args.action}: {exc}", file=sys.stderr)

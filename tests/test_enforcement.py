@@ -270,3 +270,23 @@ def test_bypass_needs_the_admin_token(enforcing: Running) -> None:
     assert r.status_code == 200 and r.headers["x-ceiling-mode"] == "off"
     assert enforcing.double.received[-1].json["messages"] == body["messages"]
     assert "x-ceiling-bypass" not in enforcing.double.received[-1].headers
+
+
+def test_a_pushed_entry_mode_switches_enforcement_without_restart(enforcing: Running) -> None:
+    msgs = rag_messages()
+    r = oa(enforcing, "default").chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=msgs
+    )  # type: ignore[arg-type]
+    assert r.headers["x-ceiling-mode"] == "observe"
+    d = doc(
+        2, entry(tokens=2000, mode="enforce"), entry(model="claude", window=200000, tokens=1500)
+    )
+    assert httpx.put(enforcing.url + "/admin/ceilings", json=d, headers=AUTH).status_code == 200
+    r = oa(enforcing, "default").chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=msgs
+    )  # type: ignore[arg-type]
+    assert (
+        r.headers["x-ceiling-mode"] == "enforce"
+        and int(r.headers["x-ceiling-input-tokens"]) <= 2000
+    )
+    assert count_openai(enforcing.double.received[-1].json, O200K, chunks=CHUNKS).total <= 2000

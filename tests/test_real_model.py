@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -278,3 +279,37 @@ def test_sweep_derive_push_enforce_on_the_real_model(
         assert usage.prompt_tokens <= ceiling, (
             "the enforced request fits the ceiling, by the server's own count"
         )
+
+
+def test_the_server_never_outlives_its_parent(tmp_path: Any) -> None:
+    """A demo or test killed with SIGKILL must not leave llama-server running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import time\nfrom ceiling.llamacpp import llama_server\n"
+        "with llama_server(512) as s:\n    print(s.process.pid, flush=True)\n    time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("llama-server outlived its parent")

@@ -335,3 +335,108 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path
     )  # at most the calls in flight at the kill were made twice upstream
     plan = yaml.safe_load((out / "plan.json").read_text())
     assert plan["run_id"] == "run"
+
+
+def test_shards_merge_into_the_same_run(
+    scripted: tuple[ScriptedModelDouble, str], tmp_path: Path
+) -> None:
+    _, url = scripted
+    base = ["--items", "6", "--repeats", "2", "--levels", "0.2,0.6"]
+    assert run_cli(*common(url, tmp_path / "whole", *base)) == 0
+    for i in range(3):
+        assert run_cli(*common(url, tmp_path / f"s{i}", *base, "--shard", f"{i}/3")) == 0
+    assert (
+        run_cli("merge", str(tmp_path / "merged"), *(str(tmp_path / f"s{i}") for i in range(3)))
+        == 0
+    )
+
+    def keys(d: str) -> list[str]:
+        return sorted(
+            json.loads(x)["key"] for x in (tmp_path / d / "calls.jsonl").read_text().splitlines()
+        )
+
+    assert keys("merged") == keys("whole")
+    whole = json.loads((tmp_path / "whole" / "summary.json").read_text())["analysis"]["levels"]
+    merged = json.loads((tmp_path / "merged" / "summary.json").read_text())["analysis"]["levels"]
+    assert [s["accuracy"] for s in merged] == [s["accuracy"] for s in whole]
+    assert (
+        run_cli(
+            "run",
+            "--base-url",
+            url,
+            "--model",
+            "m",
+            "--window",
+            "100",
+            "--shard",
+            "3/3",
+            "--tokenizer",
+            "o200k_base",
+        )
+        == 2
+    )
+
+
+def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
+    base = tmp_path / "baseline"
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.65)
+    with serve(d.app()) as url:
+        assert (
+            run_cli(
+                *common(
+                    url + "/v1",
+                    base,
+                    "--items",
+                    "20",
+                    "--repeats",
+                    "2",
+                    "--levels",
+                    "0.2,0.5,0.8",
+                    "--no-control",
+                )
+            )
+            == 0
+        )
+        assert (
+            run_cli(
+                "run",
+                "--reduced",
+                "--baseline",
+                str(base),
+                "--out",
+                str(tmp_path / "same"),
+                "--no-progress",
+            )
+            == 0
+        )
+        verdict = json.loads((tmp_path / "same" / "verdict.json").read_text())
+        assert verdict["holds"] and verdict["verdict"].startswith("ceiling holds")
+        plan = json.loads((tmp_path / "same" / "plan.json").read_text())
+        assert plan["repeats"] == 3 and len(plan["item_ids"]) == 10
+        # the reference, the baseline's ceiling level and the first level above it
+        baseline = json.loads((base / "summary.json").read_text())["analysis"]
+        assert plan["levels"][0] == 0.2 and baseline["ceiling_level"] in plan["levels"]
+        assert len(plan["levels"]) <= 3 and any(
+            lv > baseline["ceiling_level"] for lv in plan["levels"]
+        )
+    # the "model" changes: its knee moves down below 0.5
+    moved = ScriptedModelDouble(TS, WINDOW, knee=0.35)
+    with serve(moved.app()) as url2:
+        assert (
+            run_cli(
+                "run",
+                "--reduced",
+                "--baseline",
+                str(base),
+                "--base-url",
+                url2 + "/v1",
+                "--out",
+                str(tmp_path / "moved"),
+                "--no-progress",
+            )
+            == 1
+        )
+    verdict = json.loads((tmp_path / "moved" / "verdict.json").read_text())
+    assert not verdict["holds"] and verdict["verdict"].startswith("ceiling moved")
+    at_half = next(e for e in verdict["levels"] if e["level"] == 0.5)
+    assert at_half["change"] < -0.3 and at_half["change_ci"][1] < 0
