@@ -67,7 +67,8 @@ def _num(v: Any) -> str:
 def _as_set(v: Any) -> set[str]:
     if isinstance(v, list):
         return {_norm(x) for x in v}
-    return {_norm(x) for x in re.findall(r"[A-Za-z]-\d+/\d+|[\w-]+", str(v))}
+    words = re.findall(r"[A-Za-z0-9][\w.+/:-]*[\w+]|[A-Za-z0-9]", str(v))
+    return {_norm(x) for x in words if x.lower() not in ("and", "or")}
 
 
 def is_correct(item: Item, answer: Any) -> bool:

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FORMAT_VERSION: Literal[1] = 1
-BUNDLED = ("contracts",)
+BUNDLED = ("contracts", "spdx")
 
 
 class _M(BaseModel):

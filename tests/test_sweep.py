@@ -440,3 +440,29 @@ def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
     assert not verdict["holds"] and verdict["verdict"].startswith("ceiling moved")
     at_half = next(e for e in verdict["levels"] if e["level"] == 0.5)
     assert at_half["change"] < -0.3 and at_half["change_ci"][1] < 0
+
+
+def test_real_corpus_taskset_spdx() -> None:
+    ts = load_taskset("spdx")
+    assert len(ts.items) >= 200 and {i.answer.kind for i in ts.items} == {"exact", "set", "json"}
+    assert all(len(i.decoy_docs) >= 3 for i in ts.items)
+    assert "CC0-1.0" in (bundled_path("spdx") / "LICENCE.md").read_text()
+    pair = next(i for i in ts.items if i.answer.kind == "set")
+    a, b = pair.answer.values  # type: ignore[union-attr]
+    assert grade(
+        pair, json.dumps({"answer": f"{b} and {a}", "evidence": pair.gold}), "stop"
+    ).correct
+    assert not grade(pair, json.dumps({"answer": a, "evidence": pair.gold}), "stop").correct
+    osi = next(i for i in ts.items if i.answer.kind == "json")
+    assert grade(
+        osi, json.dumps({"answer": osi.answer.value, "evidence": osi.gold}), "stop"
+    ).correct  # type: ignore[union-attr]
+    ident = next(i for i in ts.items if i.answer.kind == "exact")
+    assert (
+        grade(
+            ident,
+            json.dumps({"answer": ident.decoy_values[0], "evidence": ident.decoy_docs[:1]}),
+            "stop",
+        ).bucket
+        == "decoyed"
+    )
