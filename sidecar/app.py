@@ -22,6 +22,7 @@ from sidecar.config import Settings
 from sidecar.metrics import Metrics
 from sidecar.proxy import Proxy
 from sidecar.state import State
+from sidecar.tracing import Tracing
 
 READY_CACHE_S = 5.0
 
@@ -60,9 +61,10 @@ def create_app(
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None = None,
     metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
 ) -> Starlette:
     """Build the sidecar. ``transport`` replaces the network to the upstreams (tests, benchmarks)."""
-    state = State.build(settings, transport, metrics)
+    state = State.build(settings, transport, metrics, tracing)
     state.ceilings.reload_file("startup")  # a bad file at startup raises CeilingsError
     proxy = Proxy(state)
     admin = Admin(state)

@@ -63,6 +63,38 @@ OUTCOMES = (
     "unreachable",
     "cancelled",
 )
+GENAI_TOKEN_BUCKETS = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
+GENAI_DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
 CEILING_RATIO_BUCKETS = (
     0.1,
     0.25,
@@ -165,6 +197,27 @@ class Metrics:
             "llm_context_cache_loss_tokens",
             "Tokens of an Anthropic cache_control prefix invalidated because trimming had to cut inside it.",
             ["model", "workload"],
+            registry=r,
+        )
+
+        # OpenTelemetry GenAI semantic-convention client metrics, with the spec's bucket boundaries
+        self.genai_tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "gen_ai.client.token.usage: tokens used per operation, by token type (input/output).",
+            [
+                "gen_ai_operation_name",
+                "gen_ai_provider_name",
+                "gen_ai_request_model",
+                "gen_ai_token_type",
+            ],
+            buckets=GENAI_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.genai_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "gen_ai.client.operation.duration: seconds per GenAI operation.",
+            ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"],
+            buckets=GENAI_DURATION_BUCKETS,
             registry=r,
         )
 

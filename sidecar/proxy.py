@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import httpx
 import orjson
+from opentelemetry.trace import Span
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -27,6 +28,7 @@ from ceiling.counting import RequestCount, RequestShapeError, count_anthropic, c
 from ceiling.engine import EngineCountError, count_chat
 from ceiling.models import OTHER, ModelSpec, UpstreamSpec
 from ceiling.utilization import Component, utilization
+from sidecar.budget import requested_output
 from sidecar.enforce import Decision, context_error, decide
 from sidecar.errors import Api, error_response
 from sidecar.logs import log_request
@@ -113,6 +115,8 @@ class Exchange:
     ceilings: CeilingsDocument = EMPTY
     decision: Decision | None = None
     bypass: bool = False
+    max_tokens: int | None = None
+    span: Span | None = None
 
     @property
     def forwarded_tokens(self) -> int:
@@ -192,8 +196,12 @@ class Proxy:
         c = ex.count
         d = ex.decision
         r = d.report if d else None
+        stale: frozenset[str] = frozenset()
         if c is not None and ex.outcome == "ok" and ex.route is not ANTHROPIC_COUNT:
-            self.state.staleness.observe(ex.label, ex.workload, c, u.response_model, ex.ceilings)
+            stale = self.state.staleness.observe(
+                ex.label, ex.workload, c, u.response_model, ex.ceilings
+            )
+        self._genai(ex, now, stale)
         log_request(
             {
                 "request_id": ex.request_id,
@@ -228,6 +236,47 @@ class Proxy:
                 "latency_ms": round((now - ex.started) * 1000, 2),
             }
         )
+
+    def _genai(self, ex: Exchange, now: float, stale: frozenset[str]) -> None:
+        """GenAI semantic conventions: the client metrics, and the span's closing attributes."""
+        if ex.route is ANTHROPIC_COUNT:
+            return
+        m, u, provider = self.state.metrics, ex.usage, ex.route.api
+        base = {
+            "gen_ai_operation_name": "chat",
+            "gen_ai_provider_name": provider,
+            "gen_ai_request_model": ex.label,
+        }
+        if ex.upstream_started is not None:
+            m.genai_duration.labels(**base).observe(now - ex.upstream_started)
+        if u.input_tokens is not None:
+            m.genai_tokens.labels(**base, gen_ai_token_type="input").observe(u.input_tokens)
+        if u.output_tokens is not None:
+            m.genai_tokens.labels(**base, gen_ai_token_type="output").observe(u.output_tokens)
+        if ex.span is None:
+            return
+        d = ex.decision
+        attrs: dict[str, Any] = {
+            "gen_ai.request.max_tokens": ex.max_tokens,
+            "gen_ai.response.model": u.response_model,
+            "gen_ai.response.finish_reasons": [u.finish_reason] if u.finish_reason else None,
+            "gen_ai.usage.input_tokens": u.input_tokens,
+            "gen_ai.usage.output_tokens": u.output_tokens,
+            "gen_ai.usage.cache_read.input_tokens": u.cached_tokens,
+            "http.response.status_code": ex.status or None,
+            "ceiling.workload": ex.workload,
+            "ceiling.window": ex.spec.window if ex.spec else None,
+            "ceiling.ceiling_tokens": d.entry.ceiling_tokens if d and d.entry else None,
+            "ceiling.input_tokens": ex.forwarded_tokens if ex.count else None,
+            "ceiling.utilization": ex.util,
+            "ceiling.trimmed_tokens": d.report.trimmed if d and d.report else 0,
+            "ceiling.mode": d.mode if d else None,
+            "ceiling.stale": sorted(stale),
+        }
+        if ex.count is not None:
+            for comp, tokens in ex.count.components.items():
+                attrs[f"ceiling.input_tokens.{comp.value}"] = tokens
+        self.state.tracing.finish(ex.span, attrs, None if ex.outcome == "ok" else ex.outcome)
 
     def _record_decision(self, ex: Exchange, d: Decision) -> None:
         m, model, wl = self.state.metrics, ex.label, ex.workload
@@ -323,6 +372,10 @@ class Proxy:
             return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
         ex.model = model
         ex.ceilings = st.ceilings.current
+        asked = requested_output(obj, route.api)
+        ex.max_tokens = asked
+        if route is not ANTHROPIC_COUNT:
+            ex.span = st.tracing.start("chat", model, route.api, request.headers)
         spec = st.registry.resolve(model)
         if spec is not None:
             ex.spec, ex.label = spec, spec.metric_label
@@ -385,6 +438,12 @@ class Proxy:
                 body = orjson.dumps(obj)
                 injected = True
         headers = request_headers(request.headers.items())
+        if ex.span is not None:
+            carrier: dict[str, str] = {}
+            st.tracing.propagate(ex.span, carrier)
+            headers = [(k, v) for k, v in headers if k.lower() not in carrier] + list(
+                carrier.items()
+            )
         upstream_cfg = st.upstream_settings(route.api)
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()

@@ -17,6 +17,7 @@ from sidecar.config import Settings, Upstream, admin_token
 from sidecar.errors import Api
 from sidecar.metrics import Metrics
 from sidecar.staleness import StalenessTracker
+from sidecar.tracing import Tracing
 from sidecar.upstream import build_client
 
 
@@ -32,6 +33,7 @@ class State:
     ceilings: CeilingStore
     staleness: StalenessTracker
     admin_token: str | None
+    tracing: Tracing = field(default_factory=Tracing)
     default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
 
     @classmethod
@@ -40,6 +42,7 @@ class State:
         settings: Settings,
         transport: httpx.AsyncBaseTransport | None = None,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> State:
         registry = Registry(settings.models)
         metrics = metrics or Metrics()
@@ -67,6 +70,7 @@ class State:
             ceilings=store,
             staleness=staleness,
             admin_token=admin_token(settings),
+            tracing=tracing or Tracing(),
         )
 
     def upstream_settings(self, api: Api) -> Upstream:
@@ -80,3 +84,4 @@ class State:
         for client in self.clients.values():
             await client.aclose()
         await self.engine_client.aclose()
+        self.tracing.shutdown()
