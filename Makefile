@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck test demo bench local-model clean
+.PHONY: venv lint typecheck test demo bench local-model dashboards prometheus clean
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,13 @@ $(VENV)/.installed: pyproject.toml
 local-model:  ## build/fetch (once, cached under ~/.cache/context-ceiling) llama-server + the GGUF model
 	bash scripts/local_model.sh
 
+prometheus:  ## Prometheus + promtool for the rules and scrape tests (Debian package; needs root)
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+
+dashboards: venv  ## regenerate dashboards/generated from dashboards/mixin.py
+	$(PY) -m dashboards.mixin
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -25,7 +32,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv lint typecheck local-model  ## the README's test command; CI runs exactly this
+test: venv lint typecheck local-model prometheus  ## the README's test command; CI runs exactly this
 	$(BIN)/pytest -q
 
 demo: venv local-model  ## the whole loop on a real local model

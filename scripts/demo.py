@@ -38,7 +38,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.ceilings import load_document  # noqa: E402
+from ceiling.ceilings import dump_document, load_document  # noqa: E402
 from ceiling.cli import main as ceiling_cli  # noqa: E402
 from ceiling.llamacpp import die_with_parent, free_port, llama_server  # noqa: E402
 from ceiling.push import push  # noqa: E402
@@ -178,7 +178,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "sweep"
-    if run_dir.exists():
+    reuse = args.reuse_sweep and (run_dir / "summary.json").exists()
+    if run_dir.exists() and not reuse:
         import shutil
 
         shutil.rmtree(run_dir)
@@ -237,7 +238,9 @@ def main() -> int:
             ]
             if engine:
                 sweep_args += ["--tokenize-url", engine]
-            if ceiling_cli(sweep_args) != 0:
+            if reuse:
+                console.print(f"reusing the finished sweep in {run_dir} (--reuse-sweep)")
+            elif ceiling_cli(sweep_args) != 0:
                 raise SystemExit("the sweep failed")
 
             console.rule("[bold]4. Derive the ceiling and push it to the running sidecar")
@@ -269,12 +272,13 @@ def main() -> int:
                 "[bold]5. Mixed requests: observed, then enforced (same ceiling, pushed with mode: enforce)"
             )
             rows = replay(url, model, window, 5, "observe")
-            (run_dir / "ceilings-enforce.yaml").write_text(
-                (run_dir / "ceilings.yaml")
-                .read_text()
-                .replace("mode: observe", "mode: enforce")
-                .replace(f"version: {doc.version}", f"version: {doc.version + 1}", 1)
+            enforcing = doc.model_copy(
+                update={
+                    "version": doc.version + 1,
+                    "entries": [e.model_copy(update={"mode": "enforce"}) for e in doc.entries],
+                }
             )
+            (run_dir / "ceilings-enforce.yaml").write_text(dump_document(enforcing))
             for line in push(run_dir / "ceilings-enforce.yaml", [url]):
                 console.print(line)
             rows += replay(url, model, window, 5, "enforce")

@@ -1,0 +1,145 @@
+"""A real Prometheus scrapes a real sidecar under generated traffic, evaluates the generated
+rules, and every dashboard panel query returns data."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from ceiling.llamacpp import free_port
+from dashboards import mixin
+from tests.ceiling_docs import doc, entry
+from tests.conftest import MODELS, Running
+
+PROMETHEUS = shutil.which("prometheus")
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "prom-admin"
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus comes from the Debian package (.ci/run installs it)"
+)
+
+
+@pytest.fixture
+def prometheus(
+    tmp_path: Path, make_sidecar: Callable[..., Running]
+) -> Iterator[tuple[str, Running]]:
+    sc = make_sidecar(
+        admin_token=TOKEN,
+        models=MODELS,
+        workloads=["default", "rag"],
+        enforcement={"mode": "observe", "workloads": {"rag": {"mode": "enforce"}}},
+        staleness={"window": 2, "min_requests": 2},
+    )
+    target = sc.url.removeprefix("http://")
+    rules = tmp_path / "rules.yaml"
+    # the generated rules, evaluated every second for the test
+    data = yaml.safe_load((ROOT / "dashboards" / "generated" / "rules.yaml").read_text())
+    for g in data["groups"]:
+        g["interval"] = "1s"
+    rules.write_text(yaml.safe_dump(data))
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {"job_name": "context-ceiling", "static_configs": [{"targets": [target]}]}
+                ],
+            }
+        )
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS or "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", sc
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def push(sc: Running, version: int) -> int:
+    d = doc(version, entry(tokens=400, fingerprint={"system_tokens": 2000, "retrieved_chunks": 1}))
+    return httpx.put(
+        sc.url + "/admin/ceilings", json=d, headers={"authorization": f"Bearer {TOKEN}"}
+    ).status_code
+
+
+def traffic(sc: Running) -> None:
+    chunk = (
+        "<document id='1'>"
+        + "Contract K-1 renews for 120 EUR with 90 days notice. " * 40
+        + "</document>"
+    )
+    for workload in ("default", "rag"):
+        for size in (1, 3, 6):
+            body = {
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "system", "content": "answer"},
+                    {"role": "user", "content": chunk * size + "\nWhat is the fee?"},
+                ],
+            }
+            r = httpx.post(
+                sc.url + "/v1/chat/completions", json=body, headers={"x-ceiling-workload": workload}
+            )
+            assert r.status_code in (200, 400)
+
+
+def query(prom: str, expr: str) -> list[object]:
+    r = httpx.get(prom + "/api/v1/query", params={"query": expr}, timeout=10)
+    assert r.status_code == 200, (expr, r.text)
+    result: list[object] = r.json()["data"]["result"]
+    return result
+
+
+def test_every_panel_query_returns_data(prometheus: tuple[str, Running]) -> None:
+    prom, sc = prometheus
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(prom + "/-/ready", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    assert push(sc, 1) == 200
+    traffic(sc)
+    time.sleep(4)
+    assert push(sc, 1) == 422  # a rejected reload, for the reload panel
+    traffic(sc)  # two scrapes apart, so every rate() has two points
+    exprs = [
+        (
+            p["title"],
+            t["expr"]
+            .replace("$model", ".*")
+            .replace("$workload", ".*")
+            .replace("$__rate_interval", "1m"),
+        )
+        for p in mixin.dashboard()["panels"]
+        for t in p["targets"]
+    ]
+    empty: list[str] = []
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        empty = [f"{title}: {e}" for title, e in exprs if not query(prom, e)]
+        if not empty:
+            break
+        time.sleep(2)
+    assert not empty, "panel queries without data:\n" + "\n".join(empty)
+    assert query(prom, 'up{job="context-ceiling"} == 1')
