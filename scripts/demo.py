@@ -174,6 +174,11 @@ def main() -> int:
     ap.add_argument(
         "--keep", action="store_true", help="keep the servers running at the end (Ctrl-C to stop)"
     )
+    ap.add_argument(
+        "--reuse-sweep",
+        action="store_true",
+        help="skip the sweep when out/demo/sweep holds a finished one",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
