@@ -108,7 +108,7 @@ def query(prom: str, expr: str) -> list[object]:
     return result
 
 
-def test_every_panel_query_returns_data(prometheus: tuple[str, Running]) -> None:
+def test_every_panel_query_returns_data(prometheus: tuple[str, Running], tmp_path: Path) -> None:
     prom, sc = prometheus
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -143,3 +143,9 @@ def test_every_panel_query_returns_data(prometheus: tuple[str, Running]) -> None
         time.sleep(2)
     assert not empty, "panel queries without data:\n" + "\n".join(empty)
     assert query(prom, 'up{job="context-ceiling"} == 1')
+    # the same queries drawn as a picture of the dashboard (how the README's image is made)
+    from dashboards.render import render
+
+    png = tmp_path / "panels.png"
+    assert render(prom, str(png), minutes=1, step=1) >= len(exprs) // 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
