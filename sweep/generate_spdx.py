@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sweep.taskset import write_taskset
+
 SEED = 20261130
 PER_KIND = 70
 SOURCE_VERSION = "6.12.0"
@@ -141,7 +143,6 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
                 "decoy_docs": [f"spdx:{s}" for s in sib],
             }
         )
-    out.mkdir(parents=True, exist_ok=True)
     meta = {
         "name": "spdx",
         "format_version": 1,
@@ -153,10 +154,7 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
         ),
         "licence": "CC0-1.0 data; quoted licence texts keep their own terms; see LICENCE.md",
     }
-    (out / "taskset.json").write_text(json.dumps(meta, indent=2) + "\n")
-    (out / "items.jsonl").write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
-    (out / "corpus.jsonl").write_text("".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
-    (out / "skeleton.txt").write_text(SKELETON + "\n")
+    write_taskset(out, meta, items, docs, SKELETON)
     (out / "LICENCE.md").write_text(LICENCE.format(version=SOURCE_VERSION))
 
 

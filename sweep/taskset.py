@@ -189,3 +189,18 @@ def load_taskset(path_or_name: str | Path) -> TaskSet:
         hash=_digest(meta_path, root / "items.jsonl", root / "corpus.jsonl", sk_path),
         corpus_hash=_digest(root / "corpus.jsonl"),
     )
+
+
+def write_taskset(
+    out: Path,
+    meta: dict[str, Any],
+    items: list[dict[str, Any]],
+    docs: list[dict[str, Any]],
+    skeleton: str,
+) -> None:
+    """Write a task set directory in the format :func:`load_taskset` reads (stable, diffable)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "taskset.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "items.jsonl").write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
+    (out / "corpus.jsonl").write_text("".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
+    (out / "skeleton.txt").write_text(skeleton + "\n")
