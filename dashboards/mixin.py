@@ -476,10 +476,15 @@ def render() -> dict[str, str]:
     }
 
 
+#: The Helm chart packages the same files (a chart cannot read outside its directory).
+CHART_FILES = HERE.parent / "helm" / "context-ceiling" / "files"
+
+
 def main() -> None:
-    GENERATED.mkdir(exist_ok=True)
-    for name, text in render().items():
-        (GENERATED / name).write_text(text)
+    for folder in (GENERATED, CHART_FILES):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in render().items():
+            (folder / name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+{{- define "cc.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "cc.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "cc.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cc.labels" -}}
+app.kubernetes.io/name: {{ include "cc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "cc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "cc.adminSecret" -}}
+{{- if .Values.adminToken.existingSecret -}}{{ .Values.adminToken.existingSecret }}{{- else -}}{{ include "cc.fullname" . }}-admin{{- end -}}
+{{- end -}}
+
+{{- define "cc.adminEnabled" -}}
+{{- if or .Values.adminToken.existingSecret .Values.adminToken.value -}}true{{- end -}}
+{{- end -}}
+
+{{- define "cc.sidecarConfig" -}}
+{{- $c := deepCopy .Values.config -}}
+{{- $_ := set $c "listen" (dict "host" "0.0.0.0" "port" 8787) -}}
+{{- $_ := set $c "ceilings_file" "/etc/context-ceiling/ceilings/ceilings.yaml" -}}
+{{- $_ := set $c "ceilings_persist" false -}}
+{{- toYaml $c -}}
+{{- end -}}

@@ -1,0 +1,210 @@
+"""The Helm chart: lint and render every ci/ scenario, validate the manifests, and check what
+matters in them (mounts, probes, security context, gated integrations, the rendered config)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ceiling.ceilings import parse_document
+from sidecar.config import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "context-ceiling"
+SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+MONITORING = [
+    "--api-versions",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
+]
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    binary = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "helm.sh")], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    home = tmp_path_factory.mktemp("helm")
+    os.environ.update(
+        {k: str(home / k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}
+    )
+    return [binary]
+
+
+def render(
+    helm: list[str], values: Path | None, *extra: str
+) -> dict[tuple[str, str], dict[str, Any]]:
+    args = [*helm, "template", "t", str(CHART), "--kube-version", "1.30.0", *extra]
+    if values is not None:
+        args += ["-f", str(values)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def by_kind(docs: dict[tuple[str, str], dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for (k, _), d in docs.items() if k == kind]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_lint_render_validate(helm: list[str], scenario: str, tmp_path: Path) -> None:
+    values = CHART / "ci" / scenario
+    r = subprocess.run(
+        [*helm, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    docs = render(helm, values, *MONITORING)
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(
+        yaml.safe_dump_all(
+            [d for d in docs.values() if not d["apiVersion"].startswith("monitoring.")]
+        )
+    )
+    kv = shutil.which("kubernetes-validate") or str(
+        Path(os.sys.executable).parent / "kubernetes-validate"
+    )  # type: ignore[attr-defined]
+    r = subprocess.run(
+        [kv, "-k", "1.30.0", "--strict", str(manifest)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    [dep] = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    # probes on the sidecar's own endpoints
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # non-root, read-only, nothing escalates
+    assert (
+        pod["securityContext"]["runAsNonRoot"] is True
+        and pod["automountServiceAccountToken"] is False
+    )
+    sc = c["securityContext"]
+    assert (
+        sc["readOnlyRootFilesystem"] is True
+        and sc["allowPrivilegeEscalation"] is False
+        and sc["capabilities"]["drop"] == ["ALL"]
+    )
+    # the ceilings are mounted as a directory, never with subPath, so ConfigMap updates reach the pod
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert (
+        mounts["ceilings"]["mountPath"] == "/etc/context-ceiling/ceilings"
+        and "subPath" not in mounts["ceilings"]
+    )
+    assert all("subPath" not in m for m in c["volumeMounts"])
+    # a sidecar config change rolls the pods, a ceilings change is hot-reloaded
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" in annotations and not any("ceilings" in k for k in annotations)
+    # the rendered sidecar.yaml and ceilings load with the product's own validators
+    cfg = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config"))
+    (tmp_path / "sidecar.yaml").write_text(cfg["data"]["sidecar.yaml"])
+    settings = load_settings(tmp_path / "sidecar.yaml")
+    assert (
+        str(settings.ceilings_file) == "/etc/context-ceiling/ceilings/ceilings.yaml"
+        and settings.ceilings_persist is False
+    )
+    assert (
+        settings.listen.host == "0.0.0.0" and settings.listen.port == c["ports"][0]["containerPort"]
+    )
+    ceilings = next(
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-ceilings")
+    )
+    parse_document(ceilings["data"]["ceilings.yaml"])
+
+
+def test_monitoring_integrations_are_gated(helm: list[str], tmp_path: Path) -> None:
+    gateway = CHART / "ci" / "gateway-monitoring-values.yaml"
+    docs = render(helm, gateway, *MONITORING)
+    [rule] = by_kind(docs, "PrometheusRule")
+    assert (
+        by_kind(docs, "ServiceMonitor")
+        and by_kind(docs, "HorizontalPodAutoscaler")
+        and by_kind(docs, "PodDisruptionBudget")
+    )
+    dash = next(
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboards")
+    )
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # the PrometheusRule carries the generated rules, and promtool accepts them
+    generated = yaml.safe_load((ROOT / "dashboards" / "generated" / "rules.yaml").read_text())
+    assert rule["spec"] == generated
+    promtool = shutil.which("promtool")
+    if promtool:
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+        r = subprocess.run(
+            [promtool, "check", "rules", str(tmp_path / "rules.yaml")],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stdout
+    # without the CRDs in the cluster, the integrations are not rendered even when enabled
+    docs = render(helm, gateway)
+    assert not by_kind(docs, "PrometheusRule") and not by_kind(docs, "ServiceMonitor")
+    # the minimal install enables nothing optional
+    docs = render(helm, None, *MONITORING)
+    for kind in (
+        "PrometheusRule",
+        "ServiceMonitor",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "Secret",
+    ):
+        assert not by_kind(docs, kind), kind
+
+
+def test_ceilings_from_a_file(helm: list[str], tmp_path: Path) -> None:
+    from tests.ceiling_docs import doc, entry
+
+    f = tmp_path / "ceilings.yaml"
+    f.write_text(yaml.safe_dump(doc(9, entry(tokens=32000))))
+    docs = render(helm, None, "--set-file", f"ceilings={f}")
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-ceilings"))
+    assert parse_document(cm["data"]["ceilings.yaml"]).version == 9
+
+
+def test_admin_token_wiring(helm: list[str]) -> None:
+    def env(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+        [dep] = by_kind(docs, "Deployment")
+        return {
+            e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0].get("env") or []
+        }
+
+    assert "CEILING_ADMIN_TOKEN" not in env(render(helm, None))  # no token: the admin API is off
+    docs = render(helm, CHART / "ci" / "gateway-monitoring-values.yaml")
+    [secret] = by_kind(docs, "Secret")
+    ref = env(docs)["CEILING_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "token"}
+    docs = render(helm, CHART / "ci" / "existing-secret-values.yaml")
+    assert not by_kind(docs, "Secret")
+    assert env(docs)["CEILING_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ceiling-admin",
+        "key": "admin-token",
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"config": {"listen": {"port": 1}}}, "config"),
+        ({"replicaCount": 0}, "replicaCount"),
+        ({"service": {"type": "Ingress"}}, "/service/type"),
+        ({"surprise": True}, "surprise"),
+        ({"ceilings": {"schema_version": 2, "version": 1}}, "schema_version"),
+    ],
+)
+def test_bad_values_are_rejected_by_the_schema(
+    helm: list[str], tmp_path: Path, values: dict[str, Any], needle: str
+) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(values))
+    r = subprocess.run(
+        [*helm, "lint", "--strict", str(CHART), "-f", str(f)], capture_output=True, text=True
+    )
+    assert r.returncode != 0 and needle in (r.stdout + r.stderr)
