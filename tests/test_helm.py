@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,16 @@ def test_lint_render_validate(helm: list[str], scenario: str, tmp_path: Path) ->
         [kv, "-k", "1.30.0", "--strict", str(manifest)], capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    [dep] = by_kind(docs, "Deployment")
+    deployments = by_kind(docs, "Deployment")
+    if scenario.startswith("sidecar-in-pod"):
+        assert not deployments  # only the configuration: the sidecar runs in the app's own pod
+        cfg = next(
+            d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config")
+        )
+        (tmp_path / "sidecar.yaml").write_text(cfg["data"]["sidecar.yaml"])
+        assert load_settings(tmp_path / "sidecar.yaml").enforcement.mode == "enforce"
+        return
+    [dep] = deployments
     pod = dep["spec"]["template"]["spec"]
     [c] = pod["containers"]
     # probes on the sidecar's own endpoints
@@ -208,3 +218,36 @@ def test_bad_values_are_rejected_by_the_schema(
         [*helm, "lint", "--strict", str(CHART), "-f", str(f)], capture_output=True, text=True
     )
     assert r.returncode != 0 and needle in (r.stdout + r.stderr)
+
+
+def test_sidecar_in_your_own_pod(helm: list[str], tmp_path: Path) -> None:
+    """deployment.enabled=false renders only the configuration; the example pod mounts exactly it."""
+    args = [
+        *helm,
+        "template",
+        "app",
+        str(CHART),
+        "-f",
+        str(CHART / "ci" / "sidecar-in-pod-values.yaml"),
+        *MONITORING,
+    ]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    assert {k for k, _ in docs} == {"ConfigMap", "Secret"}
+    example = yaml.safe_load((ROOT / "examples" / "sidecar-in-pod.yaml").read_text())
+    pod = example["spec"]["template"]["spec"]
+    configmaps = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    assert configmaps == {name for kind, name in docs if kind == "ConfigMap"}
+    [sidecar] = [c for c in pod["containers"] if c["name"] == "context-ceiling"]
+    secret = sidecar["env"][0]["valueFrom"]["secretKeyRef"]["name"]
+    assert ("Secret", secret) in docs
+    assert all("subPath" not in m for m in sidecar["volumeMounts"])
+    kv = shutil.which("kubernetes-validate") or str(
+        Path(sys.executable).parent / "kubernetes-validate"
+    )
+    r = subprocess.run(
+        [kv, "-k", "1.30.0", "--strict", str(ROOT / "examples" / "sidecar-in-pod.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
