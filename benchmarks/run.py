@@ -157,7 +157,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    up_port, sc_port = free_port(), free_port()
+    up_port, sc_port, pt_port = free_port(), free_port(), free_port()
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
@@ -186,12 +186,28 @@ def main() -> int:
             start_new_session=True,
         )
     )
+    procs.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.passthrough",
+                str(pt_port),
+                f"http://127.0.0.1:{up_port}",
+            ],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+        )
+    )
     direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
     via = f"http://127.0.0.1:{sc_port}/v1/chat/completions"
+    bare = f"http://127.0.0.1:{pt_port}/v1/chat/completions"
     results: list[dict[str, Any]] = []
     try:
         wait_up(f"http://127.0.0.1:{up_port}/")
         wait_up(f"http://127.0.0.1:{sc_port}/healthz")
+        wait_up(f"http://127.0.0.1:{pt_port}/")
         for size in (int(s) for s in args.sizes.split(",")):
             for stream in (False, True):
                 body, text = body_of(size, stream)
@@ -200,6 +216,7 @@ def main() -> int:
                 for _ in range(args.rounds):  # interleaved so drift hits both sides alike
                     d = asyncio.run(latency(direct, body, stream, n))
                     s = asyncio.run(latency(via, body, stream, n))
+                    b = asyncio.run(latency(bare, body, stream, n))
                     td = asyncio.run(throughput(direct, body, stream, 8, args.seconds))
                     ts = asyncio.run(throughput(via, body, stream, 8, args.seconds))
                     rounds.append(
@@ -208,6 +225,7 @@ def main() -> int:
                             "sidecar_p50_ms": s["p50"] * 1e3,
                             "added_p50_ms": (s["p50"] - d["p50"]) * 1e3,
                             "added_p99_ms": (s["p99"] - d["p99"]) * 1e3,
+                            "bare_added_p50_ms": (b["p50"] - d["p50"]) * 1e3,
                             "direct_rps": td,
                             "sidecar_rps": ts,
                             "rps_ratio": ts / td,
@@ -245,13 +263,14 @@ def main() -> int:
 
     print(f"\nMachine: {machine}; {args.rounds} interleaved rounds; median (min-max)\n")
     print(
-        "| tokens | stream | direct p50 ms | added p50 ms | added p99 ms | throughput vs direct (c=8) | counting ms (sidecar / raw tiktoken) |"
+        "| tokens | stream | direct p50 ms | added p50 ms | bare pass-through added p50 ms | added p99 ms | throughput vs direct (c=8) | counting ms (sidecar / raw tiktoken) |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         c = r["counting"]
         print(
             f"| {r['tokens']:,} | {'yes' if r['stream'] else 'no'} | {fmt(r['direct_p50_ms'])} | {fmt(r['added_p50_ms'])} | "
+            f"{fmt(r['bare_added_p50_ms'])} | "
             f"{fmt(r['added_p99_ms'])} | {fmt(r['rps_ratio'])} | {c['sidecar_count_ms']:.2f} / {c['raw_tiktoken_ms']:.2f} "
             f"(x{c['ratio']:.2f}) |"
         )

@@ -1,0 +1,65 @@
+"""A bare pass-through proxy: the physical limit for a Python proxy on this stack (a baseline).
+
+Pure ASGI on uvicorn (uvloop + httptools), one pooled keep-alive httpx client, bytes forwarded
+both ways with no parsing, no counting, no metrics. Whatever the sidecar costs beyond this is the
+price of measuring. Run: ``python -m benchmarks.passthrough PORT UPSTREAM_BASE_URL``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import httpx
+
+UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"
+client = httpx.AsyncClient(
+    base_url=UPSTREAM,
+    limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+    timeout=60,
+    trust_env=False,
+)
+DROP = {b"host", b"content-length", b"connection", b"transfer-encoding"}
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    body = b""
+    more = True
+    while more:
+        msg = await receive()
+        body += msg.get("body", b"")
+        more = msg.get("more_body", False)
+    headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k not in DROP]
+    req = client.build_request(scope["method"], scope["path"], content=body, headers=headers)
+    resp = await client.send(req, stream=True)
+    try:
+        out = [(k.encode(), v.encode()) for k, v in resp.headers.items() if k.encode() not in DROP]
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
+        async for chunk in resp.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        await resp.aclose()
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
