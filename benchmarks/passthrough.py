@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.asgi import lifespan, read_body, run
+
 UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"
 client = httpx.AsyncClient(
     base_url=UPSTREAM,
@@ -24,20 +26,9 @@ DROP = {b"host", b"content-length", b"connection", b"transfer-encoding"}
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await client.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    body = b""
-    more = True
-    while more:
-        msg = await receive()
-        body += msg.get("body", b"")
-        more = msg.get("more_body", False)
+        await lifespan(receive, send, client.aclose)
+        return
+    body = await read_body(receive)
     headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k not in DROP]
     req = client.build_request(scope["method"], scope["path"], content=body, headers=headers)
     resp = await client.send(req, stream=True)
@@ -52,14 +43,4 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 if __name__ == "__main__":
-    import uvicorn
-
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=int(sys.argv[1]),
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    run(app, int(sys.argv[1]))

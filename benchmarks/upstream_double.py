@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from benchmarks.asgi import lifespan, read_body, run
+
 CHUNKS = int(os.environ.get("DOUBLE_CHUNKS", "20"))
 PACE = float(os.environ.get("DOUBLE_PACE", "0"))
 
@@ -56,19 +58,9 @@ DONE = b"data: [DONE]\n\n"
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    body = b""
-    more = True
-    while more:
-        msg = await receive()
-        body += msg.get("body", b"")
-        more = msg.get("more_body", False)
+        await lifespan(receive, send)
+        return
+    body = await read_body(receive)
     if b'"stream":true' not in body and b'"stream": true' not in body:
         await send(
             {
@@ -96,14 +88,4 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 if __name__ == "__main__":
-    import uvicorn
-
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=int(sys.argv[1]),
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    run(app, int(sys.argv[1]))
