@@ -59,11 +59,19 @@ def _push(args: argparse.Namespace) -> int:
     from ceiling.ceilings import CeilingsError
     from ceiling.push import PushError, push
 
-    if not args.to and not args.file:
-        raise UsageError("say where to push: --to URL (a sidecar) and/or --file PATH")
+    if not args.to and not args.file and not args.to_configmap:
+        raise UsageError(
+            "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
+        )
     try:
         lines = push(
-            args.document, args.to or [], args.file, dry_run=args.dry_run, force=args.force
+            args.document,
+            args.to or [],
+            args.file,
+            configmap=args.to_configmap,
+            namespace=args.namespace,
+            dry_run=args.dry_run,
+            force=args.force,
         )
     except CeilingsError as exc:
         raise UsageError(str(exc)) from exc
@@ -116,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the document here atomically (e.g. a ConfigMap checkout)",
     )
+    p.add_argument(
+        "--to-configmap",
+        metavar="NAME[/KEY]",
+        help="update this ConfigMap (key ceilings.yaml) with the pod's service account",
+    )
+    p.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
     p.add_argument("--dry-run", action="store_true", help="show what would change, change nothing")
     p.add_argument("--force", action="store_true", help="apply even if the version is not newer")
     p.set_defaults(func=_push)

@@ -61,15 +61,26 @@ def push(
     to: list[str],
     file: str | Path | None = None,
     *,
+    configmap: str | None = None,
+    namespace: str | None = None,
     dry_run: bool = False,
     force: bool = False,
     timeout: float = 10.0,
 ) -> list[str]:
     """Push; returns the report lines. Raises CeilingsError for a bad document or token and
-    PushError (after trying every target) when any target failed."""
+    PushError (after trying every target) when any target failed.
+
+    ``configmap`` is ``NAME`` or ``NAME/KEY`` (key ``ceilings.yaml`` by default) in the pod's own
+    namespace (or ``namespace``), updated with the pod's service account: the source of truth that
+    every replica mounted from it reloads."""
     doc = load_document(path)
     lines: list[str] = []
     failures: list[str] = []
+    if configmap is not None:
+        try:
+            lines += _to_configmap(doc, configmap, namespace, dry_run, force, timeout)
+        except PushError as exc:
+            failures.append(str(exc))
     if file is not None:
         target = Path(file)
         old = load_document(target) if target.exists() else EMPTY
@@ -114,3 +125,46 @@ def push(
     if failures:
         raise PushError("\n".join(lines + failures))
     return lines
+
+
+def _to_configmap(
+    doc: CeilingsDocument,
+    target: str,
+    namespace: str | None,
+    dry_run: bool,
+    force: bool,
+    timeout: float,
+) -> list[str]:
+    from ceiling.kube import Cluster, ConfigMaps, KubeError
+
+    name, _, key = target.partition("/")
+    key = key or "ceilings.yaml"
+    try:
+        with ConfigMaps(Cluster.in_cluster(namespace), timeout) as cms:
+            where = f"configmap {cms.cluster.namespace}/{name}"
+            cm = cms.get(name)
+            text = cm.data.get(key, "")
+            try:
+                old = parse_document(text, f"{where}:{key}") if text.strip() else EMPTY
+            except CeilingsError:
+                if not force:
+                    raise PushError(
+                        f"{where}: the live {key} is not a valid ceilings document; "
+                        "--force replaces it"
+                    ) from None
+                old = EMPTY
+            lines = [f"{where}: version {old.version} -> {doc.version}"]
+            lines += ["  " + c.line() for c in diff(old, doc)]
+            if dry_run:
+                return lines
+            if not force and old is not EMPTY and doc.version <= old.version:
+                raise PushError(
+                    f"{where}: version {doc.version} is not newer than {old.version} (use --force)"
+                )
+            cms.put_key(cm, key, dump_document(doc))
+            lines.append(
+                f"{where}: written (every pod mounting it reloads within the kubelet sync)"
+            )
+            return lines
+    except KubeError as exc:
+        raise PushError(str(exc)) from exc

@@ -24,6 +24,7 @@ from ceiling.utilization import practical_limit
 from sweep.analysis import analyse, refinements
 from sweep.context import ContextBuilder, Meter, group_items
 from sweep.derive import DeriveError, entry_from, merged
+from sweep.job import JobError
 from sweep.regression import compare, reduced_levels
 from sweep.report import write
 from sweep.runner import Budget, CallLog, Endpoint, Runner
@@ -124,6 +125,9 @@ def add_parsers(sub: Any) -> None:
     m = s.add_parser("merge", help="merge shard runs into one run directory and report it")
     m.add_argument("out", help="the merged run directory")
     m.add_argument("shards", nargs="+", help="shard run directories")
+    from sweep import job
+
+    job.add_parser(s)
     p = s.add_parser("report", help="(re)write a run's report")
     p.add_argument("run")
     sw.set_defaults(func=main)
@@ -235,6 +239,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             "resolution": args.resolution,
             "shard": _shard(args.shard),
         }
+        if args.refine and plan["shard"]:
+            raise SweepUsageError(
+                "--refine needs the whole curve: refine after 'sweep merge', not per shard"
+            )
         if args.items is None:
             plan["items"] = 10 if args.reduced else 30
         if args.reduced:
@@ -421,6 +429,15 @@ def _merge(args: argparse.Namespace, console: Console) -> int:
                 raise SweepUsageError(
                     f"the shards disagree on {k}: they are not parts of one sweep"
                 )
+    parts = [tuple(p["shard"]) for p in plans if p.get("shard")]
+    if parts:
+        n = parts[0][1]
+        indices = sorted(i for i, _ in parts)
+        if len(parts) != len(plans) or any(m != n for _, m in parts) or indices != list(range(n)):
+            raise SweepUsageError(
+                f"the shards are not one whole sweep: got {', '.join(f'{i}/{m}' for i, m in parts) or 'none'}"
+                f" for {len(plans)} run(s); give each of 0/{n}..{n - 1}/{n} once"
+            )
     merged_plan = dict(plans[0]) | {
         "shard": None,
         "run_id": out.name,
@@ -496,7 +513,12 @@ def main(args: argparse.Namespace) -> int:
             return _derive(args, console)
         if args.action == "merge":
             return _merge(args, console)
+        if args.action == "job":
+            from ceiling.cli import main as ceiling_main
+            from sweep import job
+
+            return job.run(args, console, ceiling_main)
         return _report(Path(args.run), console)
-    except (SweepUsageError, TaskSetError) as exc:
+    except (SweepUsageError, TaskSetError, JobError) as exc:
         print(f"ceiling sweep {args.action}: {exc}", file=sys.stderr)
         return 2

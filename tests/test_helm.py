@@ -39,6 +39,18 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [binary]
 
 
+@pytest.fixture(scope="module")
+def crd_validator() -> list[str]:
+    """The Prometheus Operator's own CRD schemas (npm), to validate ServiceMonitor/PrometheusRule."""
+    script = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "crd_validator.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return ["node", script]
+
+
 def render(
     helm: list[str], values: Path | None, *extra: str
 ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -56,7 +68,9 @@ def by_kind(docs: dict[tuple[str, str], dict[str, Any]], kind: str) -> list[dict
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_lint_render_validate(helm: list[str], scenario: str, tmp_path: Path) -> None:
+def test_lint_render_validate(
+    helm: list[str], crd_validator: list[str], scenario: str, tmp_path: Path
+) -> None:
     values = CHART / "ci" / scenario
     r = subprocess.run(
         [*helm, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True
@@ -76,6 +90,14 @@ def test_lint_render_validate(helm: list[str], scenario: str, tmp_path: Path) ->
         [kv, "-k", "1.30.0", "--strict", str(manifest)], capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout + r.stderr
+    custom = [d for d in docs.values() if d["apiVersion"].startswith("monitoring.")]
+    if custom:
+        (tmp_path / "custom.yaml").write_text(yaml.safe_dump_all(custom))
+        r = subprocess.run(
+            [*crd_validator, str(tmp_path / "custom.yaml")], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.count("ok ") == len(custom)
     deployments = by_kind(docs, "Deployment")
     if scenario.startswith("sidecar-in-pod"):
         assert not deployments  # only the configuration: the sidecar runs in the app's own pod
@@ -251,3 +273,93 @@ def test_sidecar_in_your_own_pod(helm: list[str], tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_crd_validation_catches_a_bad_custom_resource(
+    helm: list[str], crd_validator: list[str], tmp_path: Path
+) -> None:
+    docs = render(helm, CHART / "ci" / "gateway-monitoring-values.yaml", *MONITORING)
+    [sm] = by_kind(docs, "ServiceMonitor")
+    sm["spec"]["endpoints"][0]["interval"] = "every half minute"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(sm))
+    r = subprocess.run([*crd_validator, str(tmp_path / "bad.yaml")], capture_output=True, text=True)
+    assert r.returncode == 1 and "interval" in r.stdout
+
+
+def test_sweep_job_rbac_volume_and_pod(helm: list[str]) -> None:
+    docs = render(helm, CHART / "ci" / "sweep-job-values.yaml")
+    full = "t-context-ceiling"
+    # least privilege: one Role, get + patch on the ceilings ConfigMap by name, nothing else
+    [role] = by_kind(docs, "Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [f"{full}-ceilings"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    [binding] = by_kind(docs, "RoleBinding")
+    [sa] = by_kind(docs, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "default"}
+    ]
+    # the gateway pods get no API token at all; only the sweep pods, under that account
+    [dep] = by_kind(docs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    [cron] = by_kind(docs, "CronJob")
+    job = cron["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is True
+    # one pod per shard, all on one shared claim
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 4
+    [pvc] = by_kind(docs, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    [c] = pod["containers"]
+    assert {"name": "runs", "mountPath": "/runs"} in c["volumeMounts"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["args"][:2] == ["sweep", "job"] and "--shards=4" in c["args"]
+    assert f"--configmap={full}-ceilings" in c["args"]
+    assert cron["spec"]["suspend"] is False and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["JOB_NAME"]["valueFrom"]["fieldRef"]["fieldPath"].endswith("job-name']")
+    # without a schedule the CronJob is a template you start by hand
+    docs = render(
+        helm,
+        CHART / "ci" / "sweep-job-values.yaml",
+        "--set",
+        "sweep.schedule=",
+        "--set",
+        "sweep.updateConfigMap=false",
+    )
+    [cron] = by_kind(docs, "CronJob")
+    assert cron["spec"]["suspend"] is True
+    assert not by_kind(docs, "Role")  # nothing to update: no permission at all
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert not any(a.startswith("--configmap") for a in pod["containers"][0]["args"])
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (["sweep.shards=3"], "needs a volume every shard pod shares"),
+        (["sweep.shards=1", "adminToken.value="], "needs adminToken"),
+        (["sweep.model="], "model"),
+    ],
+)
+def test_sweep_misconfiguration_is_a_clear_error(
+    helm: list[str], sets: list[str], needle: str
+) -> None:
+    args = [*helm, "template", "t", str(CHART), "-f", str(CHART / "ci" / "sweep-job-values.yaml")]
+    args += ["--set", "sweep.storage.create=false"]
+    for s_ in sets:
+        args += ["--set", s_]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode != 0 and needle in r.stderr

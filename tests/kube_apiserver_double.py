@@ -1,0 +1,118 @@
+"""A test double for the Kubernetes API server's ConfigMap endpoints (no kube-apiserver, etcd or
+cluster can run on these machines).
+
+It does what the real one does for the two calls the product makes: bearer-token authentication,
+RBAC authorization from a Role's rules (the test feeds it the chart's rendered Role, so the sweep
+Job is allowed exactly what the chart grants), ``GET`` and JSON merge ``PATCH`` of
+``/api/v1/namespaces/NS/configmaps/NAME``, ``resourceVersion`` as a precondition (409 on
+mismatch), a new ``resourceVersion`` on every write, and a Status body on errors. ``on_write`` plays
+the kubelet: it can project the new data into a directory that a real sidecar watches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+def _status(code: int, reason: str, message: str) -> JSONResponse:
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
+    return JSONResponse(body | {"reason": reason, "code": code}, status_code=code)
+
+
+@dataclass
+class KubeApiServerDouble:
+    token: str
+    namespace: str
+    rules: list[dict[str, Any]]  # the Role's rules bound to the token's service account
+    configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
+    on_write: Callable[[str, dict[str, str]], None] | None = None
+    versions: dict[str, int] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    _rv: int = 100
+
+    def _allowed(self, verb: str, name: str) -> bool:
+        for r in self.rules:
+            if (
+                "" in r.get("apiGroups", [])
+                and "configmaps" in r.get("resources", [])
+                and verb in r.get("verbs", [])
+                and (not r.get("resourceNames") or name in r["resourceNames"])
+            ):
+                return True
+        return False
+
+    def _body(self, name: str) -> dict[str, Any]:
+        return {
+            "kind": "ConfigMap",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "resourceVersion": str(self.versions[name]),
+            },
+            "data": dict(self.configmaps[name]),
+        }
+
+    def write(self, name: str, data: dict[str, str]) -> None:
+        """A change made by someone else (kubectl, helm): bumps the resourceVersion."""
+        self._rv += 1
+        self.configmaps[name] = dict(data)
+        self.versions[name] = self._rv
+        if self.on_write:
+            self.on_write(name, dict(data))
+
+    async def configmap(self, request: Request) -> Response:
+        ns, name = request.path_params["ns"], request.path_params["name"]
+        verb = {"GET": "get", "PATCH": "patch"}[request.method]
+        self.requests.append((verb, name))
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            return _status(401, "Unauthorized", "Unauthorized")
+        if ns != self.namespace or not self._allowed(verb, name):
+            return _status(
+                403,
+                "Forbidden",
+                f'configmaps "{name}" is forbidden: cannot {verb} resource "configmaps" '
+                f'in the namespace "{ns}"',
+            )
+        if name not in self.configmaps:
+            return _status(404, "NotFound", f'configmaps "{name}" not found')
+        if verb == "get":
+            return JSONResponse(self._body(name))
+        if request.headers.get("content-type") != "application/merge-patch+json":
+            return _status(415, "UnsupportedMediaType", "unsupported patch type")
+        patch = json.loads(await request.body())
+        rv = patch.get("metadata", {}).get("resourceVersion")
+        if rv is not None and rv != str(self.versions[name]):
+            return _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on configmaps "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        data = dict(self.configmaps[name])
+        for k, v in (patch.get("data") or {}).items():
+            if v is None:
+                data.pop(k, None)
+            else:
+                data[k] = v
+        self.write(name, data)
+        return JSONResponse(self._body(name))
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route(
+                    "/api/v1/namespaces/{ns}/configmaps/{name}",
+                    self.configmap,
+                    methods=["GET", "PATCH"],
+                )
+            ]
+        )
