@@ -3,6 +3,7 @@ matters in them (mounts, probes, security context, gated integrations, the rende
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -363,3 +364,54 @@ def test_sweep_misconfiguration_is_a_clear_error(
         args += ["--set", s_]
     r = subprocess.run(args, capture_output=True, text=True)
     assert r.returncode != 0 and needle in r.stderr
+
+
+def test_every_value_is_documented_and_in_the_schema() -> None:
+    """Each key in values.yaml carries a `# --` doc comment, on itself or on an ancestor whose
+    whole value it is part of (config, ceilings), or is a parent whose every child carries one; and
+    the schema knows every top-level key and every sweep key."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    keys: list[tuple[int, int, bool]] = []  # (line, indent, has its own doc comment)
+    for n, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "- ")) or ":" not in stripped:
+            continue
+        k, comments = n - 1, []
+        while k >= 0 and lines[k].strip().startswith("#"):
+            comments.append(lines[k].strip())
+            k -= 1
+        keys.append(
+            (n, len(line) - len(line.lstrip()), any(c.startswith("# --") for c in comments))
+        )
+
+    def children(i: int) -> list[int]:
+        out = []
+        for j in range(i + 1, len(keys)):
+            if keys[j][1] <= keys[i][1]:
+                break
+            out.append(j)
+        return out
+
+    def inherited(i: int) -> bool:
+        level = keys[i][1]
+        for j in range(i - 1, -1, -1):
+            if keys[j][1] < level:
+                if keys[j][2]:
+                    return True
+                level = keys[j][1]
+        return False
+
+    def documented(i: int) -> bool:
+        kids = [j for j in children(i) if keys[j][1] == min(keys[k][1] for k in children(i))]
+        return keys[i][2] or inherited(i) or (bool(kids) and all(documented(j) for j in kids))
+
+    missing = [
+        f"line {keys[i][0] + 1}: {lines[keys[i][0]].strip()}"
+        for i in range(len(keys))
+        if not documented(i)
+    ]
+    assert not missing, missing
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) <= set(schema["properties"])
+    assert set(values["sweep"]) <= set(schema["properties"]["sweep"]["properties"])
