@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck test demo bench local-model dashboards prometheus clean
+.PHONY: venv lint typecheck test demo bench local-model dashboards tools clean
 
 venv: $(VENV)/.installed
 
@@ -18,9 +18,9 @@ $(VENV)/.installed: pyproject.toml
 local-model:  ## build/fetch (once, cached under ~/.cache/context-ceiling) llama-server + the GGUF model
 	bash scripts/local_model.sh
 
-prometheus:  ## Prometheus + promtool for the rules and scrape tests (Debian package; needs root)
-	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+tools:  ## Debian packages the tests use: Prometheus + promtool (rules, scrape), hey (load); needs root
+	command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v hey >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus hey)
 
 dashboards: venv  ## regenerate dashboards/generated from dashboards/mixin.py
 	$(PY) -m dashboards.mixin
@@ -32,15 +32,15 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv lint typecheck local-model prometheus  ## the README's test command; CI runs exactly this
+test: venv lint typecheck local-model tools  ## the README's test command; CI runs exactly this
 	$(BIN)/pytest -q
 
 demo: venv local-model  ## the whole loop on a real local model
 	$(PY) scripts/demo.py
 
-bench: venv  ## sidecar vs direct, counting vs tiktoken, trimming growth
-	$(PY) benchmarks/run.py
-	$(PY) benchmarks/trim.py
+bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, sidecar observe/enforce
+	bash scripts/litellm.sh >/dev/null
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

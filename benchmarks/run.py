@@ -1,58 +1,67 @@
-"""``make bench``: what the sidecar costs, measured against calling the upstream directly.
+"""``make bench``: the sidecar side by side with the alternatives, in one run on one machine.
 
-Same machine, same run, same loopback upstream (``benchmarks/upstream_double.py``, a test double
-for a hosted API that answers instantly). For request sizes of 1k, 8k and 64k tokens, streamed and
-not, it reports the sidecar's added latency (p50, p99, at concurrency 1) and throughput (at
-concurrency 8) as ratios to direct calls, each a median over interleaved rounds with the
-min-max across rounds; and the token-counting time of a whole request against raw tiktoken on the
-same text. Prints a Markdown table and writes ``out/bench/sidecar.json``.
+Against the same loopback upstream (``upstream_double``, a test double for a hosted API that
+answers at once, so everything measured is proxy cost): the client calling it directly, a bare
+pass-through proxy, LiteLLM's proxy, the sidecar observing, and the sidecar enforcing a ceiling that
+trims every request. Load comes from a separate process (``hey``) at concurrency 1, 16 and 64, for
+requests of 1k, 8k and 64k tokens (RAG-shaped: retrieved chunks in the user turn), streamed and
+not. Each figure is a median over rounds with the min-max; targets are visited in a rotated order
+each round, and every ratio is paired with the direct run of the same round. Also measured: CPU
+time per request and peak RSS of each proxy's process tree, token counting against raw tiktoken,
+trimming growth (``trim.py``), and memory under 500 concurrent slow streams (``streams.py``).
+Writes ``out/bench/results.json`` and prints Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.counting import count_openai  # noqa: E402
-from ceiling.llamacpp import free_port  # noqa: E402
+from benchmarks import targets as tg  # noqa: E402
+from benchmarks.load import Load, hey  # noqa: E402
+from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
 from ceiling.tokenizers import TiktokenCounter  # noqa: E402
 
 SENTENCE = (
     "Record {i}: the service contract between Northwind and client K{i:03d} renews on day "
     "{d} with a fee of {f} EUR and a notice period of {n} days. "
 )
+ORDER = ["direct", "bare", "litellm", "sidecar", "enforce"]
 
 
 def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
+    """A RAG request of about ``tokens`` tokens: retrieved chunks in the user turn."""
     enc = TiktokenCounter("o200k_base")
-    parts: list[str] = []
+    chunks: list[str] = []
     i = 0
     while True:
-        parts.append(SENTENCE.format(i=i, d=i % 365, f=100 + i % 900, n=30 + i % 60))
+        chunks.append(
+            f'<document id="{i}">'
+            + "".join(
+                SENTENCE.format(i=i * 10 + k, d=k, f=100 + (i * 10 + k) % 900, n=30 + k)
+                for k in range(8)
+            )
+            + "</document>"
+        )
         i += 1
-        if i % 50 == 0 and enc.count("".join(parts)) >= tokens:
+        if enc.count("\n".join(chunks)) >= tokens - 40:
             break
-    text = "".join(parts)
-    body = {
-        "model": "gpt-4o",
+    text = "\n".join(chunks)
+    body: dict[str, Any] = {
+        "model": tg.model_name(tokens),
         "messages": [
             {"role": "system", "content": "Answer from the records."},
             {"role": "user", "content": text + "\nWhat is the fee of K007?"},
@@ -63,72 +72,15 @@ def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
     return orjson.dumps(body), text
 
 
-def wait_up(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
-
-
-async def one(
-    client: httpx.AsyncClient, url: str, body: bytes, stream: bool
-) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    if stream:
-        async with client.stream(
-            "POST", url, content=body, headers={"content-type": "application/json"}
-        ) as r:
-            first = None
-            async for _ in r.aiter_raw():
-                if first is None:
-                    first = time.perf_counter() - t0
-            return time.perf_counter() - t0, first or 0.0
-    r = await client.post(url, content=body, headers={"content-type": "application/json"})
-    r.raise_for_status()
-    return time.perf_counter() - t0, 0.0
-
-
-async def latency(url: str, body: bytes, stream: bool, n: int) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1)) as c:
-        for _ in range(min(10, n)):
-            await one(c, url, body, stream)
-        samples = [await one(c, url, body, stream) for _ in range(n)]
-    lat = sorted(s[0] for s in samples)
-    return {
-        "p50": lat[len(lat) // 2],
-        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-        "ttfb_p50": statistics.median(s[1] for s in samples),
-    }
-
-
-async def throughput(
-    url: str, body: bytes, stream: bool, concurrency: int, seconds: float
-) -> float:
-    done = 0
-    stop = time.perf_counter() + seconds
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as c:
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < stop:
-                await one(c, url, body, stream)
-                done += 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - t0)
-
-
 def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
+    """One whole-request count (parse + walk + tokenize) against raw tiktoken on the same text."""
+    import re
+
     enc = TiktokenCounter("o200k_base")
     raw = enc.encoding.encode_ordinary
-    obj = orjson.loads(body)
+    pattern = re.compile(DEFAULT_CHUNK_PATTERN)
 
-    def best(fn: Any) -> float:
+    def median_time(fn: Any) -> float:
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -136,145 +88,230 @@ def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    t_raw = best(lambda: raw(text))
-    t_ours = best(lambda: count_openai(orjson.loads(body), enc))
-    t_count_only = best(lambda: count_openai(obj, enc))
+    t_raw = median_time(lambda: raw(text))
+    t_ours = median_time(lambda: count_openai(orjson.loads(body), enc, None, pattern))
     return {
         "raw_tiktoken_ms": t_raw * 1e3,
         "sidecar_count_ms": t_ours * 1e3,
-        "count_only_ms": t_count_only * 1e3,
         "ratio": t_ours / t_raw,
     }
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(x: dict[str, float] | None, nd: int = 2) -> str:
+    if x is None:
+        return "-"
+    return f"{x['median']:.{nd}f} ({x['min']:.{nd}f}-{x['max']:.{nd}f})"
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=2.0, help="load duration per measurement")
     ap.add_argument("--sizes", default="1000,8000,64000")
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--targets", default=",".join(ORDER))
+    ap.add_argument("--streams", type=int, default=500, help="concurrent slow streams (0: skip)")
+    ap.add_argument("--no-trim", action="store_true", help="skip the trimming growth benchmark")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench"))
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="ceiling-bench-"))
+    binary = tg.hey_binary()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    wanted = args.targets.split(",")
 
-    up_port, sc_port, pt_port = free_port(), free_port(), free_port()
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.upstream_double", str(up_port)],
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-        )
-    ]
-    tmp = Path(tempfile.mkdtemp(prefix="ceiling-bench-"))
-    (tmp / "sidecar.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "listen": {"host": "127.0.0.1", "port": sc_port},
-                "upstreams": {"openai": {"base_url": f"http://127.0.0.1:{up_port}/v1"}},
-                "models": [{"match": "gpt-4o", "window": 128000, "max_output_tokens": 16384}],
-                "log_level": "warning",
-            }
-        )
-    )
-    procs.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(tmp / "sidecar.yaml")],
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-        )
-    )
-    procs.append(
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.passthrough",
-                str(pt_port),
-                f"http://127.0.0.1:{up_port}",
-            ],
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-        )
-    )
-    direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
-    via = f"http://127.0.0.1:{sc_port}/v1/chat/completions"
-    bare = f"http://127.0.0.1:{pt_port}/v1/chat/completions"
-    results: list[dict[str, Any]] = []
+    up = tg.upstream(work)
+    base = up.url.removesuffix("/v1/chat/completions")
+    started: dict[str, tg.Target] = {"direct": up}
     try:
-        wait_up(f"http://127.0.0.1:{up_port}/")
-        wait_up(f"http://127.0.0.1:{sc_port}/healthz")
-        wait_up(f"http://127.0.0.1:{pt_port}/")
-        for size in (int(s) for s in args.sizes.split(",")):
+        if "bare" in wanted:
+            started["bare"] = tg.bare(base)
+        if "sidecar" in wanted:
+            started["sidecar"] = tg.sidecar(base, work)
+        if "enforce" in wanted:
+            started["enforce"] = tg.sidecar(base, work, enforce=True)
+        if "litellm" in wanted:
+            lite = tg.litellm(base, work)
+            if lite is None:
+                print("LiteLLM is not installed (bash scripts/litellm.sh); measuring without it")
+            else:
+                started["litellm"] = lite
+        names = [n for n in ORDER if n in started]
+        for t in started.values():
+            t.start_sampling()
+        cells: list[dict[str, Any]] = []
+        for size in sizes:
             for stream in (False, True):
                 body, text = body_of(size, stream)
-                n = 200 if size <= 1000 else 100 if size <= 8000 else 30
-                rounds: list[dict[str, float]] = []
-                for _ in range(args.rounds):  # interleaved so drift hits both sides alike
-                    d = asyncio.run(latency(direct, body, stream, n))
-                    s = asyncio.run(latency(via, body, stream, n))
-                    b = asyncio.run(latency(bare, body, stream, n))
-                    td = asyncio.run(throughput(direct, body, stream, 8, args.seconds))
-                    ts = asyncio.run(throughput(via, body, stream, 8, args.seconds))
-                    rounds.append(
-                        {
-                            "direct_p50_ms": d["p50"] * 1e3,
-                            "sidecar_p50_ms": s["p50"] * 1e3,
-                            "added_p50_ms": (s["p50"] - d["p50"]) * 1e3,
-                            "added_p99_ms": (s["p99"] - d["p99"]) * 1e3,
-                            "bare_added_p50_ms": (b["p50"] - d["p50"]) * 1e3,
-                            "direct_rps": td,
-                            "sidecar_rps": ts,
-                            "rps_ratio": ts / td,
-                            "ttfb_added_ms": (s["ttfb_p50"] - d["ttfb_p50"]) * 1e3,
-                        }
-                    )
-                row: dict[str, Any] = {"tokens": size, "stream": stream, "body_bytes": len(body)}
-                for key in rounds[0]:
-                    vals = [r[key] for r in rounds]
-                    row[key] = {
-                        "median": statistics.median(vals),
-                        "min": min(vals),
-                        "max": max(vals),
+                path = work / f"body-{size}-{stream}.json"
+                path.write_bytes(body)
+                for t in names:  # warm up: connections, caches, LiteLLM's first-call setup
+                    tg_ = started[t]
+                    hey(binary, tg_.url, path, 4, 0.5)
+                for conc in levels:
+                    rounds: list[dict[str, tuple[Load, float]]] = []
+                    for r in range(args.rounds):
+                        order = names[r % len(names) :] + names[: r % len(names)]
+                        this: dict[str, tuple[Load, float]] = {}
+                        for name in order:
+                            t = started[name]
+                            cpu0 = t.cpu_seconds()
+                            load = hey(binary, t.url, path, conc, args.seconds)
+                            this[name] = (load, t.cpu_seconds() - cpu0)
+                        rounds.append(this)
+                    cell: dict[str, Any] = {
+                        "tokens": size,
+                        "stream": stream,
+                        "concurrency": conc,
+                        "targets": {},
+                        "rounds": [
+                            {
+                                n: {
+                                    "rps": ld.rps,
+                                    "p50_ms": ld.p50 * 1e3,
+                                    "p99_ms": ld.p99 * 1e3,
+                                    "ttfb_ms": ld.ttfb_p50 * 1e3,
+                                }
+                                for n, (ld, _) in rd.items()
+                            }
+                            for rd in rounds
+                        ],
                     }
-                row["counting"] = counting(body, text, 20 if size > 8000 else 100)
-                results.append(row)
-                print(
-                    f"{size:>6} tok stream={stream!s:5} added p50 {row['added_p50_ms']['median']:.2f} ms "
-                    f"p99 {row['added_p99_ms']['median']:.2f} ms, throughput x{row['rps_ratio']['median']:.2f}, "
-                    f"counting {row['counting']['sidecar_count_ms']:.2f} ms vs tiktoken "
-                    f"{row['counting']['raw_tiktoken_ms']:.2f} ms",
-                    flush=True,
-                )
+                    for name in names:
+                        loads = [rd[name][0] for rd in rounds]
+                        cpu = [rd[name][1] / max(1, rd[name][0].requests) * 1e3 for rd in rounds]
+                        row: dict[str, Any] = {
+                            "rps": spread([x.rps for x in loads]),
+                            "p50_ms": spread([x.p50 * 1e3 for x in loads]),
+                            "p99_ms": spread([x.p99 * 1e3 for x in loads]),
+                            "errors": sum(x.errors for x in loads),
+                            "cpu_ms_per_request": spread(cpu),
+                        }
+                        if name != "direct":
+                            row["rps_vs_direct"] = spread(
+                                [rd[name][0].rps / rd["direct"][0].rps for rd in rounds]
+                            )
+                            row["added_p50_ms"] = spread(
+                                [(rd[name][0].p50 - rd["direct"][0].p50) * 1e3 for rd in rounds]
+                            )
+                            row["added_p99_ms"] = spread(
+                                [(rd[name][0].p99 - rd["direct"][0].p99) * 1e3 for rd in rounds]
+                            )
+                            if stream:
+                                row["added_ttfb_ms"] = spread(
+                                    [
+                                        (rd[name][0].ttfb_p50 - rd["direct"][0].ttfb_p50) * 1e3
+                                        for rd in rounds
+                                    ]
+                                )
+                        cell["targets"][name] = row
+                    if conc == levels[0]:
+                        cell["counting"] = counting(body, text, 20 if size > 8000 else 100)
+                    cells.append(cell)
+                    s = cell["targets"]
+                    print(
+                        f"{size:>6} tok stream={stream!s:5} c={conc:<3} "
+                        + "  ".join(
+                            f"{n} {s[n]['rps']['median']:.0f}/s"
+                            + (
+                                f" +{s[n]['added_p50_ms']['median']:.2f}ms"
+                                if "added_p50_ms" in s[n]
+                                else ""
+                            )
+                            for n in names
+                        ),
+                        flush=True,
+                    )
+        peak = {n: started[n].peak_rss / 2**20 for n in names}
+        actions = {n: tg.over_ceiling(started[n]) for n in ("sidecar", "enforce") if n in started}
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=15)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    (out / "sidecar.json").write_text(
-        json.dumps({"machine": machine, "results": results}, indent=2)
-    )
+        for t in started.values():
+            t.stop()
 
-    def fmt(x: dict[str, float], nd: int = 2) -> str:
-        return f"{x['median']:.{nd}f} ({x['min']:.{nd}f}-{x['max']:.{nd}f})"
+    from benchmarks.streams import slow_streams
+    from benchmarks.trim import measure as trim_measure
 
-    print(f"\nMachine: {machine}; {args.rounds} interleaved rounds; median (min-max)\n")
-    print(
-        "| tokens | stream | direct p50 ms | added p50 ms | bare pass-through added p50 ms | added p99 ms | throughput vs direct (c=8) | counting ms (sidecar / raw tiktoken) |"
+    streams = slow_streams(work, args.streams) if args.streams else None
+    trim = None if args.no_trim else trim_measure()
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{platform.platform(terse=True)}"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        c = r["counting"]
-        print(
-            f"| {r['tokens']:,} | {'yes' if r['stream'] else 'no'} | {fmt(r['direct_p50_ms'])} | {fmt(r['added_p50_ms'])} | "
-            f"{fmt(r['bare_added_p50_ms'])} | "
-            f"{fmt(r['added_p99_ms'])} | {fmt(r['rps_ratio'])} | {c['sidecar_count_ms']:.2f} / {c['raw_tiktoken_ms']:.2f} "
-            f"(x{c['ratio']:.2f}) |"
-        )
+    result = {
+        "machine": machine,
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        "targets": names,
+        "cells": cells,
+        "peak_rss_mib": peak,
+        "over_ceiling": actions,
+        "slow_streams": streams,
+        "trim": trim,
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    print(report(result))
     return 0
+
+
+def report(res: dict[str, Any]) -> str:
+    """The README's tables and the target verdicts, from a results.json."""
+    from benchmarks.verdicts import verdicts
+
+    names = res["targets"]
+    lines = [
+        f"Machine: {res['machine']}; {res['rounds']} rounds of {res['seconds']:g} s per "
+        "measurement, load from `hey` in its own process; median (min-max) over rounds; ratios "
+        "and added latency paired with the direct run of the same round.",
+        "",
+        "| tokens | stream | c | target | req/s | vs direct | added p50 ms | added p99 ms | added TTFB ms | CPU ms/req |",
+        "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in res["cells"]:
+        for n in names:
+            t = c["targets"][n]
+            lines.append(
+                f"| {c['tokens']:,} | {'yes' if c['stream'] else 'no'} | {c['concurrency']} | {n} | "
+                f"{fmt(t['rps'], 0)} | {fmt(t.get('rps_vs_direct'))} | {fmt(t.get('added_p50_ms'))} | "
+                f"{fmt(t.get('added_p99_ms'))} | {fmt(t.get('added_ttfb_ms'))} | "
+                f"{fmt(t['cpu_ms_per_request'])} |"
+                + (f" {t['errors']} errors" if t["errors"] else "")
+            )
+    lines += ["", "Peak RSS of each process tree over the whole run (MiB): "]
+    lines[-1] += ", ".join(f"{n} {v:.0f}" for n, v in res["peak_rss_mib"].items())
+    for n, acts in res.get("over_ceiling", {}).items():
+        lines.append(f"Requests over the ceiling, by action ({n}): {acts}")
+    s = res["slow_streams"]
+    if s:
+        lines += [
+            "",
+            f"{s['streams']} concurrent slow streams ({s['seconds']:g} s each), RSS in MiB: "
+            + "; ".join(
+                f"{n}: {v['completed']} completed, idle {v['idle_mib']:.1f}, peak {v['peak_mib']:.1f} "
+                f"(+{v['per_stream_kib']:.0f} KiB per stream), after {v['after_mib']:.1f}"
+                for n, v in s["targets"].items()
+            ),
+        ]
+    if res["trim"]:
+        lines += [
+            "",
+            "| tokens | count ms | fit ms | removed: tool results / retrieved / history |",
+            "|---:|---:|---:|---|",
+        ]
+    for r in (res["trim"] or {}).get("rows", []):
+        lines.append(
+            f"| {r['tokens']:,} | {r['count_ms']:.1f} | {r['fit_ms']:.2f} | "
+            f"{r['removed']['tool_results']:,} / {r['removed']['retrieved']:,} / {r['removed']['history']:,} |"
+        )
+    lines += ["", "| target | figure | verdict |", "|---|---|---|"]
+    for v in verdicts(res):
+        lines.append(f"| {v['target']} | {v['figure']} | {'met' if v['met'] else '**missed**'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

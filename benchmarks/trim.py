@@ -58,10 +58,10 @@ def conversation(tokens: int) -> dict[str, Any]:
     return {"model": "gpt-4o", "messages": msgs}
 
 
-def main() -> int:
+def measure() -> dict[str, Any]:
     enc = TiktokenCounter("o200k_base")
     pattern = re.compile(DEFAULT_CHUNK_PATTERN)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in (10_000, 100_000, 1_000_000):
         body = conversation(size)
         reps = 5 if size < 1_000_000 else 3
@@ -83,19 +83,39 @@ def main() -> int:
             counts.append(t1 - t0)
             fits.append(t2 - t1)
         assert report.fits
-        rows.append((size, c.total, statistics.median(counts), statistics.median(fits), report))
+        rows.append(
+            {
+                "tokens": c.total,
+                "count_ms": statistics.median(counts) * 1e3,
+                "fit_ms": statistics.median(fits) * 1e3,
+                "removed": dict(report.removed),
+            }
+        )
+    r100, r1m = rows[1], rows[2]
+    return {
+        "rows": rows,
+        "growth_1m_over_100k": (r1m["count_ms"] + r1m["fit_ms"])
+        / (r100["count_ms"] + r100["fit_ms"]),
+        "count_growth": r1m["count_ms"] / r100["count_ms"],
+        "fit_growth": r1m["fit_ms"] / r100["fit_ms"],
+    }
+
+
+def main() -> int:
+    m = measure()
     print(
         "| tokens | count ms | fit ms (no re-tokenization of the whole) | removed: tool results / retrieved / history |"
     )
     print("|---:|---:|---:|---|")
-    for _size, total, tc, tf, r in rows:
+    for r in m["rows"]:
+        rm = r["removed"]
         print(
-            f"| {total:,} | {tc * 1e3:.1f} | {tf * 1e3:.2f} | {r.removed['tool_results']:,} / {r.removed['retrieved']:,} / {r.removed['history']:,} |"
+            f"| {r['tokens']:,} | {r['count_ms']:.1f} | {r['fit_ms']:.2f} | "
+            f"{rm['tool_results']:,} / {rm['retrieved']:,} / {rm['history']:,} |"
         )
-    _, _, c100, f100, _ = rows[1]
-    _, _, c1m, f1m, _ = rows[2]
     print(
-        f"\ngrowth 100k -> 1M (10x tokens): count x{c1m / c100:.1f}, fit x{f1m / f100:.1f}, count+fit x{(c1m + f1m) / (c100 + f100):.1f}"
+        f"\ngrowth 100k -> 1M (10x tokens): count x{m['count_growth']:.1f}, fit x{m['fit_growth']:.1f}, "
+        f"count+fit x{m['growth_1m_over_100k']:.1f}"
     )
     return 0
 

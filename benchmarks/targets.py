@@ -1,0 +1,237 @@
+"""The things measured side by side, each a real server process on loopback.
+
+``direct`` is the upstream test double itself; ``bare`` a pass-through that forwards bytes;
+``litellm`` LiteLLM's proxy (from its own venv, ``scripts/litellm.sh``); ``sidecar`` the sidecar in
+observe mode; ``enforce`` the sidecar enforcing a ceiling that makes it trim every request.
+Every process is started in its own session and killed as a group, and its CPU time and resident
+memory are read from the whole process tree (LiteLLM forks), so the figures are the proxy's alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "context-ceiling"
+LITELLM = CACHE / "litellm" / "bin" / "litellm"
+SIZES = (1000, 8000, 64000)
+
+
+def model_name(size: int) -> str:
+    return f"bench-{size}"
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # the chat completions URL
+    proc: subprocess.Popen[bytes]
+    peak_rss: int = 0
+    _sampler: threading.Thread | None = field(default=None, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            p = psutil.Process(self.proc.pid)
+            return [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def cpu_seconds(self) -> float:
+        total = 0.0
+        for p in self.tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def rss(self) -> int:
+        total = 0
+        for p in self.tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += p.memory_info().rss
+        return total
+
+    def start_sampling(self, interval: float = 0.05) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                self.peak_rss = max(self.peak_rss, self.rss())
+
+        self._sampler = threading.Thread(target=loop, daemon=True)
+        self._sampler.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    from ceiling.llamacpp import free_port as fp
+
+    return fp()
+
+
+def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)} | (env or {}),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], name: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with {proc.returncode} before it was ready")
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise SystemExit(f"{name} did not come up at {url}")
+
+
+def upstream(workdir: Path, pace: float = 0.0, chunks: int = 20) -> Target:
+    port = free_port()
+    proc = _spawn(
+        [sys.executable, "-m", "benchmarks.upstream_double", str(port)],
+        {"DOUBLE_PACE": str(pace), "DOUBLE_CHUNKS": str(chunks)},
+    )
+    base = f"http://127.0.0.1:{port}"
+    _wait(base + "/", proc, "upstream double")
+    return Target("direct", base + "/v1/chat/completions", proc)
+
+
+def bare(up: str) -> Target:
+    port = free_port()
+    proc = _spawn([sys.executable, "-m", "benchmarks.passthrough", str(port), up])
+    _wait(f"http://127.0.0.1:{port}/", proc, "bare pass-through")
+    return Target("bare", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
+
+
+def sidecar(up: str, workdir: Path, enforce: bool = False) -> Target:
+    port = free_port()
+    name = "enforce" if enforce else "sidecar"
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "upstreams": {"openai": {"base_url": up + "/v1"}},
+        "models": [
+            {"match": model_name(s), "window": 128000, "max_output_tokens": 16384} for s in SIZES
+        ],
+        "log_level": "warning",
+        "enforcement": {"mode": "enforce" if enforce else "observe"},
+    }
+    if enforce:
+        # a ceiling at half of each request's size: every request is trimmed (retrieved chunks)
+        entries = [
+            {
+                "model": model_name(s),
+                "workload": "default",
+                "ceiling_tokens": s // 2,
+                "ceiling_utilization": round(s / 2 / 128000, 6),
+                "window": 128000,
+                "output_reservation": 64,
+                "tolerance": 0.05,
+                "margin": 0.1,
+                "created_at": "2026-11-30T00:00:00Z",
+                "provenance": {"sweep_run_id": "bench", "task_set_hash": "sha256:00"},
+            }
+            for s in SIZES
+        ]
+        (workdir / f"{name}-ceilings.yaml").write_text(
+            yaml.safe_dump({"schema_version": 1, "version": 1, "entries": entries})
+        )
+        cfg["ceilings_file"] = str(workdir / f"{name}-ceilings.yaml")
+        cfg["ceilings_persist"] = False
+    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    proc = _spawn(
+        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(workdir / f"{name}.yaml")]
+    )
+    _wait(f"http://127.0.0.1:{port}/healthz", proc, name)
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)
+
+
+def litellm(up: str, workdir: Path) -> Target | None:
+    """LiteLLM's proxy, one worker, no database, logging at ERROR; None when not installed."""
+    if not LITELLM.exists():
+        return None
+    port = free_port()
+    cfg = {
+        "model_list": [
+            {
+                "model_name": model_name(s),
+                "litellm_params": {
+                    "model": f"openai/{model_name(s)}",
+                    "api_base": up + "/v1",
+                    "api_key": "sk-bench",
+                },
+            }
+            for s in SIZES
+        ],
+        "litellm_settings": {"drop_params": True, "telemetry": False},
+    }
+    (workdir / "litellm.yaml").write_text(yaml.safe_dump(cfg))
+    proc = _spawn(
+        [
+            str(LITELLM),
+            "--config",
+            str(workdir / "litellm.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        {
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+            "LITELLM_LOG": "ERROR",
+            "PYTHONPATH": "",
+        },
+    )
+    _wait(f"http://127.0.0.1:{port}/health/liveliness", proc, "litellm", timeout=180)
+    return Target("litellm", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
+
+
+def hey_binary() -> str:
+    found = shutil.which("hey")
+    if not found:
+        raise SystemExit("hey is not installed: apt-get install hey (make bench does it)")
+    return found
+
+
+def over_ceiling(t: Target) -> dict[str, float]:
+    """The sidecar's own count of requests over their ceiling, by action (observed/trimmed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base = t.url.removesuffix("/v1/chat/completions")
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=5).text):
+        for sample in fam.samples:
+            if sample.name == "llm_context_over_ceiling_total":
+                a = sample.labels["action"]
+                out[a] = out.get(a, 0) + sample.value
+    return out

@@ -1,0 +1,89 @@
+"""The issue's targets, judged from one run's results; a missed target is reported, never tuned.
+
+Ratios are paired round by round (the sidecar and its comparison measured in the same round) and
+summarised as the median with the min-max.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def _cell(res: dict[str, Any], tokens: int, stream: bool, conc: int) -> dict[str, Any] | None:
+    for c in res["cells"]:
+        if (c["tokens"], c["stream"], c["concurrency"]) == (tokens, stream, conc):
+            return c
+    return None
+
+
+def _s(values: list[float], nd: int = 2) -> str:
+    return f"{statistics.median(values):.{nd}f} ({min(values):.{nd}f}-{max(values):.{nd}f})"
+
+
+def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for stream in (False, True):
+        c = _cell(res, 8000, stream, 16)
+        kind = "stream" if stream else "no stream"
+        if c is None or "litellm" not in c["targets"] or "sidecar" not in c["targets"]:
+            continue
+        rounds = c["rounds"]
+        thr = [r["sidecar"]["rps"] / r["litellm"]["rps"] for r in rounds]
+        out.append(
+            {
+                "target": f"throughput >= 3x LiteLLM's (observe, 8k, c=16, {kind})",
+                "figure": f"x{_s(thr)}",
+                "met": statistics.median(thr) >= 3,
+            }
+        )
+        added = [
+            (r["sidecar"]["p50_ms"] - r["direct"]["p50_ms"])
+            / max(1e-9, r["litellm"]["p50_ms"] - r["direct"]["p50_ms"])
+            for r in rounds
+        ]
+        out.append(
+            {
+                "target": f"added p50 <= 1/3 of LiteLLM's (observe, 8k, c=16, {kind})",
+                "figure": f"{_s(added)} of LiteLLM's",
+                "met": statistics.median(added) <= 1 / 3,
+            }
+        )
+    for c in res["cells"]:
+        if c["concurrency"] != 1 or "bare" not in c["targets"] or "counting" not in c:
+            continue
+        count_ms = c["counting"]["sidecar_count_ms"]
+        ratio = [
+            (r["sidecar"]["p50_ms"] - r["direct"]["p50_ms"])
+            / max(1e-9, r["bare"]["p50_ms"] - r["direct"]["p50_ms"] + count_ms)
+            for r in c["rounds"]
+        ]
+        out.append(
+            {
+                "target": f"added p50 <= 1.2x (bare pass-through + counting) ({c['tokens']:,} tokens, "
+                f"{'stream' if c['stream'] else 'no stream'}, c=1)",
+                "figure": f"x{_s(ratio)} (counting {count_ms:.2f} ms)",
+                "met": statistics.median(ratio) <= 1.2,
+            }
+        )
+    for c in res["cells"]:
+        if "counting" in c and not c["stream"]:
+            k = c["counting"]
+            out.append(
+                {
+                    "target": f"counting <= 1.1x raw tiktoken ({c['tokens']:,} tokens)",
+                    "figure": f"x{k['ratio']:.2f} ({k['sidecar_count_ms']:.2f} / {k['raw_tiktoken_ms']:.2f} ms)",
+                    "met": k["ratio"] <= 1.1,
+                }
+            )
+    if not res.get("trim"):
+        return out
+    g = res["trim"]["growth_1m_over_100k"]
+    out.append(
+        {
+            "target": "trimming 1M tokens <= 12x of 100k (count + fit)",
+            "figure": f"x{g:.1f}",
+            "met": g <= 12,
+        }
+    )
+    return out

@@ -1,0 +1,60 @@
+"""The benchmark harness runs end to end on a tiny grid, so `make bench` does not rot. It asserts
+what the harness must get right (every target answered, the enforcing sidecar really trimmed, the
+slow streams all completed, the report names every target), never a speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_harness_smoke(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--rounds",
+            "1",
+            "--seconds",
+            "0.3",
+            "--sizes",
+            "1000",
+            "--concurrency",
+            "1,4",
+            "--targets",
+            "direct,bare,sidecar,enforce",
+            "--streams",
+            "20",
+            "--no-trim",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert {(c["stream"], c["concurrency"]) for c in res["cells"]} == {
+        (False, 1),
+        (False, 4),
+        (True, 1),
+        (True, 4),
+    }
+    for c in res["cells"]:
+        assert set(c["targets"]) == {"direct", "bare", "sidecar", "enforce"}
+        for name, t in c["targets"].items():
+            assert t["errors"] == 0 and t["rps"]["median"] > 0, (name, t)
+            assert t["cpu_ms_per_request"]["median"] > 0, name
+    # the enforcing sidecar trimmed requests; the observing one forwarded all untouched
+    assert res["over_ceiling"]["enforce"].get("trimmed", 0) > 0
+    assert not res["over_ceiling"]["sidecar"].get("trimmed")
+    streams = res["slow_streams"]["targets"]
+    assert {n: v["completed"] for n, v in streams.items()} == {"sidecar": 20, "bare": 20}
+    assert all(v["peak_mib"] >= v["idle_mib"] > 0 for v in streams.values())
+    assert "| 1,000 | yes | 4 | enforce |" in r.stdout
+    assert "added p50 <= 1.2x (bare pass-through + counting)" in r.stdout
