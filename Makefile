@@ -18,9 +18,9 @@ $(VENV)/.installed: pyproject.toml
 local-model:  ## build/fetch (once, cached under ~/.cache/context-ceiling) llama-server + the GGUF model
 	bash scripts/local_model.sh
 
-tools:  ## Debian packages the tests use: Prometheus + promtool (rules, scrape), hey (load); needs root
-	command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v hey >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus hey)
+tools:  ## Debian packages the tests use: Prometheus + promtool (rules, scrape), wrk, hey (load); needs root
+	command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v hey >/dev/null && command -v wrk >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus hey wrk)
 
 dashboards: venv  ## regenerate dashboards/generated from dashboards/mixin.py
 	$(PY) -m dashboards.mixin

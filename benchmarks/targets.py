@@ -2,7 +2,9 @@
 
 ``direct`` is the upstream test double itself; ``bare`` a pass-through that forwards bytes;
 ``litellm`` LiteLLM's proxy (from its own venv, ``scripts/litellm.sh``); ``sidecar`` the sidecar in
-observe mode; ``enforce`` the sidecar enforcing a ceiling that makes it trim every request.
+observe mode counting every request from scratch (count cache off); ``cached`` the same with the
+count cache on, which the repeated benchmark body always hits (what repeated content costs);
+``enforce`` the sidecar enforcing a ceiling that makes it trim every request (cache off).
 Every process is started in its own session and killed as a group, and its CPU time and resident
 memory are read from the whole process tree (LiteLLM forks), so the figures are the proxy's alone.
 """
@@ -131,9 +133,11 @@ def bare(up: str) -> Target:
     return Target("bare", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
-def sidecar(up: str, workdir: Path, enforce: bool = False) -> Target:
+def sidecar(up: str, workdir: Path, enforce: bool = False, cache: bool = False) -> Target:
+    """The sidecar; ``cache`` off by default so every request is counted from scratch (the
+    benchmark repeats one body, which the count cache would otherwise answer)."""
     port = free_port()
-    name = "enforce" if enforce else "sidecar"
+    name = "enforce" if enforce else "cached" if cache else "sidecar"
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "upstreams": {"openai": {"base_url": up + "/v1"}},
@@ -142,6 +146,7 @@ def sidecar(up: str, workdir: Path, enforce: bool = False) -> Target:
         ],
         "log_level": "warning",
         "enforcement": {"mode": "enforce" if enforce else "observe"},
+        "counting": {"cache_mib": 64 if cache else 0},
     }
     if enforce:
         # a ceiling at half of each request's size: every request is trimmed (retrieved chunks)
@@ -216,10 +221,10 @@ def litellm(up: str, workdir: Path) -> Target | None:
     return Target("litellm", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
-def hey_binary() -> str:
-    found = shutil.which("hey")
+def binary(name: str) -> str:
+    found = shutil.which(name)
     if not found:
-        raise SystemExit("hey is not installed: apt-get install hey (make bench does it)")
+        raise SystemExit(f"{name} is not installed: apt-get install {name} (make bench does it)")
     return found
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ceiling.tokenizers import (
     CalibratedCounter,
+    CountCache,
     HuggingFaceCounter,
     TextCounter,
     TiktokenCounter,
@@ -124,14 +125,15 @@ def build_counter(spec: TokenizerSpec) -> TextCounter:
 class Registry:
     """Resolves request model names to entries; counters are built once per entry."""
 
-    def __init__(self, specs: list[ModelSpec]) -> None:
+    def __init__(self, specs: list[ModelSpec], cache: CountCache | None = None) -> None:
         self.specs = list(specs)
         self._exact = {s.match: s for s in reversed(self.specs) if not s.is_glob}
         self._globs = [s for s in self.specs if s.is_glob]
         self._counters: dict[str, TextCounter] = {}
         self._memo: dict[str, ModelSpec | None] = {}
         for s in self.specs:
-            self._counters[s.match] = build_counter(s.tokenizer)
+            counter = build_counter(s.tokenizer)
+            self._counters[s.match] = cache.wrap(counter) if cache is not None else counter
 
     def resolve(self, model: str) -> ModelSpec | None:
         try:

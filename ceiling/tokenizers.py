@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -85,13 +86,25 @@ class TextCounter(Protocol):
 class TiktokenCounter:
     """A tiktoken BPE; special-token text in user content is counted as ordinary text."""
 
+    #: texts shorter than this are remembered: roles, names, separators between documents recur
+    #: on every request, and a dict lookup is ~25x cheaper than a call into the BPE
+    SHORT = 24
+
     def __init__(self, encoding: str) -> None:
         self.encoding = load_encoding(encoding)
         self.name = f"tiktoken:{encoding}"
         self._encode = self.encoding.encode_ordinary
+        self._short: dict[str, int] = {}
 
     def count(self, text: str) -> int:
-        return len(self._encode(text)) if text else 0
+        if len(text) >= self.SHORT:
+            return len(self._encode(text))
+        n = self._short.get(text)
+        if n is None:
+            n = len(self._encode(text)) if text else 0
+            if len(self._short) < 65536:  # bounded: short texts come from clients too
+                self._short[text] = n
+        return n
 
 
 class HuggingFaceCounter:
@@ -131,3 +144,59 @@ class CalibratedCounter:
     def count(self, text: str) -> int:
         n = self._base.count(text)
         return round(n * self.factor) if n else 0
+
+
+class CountCache:
+    """Remembers the token counts of long texts already counted, least recently used first out.
+
+    Real traffic repeats itself: the system prompt and tool schemas ride on every request, an
+    agent resends its whole history each turn, popular documents are retrieved again and again.
+    Counting is most of what the sidecar spends per request, and a dictionary lookup of a text
+    (hash + compare) is ~30x cheaper than encoding it. Only texts of at least ``min_chars`` are
+    kept (shorter ones encode faster than they hash), the total is bounded by ``max_bytes`` of
+    text, and it lives in process memory only: nothing is logged or written. Not thread-safe by
+    design: the sidecar counts on its event loop.
+    """
+
+    def __init__(self, max_bytes: int, min_chars: int = 512) -> None:
+        self.max_bytes = max_bytes
+        self.min_chars = min_chars
+        self._lru: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def wrap(self, counter: TextCounter) -> TextCounter:
+        return _CachedCounter(counter, self)
+
+    def count(self, counter: TextCounter, text: str) -> int:
+        if len(text) < self.min_chars:
+            return counter.count(text)
+        key = (counter.name, text)
+        n = self._lru.get(key)
+        if n is not None:
+            self._lru.move_to_end(key)
+            self.hits += 1
+            return n
+        n = counter.count(text)
+        self.misses += 1
+        if len(text) <= self.max_bytes:
+            self._lru[key] = n
+            self.bytes += len(text)
+            while self.bytes > self.max_bytes:
+                (_, old), _ = self._lru.popitem(last=False)
+                self.bytes -= len(old)
+        return n
+
+
+class _CachedCounter:
+    __slots__ = ("cache", "inner", "name")
+
+    def __init__(self, inner: TextCounter, cache: CountCache) -> None:
+        self.inner, self.cache, self.name = inner, cache, inner.name
+
+    def count(self, text: str) -> int:
+        return self.cache.count(self.inner, text)

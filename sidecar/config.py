@@ -75,6 +75,13 @@ class Limits(_Section):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
 
 
+class Counting(_Section):
+    """Token counting. ``cache_mib``: remember the counts of long texts (system prompts, tool
+    schemas, resent history, recurring documents) up to this much text, in memory only; 0 = off."""
+
+    cache_mib: float = Field(default=64, ge=0)
+
+
 class Retrieval(_Section):
     """How retrieved chunks inlined as text are recognised (Anthropic ``document`` and
     ``search_result`` blocks are always recognised)."""
@@ -153,6 +160,7 @@ class Settings(BaseSettings):
     admin_token_file: Path | None = None
     staleness: Staleness = Field(default_factory=Staleness)
     retrieval: Retrieval = Field(default_factory=Retrieval)
+    counting: Counting = Field(default_factory=Counting)
     enforcement: Enforcement = Field(default_factory=Enforcement)
     limits: Limits = Field(default_factory=Limits)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

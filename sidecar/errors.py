@@ -21,6 +21,7 @@ _OPENAI_TYPES = {
     404: "not_found_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    500: "server_error",
     502: "api_error",
     503: "api_error",
     504: "timeout",

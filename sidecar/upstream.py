@@ -7,6 +7,8 @@ injectable so tests and benchmarks can put any ASGI app or loopback server behin
 from __future__ import annotations
 
 from collections.abc import Iterable
+from http.cookiejar import CookieJar
+from typing import Any
 
 import httpx
 
@@ -44,6 +46,17 @@ _DROP_RESPONSE = frozenset(
 )
 
 
+class _NoCookies(CookieJar):
+    """A proxy must not keep cookies: one client's upstream cookies would ride on the next
+    client's requests. httpx keeps a jar per client by default; this one never stores or sends."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def add_cookie_header(self, request: Any) -> None:
+        return None
+
+
 def build_client(
     upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
@@ -60,6 +73,7 @@ def build_client(
         transport=transport,
         follow_redirects=False,
         trust_env=False,
+        cookies=_NoCookies(),
     )
 
 

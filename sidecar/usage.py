@@ -93,8 +93,28 @@ class OpenAIStreamTap:
         self.injected = injected
         self.usage = Usage()
 
+    def _worth_parsing(self, event: bytes) -> bool:
+        # Most chunks carry one content delta and nothing we record; a byte scan decides whether
+        # to parse (JSON-escaped text cannot contain the raw key bytes, so a key is never missed;
+        # an odd spacing only costs a parse).
+        if self.usage.response_model is None:
+            return True
+        if b'"usage"' in event and b'"usage":null' not in event and b'"usage": null' not in event:
+            return True
+        if b'"finish_reason"' in event:
+            return (
+                b'"finish_reason":"' in event
+                or b'"finish_reason": "' in event
+                or (b'"finish_reason":null' not in event and b'"finish_reason": null' not in event)
+            )
+        return False
+
     def on_event(self, event: bytes) -> bytes | None:
         """The bytes to forward for this event (None: drop it)."""
+        if not self._worth_parsing(event):
+            if self.injected:
+                return event.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
+            return event
         _, data = event_data(event)
         if not data or data == b"[DONE]" or data[:1] != b"{":
             return event

@@ -292,7 +292,12 @@ class HostedProviderDouble:
         return Response(
             content,
             media_type="application/json",
-            headers={"x-request-id": "req_double", "openai-processing-ms": "5"},
+            headers={
+                "x-request-id": "req_double",
+                "openai-processing-ms": "5",
+                # hosted APIs set load-balancer cookies; a proxy must not replay them for others
+                "set-cookie": "__cf_bm=double-session; Path=/; HttpOnly",
+            },
         )
 
     async def messages(self, request: Request) -> Response:

@@ -7,6 +7,9 @@ import re
 import struct
 import zlib
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ceiling.counting import (
     ANTHROPIC_TOOL_SYSTEM_TOKENS,
     DEFAULT_CHUNK_PATTERN,
@@ -208,3 +211,41 @@ def test_scaled_to_keeps_the_sum() -> None:
     s = c.scaled_to(1001, exact=True)
     assert s.total == 1001 == sum(s.components.values())
     assert s.exact
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            ["<document>", '<document id="3">', "</document>", "<doc>", "<", ">", "/", "a b ", "\n"]
+        ),
+        max_size=40,
+    )
+)
+def test_default_chunk_pattern_matches_the_plain_lazy_form(pieces: list[str]) -> None:
+    """The unrolled default finds exactly the spans of the obvious (slower) lazy pattern."""
+    text = "".join(pieces)
+    lazy = re.compile(r"(?s)<document\b[^>]*>.*?</document>")
+    assert [m.span() for m in CHUNKS.finditer(text)] == [m.span() for m in lazy.finditer(text)]
+
+
+def test_count_cache_is_exact_bounded_and_keyed_by_counter() -> None:
+    from ceiling.tokenizers import CountCache
+
+    cache = CountCache(max_bytes=3000, min_chars=100)
+    o200k, cl100k = cache.wrap(ENC), cache.wrap(TiktokenCounter("cl100k_base"))
+    a, b, c = ("alpha beta " * 100), ("gamma delta " * 100), ("short")
+    assert o200k.count(a) == ENC.count(a) and cache.misses == 1
+    assert o200k.count(a) == ENC.count(a) and cache.hits == 1
+    # another tokenizer never sees this one's counts
+    assert cl100k.count(a) == TiktokenCounter("cl100k_base").count(a) and cache.misses == 2
+    # short texts are not kept
+    assert o200k.count(c) == ENC.count(c) and len(cache) == 2
+    # bounded by bytes of text: the least recently used goes first
+    o200k.count(b)
+    assert cache.bytes <= 3000 and len(cache) == 2
+    hits = cache.hits
+    o200k.count(b)
+    assert cache.hits == hits + 1
+    misses = cache.misses
+    o200k.count(a)  # the least recently used entry, evicted when b came in: a miss again
+    assert cache.hits == hits + 1 and cache.misses == misses + 1

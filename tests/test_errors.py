@@ -206,3 +206,32 @@ def test_readyz_with_reachable_upstreams(sidecar: Running) -> None:
         "status": "ok",
         "upstreams": {"openai": "ok", "anthropic": "ok"},
     }
+
+
+def test_an_unexpected_error_in_the_proxy_path_is_a_500_in_the_clients_format(
+    double: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sidecar.app import create_app
+    from sidecar.config import Settings
+    from tests.hosted_provider_double import serve
+
+    _, durl = double
+    app = create_app(
+        Settings(
+            upstreams={"openai": {"base_url": durl + "/v1"}, "anthropic": {"base_url": durl}},
+            models=[{"match": "gpt-4o", "window": 128000}],
+        )
+    )
+
+    async def broken(_: Any) -> Any:
+        raise RuntimeError("boom: a bug, not the client's fault")
+
+    app.routes = {p: broken for p in app.routes}
+    with serve(app) as url:
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        r = httpx.post(url + "/v1/messages", json={"model": "gpt-4o", "messages": []})
+        assert r.status_code == 500 and r.json()["type"] == "error"
+        assert httpx.get(url + "/healthz").status_code == 200  # the rest still routes
+    assert "unexpected error in the proxy path" in caplog.text
+    assert "boom" in caplog.text  # the traceback is logged; no request content is

@@ -202,3 +202,49 @@ def test_request_body_is_forwarded_byte_for_byte(sidecar: Running) -> None:
             headers={"content-type": "application/json"},
         )
     assert sidecar.double.received[-1].body == raw
+
+
+def test_repeated_text_is_counted_from_the_cache_with_the_same_result(
+    make_sidecar: Any,
+) -> None:
+    system = "You answer questions about service contracts. Be precise and cite clauses. " * 20
+    history = [
+        {"role": "system", "content": system},
+        {
+            "role": "user",
+            "content": "<document id='1'>" + "Clause 7: fee 120 EUR. " * 60 + "</document> fee?",
+        },
+    ]
+    sc = make_sidecar()
+    c = client(sc)
+    first = c.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    hits = sc.sample("llm_context_count_cache_lookups_total", result="hit") or 0
+    second = c.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    # the long texts (system prompt, the retrieved document) were found, and the count is the same
+    assert (sc.sample("llm_context_count_cache_lookups_total", result="hit") or 0) >= hits + 2
+    assert first.headers["x-ceiling-input-tokens"] == second.headers["x-ceiling-input-tokens"]
+    expected = count_openai({"messages": history}, TiktokenCounter("o200k_base")).total
+    assert second.headers["x-ceiling-input-tokens"] == str(expected)
+    assert (sc.sample("llm_context_count_cache_bytes") or 0) > len(system)
+    # off: no cache, no cache metrics, same count
+    off = make_sidecar(counting={"cache_mib": 0})
+    r = client(off).chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    assert r.headers["x-ceiling-input-tokens"] == str(expected)
+    assert off.sample("llm_context_count_cache_lookups_total", result="hit") is None
+
+
+def test_upstream_cookies_reach_the_client_but_are_never_replayed_upstream(
+    sidecar: Running,
+) -> None:
+    first = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES},
+        headers={"authorization": "Bearer sk-client-a"},
+    )
+    assert "__cf_bm=double-session" in first.headers["set-cookie"]  # passed through to its client
+    httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES},
+        headers={"authorization": "Bearer sk-client-b"},
+    )
+    assert "cookie" not in sidecar.double.received[-1].headers  # client B never gets A's cookie
