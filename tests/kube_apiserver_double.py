@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,12 +29,15 @@ def _status(code: int, reason: str, message: str) -> JSONResponse:
 
 @dataclass
 class KubeApiServerDouble:
-    token: str
+    token: str | None  # None: anonymous requests are authenticated (client-go sends no bearer
+    # token to a plain-http server, and helm's lookup goes through client-go)
     namespace: str
     rules: list[dict[str, Any]]  # the Role's rules bound to the token's service account
     configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
     on_write: Callable[[str, dict[str, str]], None] | None = None
     versions: dict[str, int] = field(default_factory=dict)
+    #: extra metadata (labels, annotations) per ConfigMap, e.g. Helm's ownership marks
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
     _rv: int = 100
 
@@ -57,6 +60,7 @@ class KubeApiServerDouble:
                 "name": name,
                 "namespace": self.namespace,
                 "resourceVersion": str(self.versions[name]),
+                **self.meta.get(name, {}),
             },
             "data": dict(self.configmaps[name]),
         }
@@ -73,7 +77,10 @@ class KubeApiServerDouble:
         ns, name = request.path_params["ns"], request.path_params["name"]
         verb = {"GET": "get", "PATCH": "patch"}[request.method]
         self.requests.append((verb, name))
-        if request.headers.get("authorization") != f"Bearer {self.token}":
+        if (
+            self.token is not None
+            and request.headers.get("authorization") != f"Bearer {self.token}"
+        ):
             return _status(401, "Unauthorized", "Unauthorized")
         if ns != self.namespace or not self._allowed(verb, name):
             return _status(
@@ -106,6 +113,67 @@ class KubeApiServerDouble:
         self.write(name, data)
         return JSONResponse(self._body(name))
 
+    #: the kinds the chart renders, by group/version: enough discovery for client-go (helm's
+    #: ``lookup`` and ``--dry-run=server``) to map every manifest
+    KINDS: ClassVar[dict[str, list[tuple[str, str]]]] = {
+        "v1": [
+            ("configmaps", "ConfigMap"),
+            ("services", "Service"),
+            ("secrets", "Secret"),
+            ("serviceaccounts", "ServiceAccount"),
+            ("persistentvolumeclaims", "PersistentVolumeClaim"),
+        ],
+        "apps/v1": [("deployments", "Deployment")],
+        "batch/v1": [("cronjobs", "CronJob"), ("jobs", "Job")],
+        "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget")],
+        "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler")],
+        "rbac.authorization.k8s.io/v1": [("roles", "Role"), ("rolebindings", "RoleBinding")],
+    }
+
+    async def discovery(self, request: Request) -> Response:
+        path = request.url.path
+        if path == "/version":
+            return JSONResponse({"major": "1", "minor": "30", "gitVersion": "v1.30.0"})
+        if path == "/api":
+            return JSONResponse(
+                {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+            )
+        if path == "/apis":
+            groups = [gv.split("/") for gv in self.KINDS if "/" in gv]
+            return JSONResponse(
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [
+                        {
+                            "name": g,
+                            "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                            "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+                        }
+                        for g, v in groups
+                    ],
+                }
+            )
+        gv = path.removeprefix("/api/").removeprefix("/apis/")
+        if gv not in self.KINDS:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        return JSONResponse(
+            {
+                "kind": "APIResourceList",
+                "groupVersion": gv,
+                "resources": [
+                    {
+                        "name": plural,
+                        "singularName": kind.lower(),
+                        "namespaced": True,
+                        "kind": kind,
+                        "verbs": ["get", "patch"],
+                    }
+                    for plural, kind in self.KINDS[gv]
+                ],
+            }
+        )
+
     def app(self) -> Starlette:
         return Starlette(
             routes=[
@@ -113,6 +181,11 @@ class KubeApiServerDouble:
                     "/api/v1/namespaces/{ns}/configmaps/{name}",
                     self.configmap,
                     methods=["GET", "PATCH"],
-                )
+                ),
+                Route("/version", self.discovery),
+                Route("/api", self.discovery),
+                Route("/apis", self.discovery),
+                Route("/api/v1", self.discovery),
+                Route("/apis/{group}/{version}", self.discovery),
             ]
         )

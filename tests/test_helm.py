@@ -415,3 +415,56 @@ def test_every_value_is_documented_and_in_the_schema() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) <= set(schema["properties"])
     assert set(values["sweep"]) <= set(schema["properties"]["sweep"]["properties"])
+
+
+def test_an_upgrade_keeps_a_newer_live_ceilings_document(helm: list[str], tmp_path: Path) -> None:
+    """The chart's `lookup`: versions never go backwards when the sweep or a push wrote a newer
+    document into the ConfigMap than the values carry; an older live one is replaced."""
+    from tests.ceiling_docs import doc
+    from tests.hosted_provider_double import serve
+    from tests.kube_apiserver_double import KubeApiServerDouble
+
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    api = KubeApiServerDouble(None, "llm", rules)
+    name = "t-context-ceiling-ceilings"
+    with serve(api.app()) as url:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": url}}],
+                    "users": [{"name": "u", "user": {}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+
+        def rendered(values_version: int) -> int:
+            docs = render(
+                helm,
+                None,
+                "--dry-run=server",
+                "--disable-openapi-validation",  # the double serves no OpenAPI schema
+                "--kubeconfig",
+                str(kubeconfig),
+                "-n",
+                "llm",
+                "--set",
+                f"ceilings.version={values_version}",
+            )
+            return parse_document(docs[("ConfigMap", name)]["data"]["ceilings.yaml"]).version
+
+        api.meta[name] = {  # installed by this release earlier
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {
+                "meta.helm.sh/release-name": "t",
+                "meta.helm.sh/release-namespace": "llm",
+            },
+        }
+        api.write(name, {"ceilings.yaml": yaml.safe_dump(doc(7))})
+        assert rendered(3) == 7  # the live document is newer: kept
+        assert rendered(9) == 9  # the values are newer: they win
+        assert ("get", name) in api.requests
