@@ -144,7 +144,8 @@ def sidecar(up: str, workdir: Path, enforce: bool = False, cache: bool = False) 
         "models": [
             {"match": model_name(s), "window": 128000, "max_output_tokens": 16384} for s in SIZES
         ],
-        "log_level": "warning",
+        # as deployed: one JSON log line per request (to /dev/null here); its cost is the product's
+        "log_level": "info",
         "enforcement": {"mode": "enforce" if enforce else "observe"},
         "counting": {"cache_mib": 64 if cache else 0},
     }
