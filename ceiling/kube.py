@@ -21,6 +21,16 @@ import httpx
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
+#: where the ceilings document sits in its ConfigMap (the chart mounts this key)
+DEFAULT_KEY = "ceilings.yaml"
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """``NAME`` or ``NAME/KEY`` (ConfigMap names cannot contain a slash)."""
+    name, _, key = target.partition("/")
+    return name, key or DEFAULT_KEY
+
+
 class KubeError(Exception):
     """The API server could not be reached or refused; the message says what to fix."""
 

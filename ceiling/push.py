@@ -135,10 +135,9 @@ def _to_configmap(
     force: bool,
     timeout: float,
 ) -> list[str]:
-    from ceiling.kube import Cluster, ConfigMaps, KubeError
+    from ceiling.kube import Cluster, ConfigMaps, KubeError, split_target
 
-    name, _, key = target.partition("/")
-    key = key or "ceilings.yaml"
+    name, key = split_target(target)
     try:
         with ConfigMaps(Cluster.in_cluster(namespace), timeout) as cms:
             where = f"configmap {cms.cluster.namespace}/{name}"

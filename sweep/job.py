@@ -148,12 +148,12 @@ def _claim(lock: Path, index: int) -> bool:
 
 
 def _live_document(target: str, namespace: str | None, run_dir: Path) -> Path | None:
-    from ceiling.kube import Cluster, ConfigMaps, KubeError
+    from ceiling.kube import Cluster, ConfigMaps, KubeError, split_target
 
-    name, _, key = target.partition("/")
+    name, key = split_target(target)
     try:
         with ConfigMaps(Cluster.in_cluster(namespace)) as cms:
-            text = cms.get(name).data.get(key or "ceilings.yaml", "")
+            text = cms.get(name).data.get(key, "")
     except KubeError as exc:
         raise JobError(str(exc)) from exc
     if not text.strip():
