@@ -121,6 +121,8 @@ def create_app(
     }
     app = Starlette(
         routes=[
+            # HotPath answers these POSTs before Starlette; the routes stay so that other
+            # methods on the same paths get Starlette's 405
             *(Route(path, handler, methods=["POST"]) for path, handler in hot.items()),
             Route("/v1/models", proxy.models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
