@@ -115,12 +115,20 @@ class _Tally:
         if chunks is None or component in (Component.SYSTEM, Component.TOOL_RESULTS):
             self.add(message, block, component, count(text))
             return
-        pos = 0
+        # The text between chunks is one part (only chunks are ever cut out one by one), so a
+        # document-heavy prompt costs one Part per chunk, not two (this loop is the hot path).
+        pos = rest = 0
+        parts, comps, retrieved = self.parts, self.comps, Component.RETRIEVED
         for m in chunks.finditer(text):
-            self.add(message, block, component, count(text[pos : m.start()]))
-            self.add(message, block, Component.RETRIEVED, count(m.group(0)), span=m.span())
-            pos = m.end()
-        self.add(message, block, component, count(text[pos:] if pos else text))
+            start, end = m.span()
+            if start > pos:
+                rest += count(text[pos:start])
+            n = count(text[start:end])
+            if n:
+                parts.append(Part(message, block, retrieved, n, (start, end)))
+                comps[retrieved] += n
+            pos = end
+        self.add(message, block, component, rest + count(text[pos:] if pos else text))
 
     def result(self, exact: bool = False) -> RequestCount:
         return RequestCount(
