@@ -353,6 +353,7 @@ def test_sweep_job_rbac_volume_and_pod(helm: list[str]) -> None:
         (["sweep.shards=3"], "needs a volume every shard pod shares"),
         (["sweep.shards=1", "adminToken.value="], "needs adminToken"),
         (["sweep.model="], "model"),
+        (["sweep.window=auto", "sweep.shards=1"], "set sweep.window"),
     ],
 )
 def test_sweep_misconfiguration_is_a_clear_error(
