@@ -112,9 +112,7 @@ class OpenAIStreamTap:
     def on_event(self, event: bytes) -> bytes | None:
         """The bytes to forward for this event (None: drop it)."""
         if not self._worth_parsing(event):
-            if self.injected:
-                return event.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
-            return event
+            return self._as_sent(event)
         _, data = event_data(event)
         if not data or data == b"[DONE]" or data[:1] != b"{":
             return event
@@ -137,6 +135,10 @@ class OpenAIStreamTap:
             _openai_usage(u, usage)
             if self.injected and not choices:
                 return None
+        return self._as_sent(event)
+
+    def _as_sent(self, event: bytes) -> bytes:
+        """The event as the upstream would have sent it without our ``include_usage``."""
         if self.injected:
             return event.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
         return event
