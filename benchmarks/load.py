@@ -29,6 +29,17 @@ class Load:
         return self.requests / self.seconds
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """How every figure is reported: the median over rounds with the min-max."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(x: dict[str, float] | None, nd: int = 2) -> str:
+    if x is None:
+        return "-"
+    return f"{x['median']:.{nd}f} ({x['min']:.{nd}f}-{x['max']:.{nd}f})"
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import targets as tg  # noqa: E402
-from benchmarks.load import Load, hey, wrk  # noqa: E402
+from benchmarks.load import Load, fmt, hey, spread, wrk  # noqa: E402
 from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
 from ceiling.tokenizers import TiktokenCounter  # noqa: E402
 
@@ -99,16 +98,6 @@ def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
         "sidecar_count_ms": t_ours * 1e3,
         "ratio": t_ours / t_raw,
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def fmt(x: dict[str, float] | None, nd: int = 2) -> str:
-    if x is None:
-        return "-"
-    return f"{x['median']:.{nd}f} ({x['min']:.{nd}f}-{x['max']:.{nd}f})"
 
 
 def main() -> int:
@@ -310,16 +299,9 @@ def report(res: dict[str, Any]) -> str:
             ),
         ]
     if res["trim"]:
-        lines += [
-            "",
-            "| tokens | count ms | fit ms | removed: tool results / retrieved / history |",
-            "|---:|---:|---:|---|",
-        ]
-    for r in (res["trim"] or {}).get("rows", []):
-        lines.append(
-            f"| {r['tokens']:,} | {r['count_ms']:.1f} | {r['fit_ms']:.2f} | "
-            f"{r['removed']['tool_results']:,} / {r['removed']['retrieved']:,} / {r['removed']['history']:,} |"
-        )
+        from benchmarks.trim import table
+
+        lines += ["", *table(res["trim"])]
     lines += ["", "| target | figure | verdict |", "|---|---|---|"]
     for v in verdicts(res):
         lines.append(f"| {v['target']} | {v['figure']} | {'met' if v['met'] else '**missed**'} |")

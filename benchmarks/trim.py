@@ -101,18 +101,24 @@ def measure() -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    m = measure()
-    print(
-        "| tokens | count ms | fit ms (no re-tokenization of the whole) | removed: tool results / retrieved / history |"
-    )
-    print("|---:|---:|---:|---|")
+def table(m: dict[str, Any]) -> list[str]:
+    """The Markdown table of a ``measure()`` result (printed here and in ``run.py``'s report)."""
+    lines = [
+        "| tokens | count ms | fit ms (no re-tokenization of the whole) | removed: tool results / retrieved / history |",
+        "|---:|---:|---:|---|",
+    ]
     for r in m["rows"]:
         rm = r["removed"]
-        print(
+        lines.append(
             f"| {r['tokens']:,} | {r['count_ms']:.1f} | {r['fit_ms']:.2f} | "
             f"{rm['tool_results']:,} / {rm['retrieved']:,} / {rm['history']:,} |"
         )
+    return lines
+
+
+def main() -> int:
+    m = measure()
+    print("\n".join(table(m)))
     print(
         f"\ngrowth 100k -> 1M (10x tokens): count x{m['count_growth']:.1f}, fit x{m['fit_growth']:.1f}, "
         f"count+fit x{m['growth_1m_over_100k']:.1f}"

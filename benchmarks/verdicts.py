@@ -9,16 +9,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from benchmarks.load import fmt, spread
+
 
 def _cell(res: dict[str, Any], tokens: int, stream: bool, conc: int) -> dict[str, Any] | None:
     for c in res["cells"]:
         if (c["tokens"], c["stream"], c["concurrency"]) == (tokens, stream, conc):
             return c
     return None
-
-
-def _s(values: list[float], nd: int = 2) -> str:
-    return f"{statistics.median(values):.{nd}f} ({min(values):.{nd}f}-{max(values):.{nd}f})"
 
 
 def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -35,7 +33,7 @@ def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(
                 {
                     "target": f"throughput >= 3x LiteLLM's (observe, 8k, c=16, {kind})",
-                    "figure": f"x{_s(thr)}",
+                    "figure": f"x{fmt(spread(thr))}",
                     "met": statistics.median(thr) >= 3,
                 }
             )
@@ -47,7 +45,7 @@ def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(
                 {
                     "target": f"added p50 <= 1/3 of LiteLLM's (observe, 8k, c=16, {kind})",
-                    "figure": f"{_s(added)} of LiteLLM's",
+                    "figure": f"{fmt(spread(added))} of LiteLLM's",
                     "met": statistics.median(added) <= 1 / 3,
                 }
             )
@@ -64,7 +62,7 @@ def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "target": f"added p50 <= 1.2x (bare pass-through + counting) ({c['tokens']:,} tokens, "
                 f"{'stream' if c['stream'] else 'no stream'}, c=1)",
-                "figure": f"x{_s(ratio)} (counting {count_ms:.2f} ms)",
+                "figure": f"x{fmt(spread(ratio))} (counting {count_ms:.2f} ms)",
                 "met": statistics.median(ratio) <= 1.2,
             }
         )
