@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, console: Console, cli: Callable[[Sequence[str]
     """``cli`` is ``ceiling``'s own entry point: each step is the same command a user would type."""
     run_args = [a for a in args.run_args if a != "--"] if args.run_args else []
     for flag in ("--out", "--shard", "--resume", "--refine"):
-        if flag in run_args:
+        if any(a == flag or a.startswith(flag + "=") for a in run_args):
             raise JobError(f"{flag} is set by the job itself; leave it out of the run arguments")
     if not args.run_id:
         raise JobError("--run-id is required (or $JOB_NAME from the Job's downward API)")

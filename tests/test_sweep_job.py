@@ -248,6 +248,8 @@ def test_job_argument_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "outside 0..1" in capsys.readouterr().err
     assert main([*base, "--index", "0", "--", "--out", "x"]) == 2
     assert "--out is set by the job" in capsys.readouterr().err
+    assert main([*base, "--index", "0", "--", "--shard=1/2"]) == 2
+    assert "--shard is set by the job" in capsys.readouterr().err
     assert main([*base[:-4], "--shards", "2", "--model-label", "m", "--"]) == 2
     assert (
         main(
