@@ -49,6 +49,10 @@ class Provenance(_Doc):
         default=None, description="the model name the upstream reported"
     )
     note: str | None = None
+    decision: dict[str, Any] = Field(
+        default_factory=dict,
+        description="how firmly the sweep's number stands: resolved, deciding level and interval",
+    )
 
 
 class TrafficFingerprint(_Doc):

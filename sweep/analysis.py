@@ -1,28 +1,62 @@
-"""Turn graded calls into a curve, and the curve into a ceiling.
+"""Turn graded calls into a curve, and the curve into a ceiling, or a reason there is none.
 
-Per level: mean accuracy, an item-clustered bootstrap 95% CI (items resampled with all their
-repeats), the min-max of accuracy across repeats, and the failure-bucket shares. Each level is
-compared with the reference level (the lowest, 20% by default) paired by item.
+Per level: mean accuracy with a studentized 95% interval over items (``sweep.stats``: items are
+the unit, their repeats stay with them), the min-max of accuracy across repeats, the failure
+bucket shares, the planned, logged and errored calls, and how far the sweep's own token count
+was from what the upstream reported. Each level above the reference is compared with the
+reference paired by item.
 
-Ceiling rule: the highest measured level whose paired difference to the reference has a lower
-95% bound above ``-tolerance``, with every lower level passing too. The enforced ceiling is that
-level's measured utilization times ``(1 - margin)``. Levels are never interpolated: refinement
-measures new levels (geometric midpoints) where the drop is.
+What is measured comes from the plan, not from the log: a planned level with missing or errored
+calls is incomplete, it cannot pass, and everything above it fails with it (missing data never
+raises a ceiling). Items the model answers with no documents (the closed-book control) are left
+out of the decision by default and reported apart. Levels below the reference (the low-fill
+control) are measured but not in the chain: they show a drop that starts before the reference.
+
+Ceiling rule: the highest level whose paired difference to the reference has a lower 95% bound
+above ``-tolerance``, measured on at least ``MIN_ITEMS`` items, with every lower level passing
+too. The enforced ceiling is that level's measured utilization times ``(1 - margin)``. Levels
+are never interpolated: refinement measures new levels where the drop is.
+
+``refusals`` lists every reason the number must not be used (``ceiling sweep derive`` refuses
+with exit status 1): a reference below the accuracy floor or not clearly above the closed-book
+control, an incomplete level, an unresolved decision (the deciding interval wider than the
+tolerance), a drop before the reference.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import random
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from statistics import mean
 from typing import Any
 
 from sweep.grade import BUCKETS, grade
+from sweep.stats import MIN_ITEMS, accuracy_interval, difference_interval
 from sweep.taskset import Item
+
+DEFAULT_FLOOR = 0.5
+COUNTER_WARN = 0.02
+UNRESOLVED = "unresolved"
+
+
+@dataclass(frozen=True)
+class Design:
+    """What the plan says was to be measured: item ids per level, repeats, control items."""
+
+    levels: dict[float, list[str]]
+    repeats: int
+    control: list[str]
+    reference: float
+
+    @classmethod
+    def full(
+        cls, levels: Iterable[float], items: list[str], repeats: int, control: bool = True
+    ) -> Design:
+        lv = sorted(levels)
+        return cls({x: list(items) for x in lv}, repeats, list(items) if control else [], lv[0])
 
 
 @dataclass
@@ -41,6 +75,16 @@ class LevelStats:
     passes: bool = True
     mean_prompt_tokens: float = 0.0
     gold_position_accuracy: dict[str, float] = field(default_factory=dict)
+    role: str = "level"  # "low_fill" | "reference" | "level"
+    planned_calls: int = 0
+    missing_calls: int = 0
+    errored_calls: int = 0
+    counter_error: float | None = None  # mean (ours - reported) / reported
+    half_width: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return self.missing_calls == 0 and self.errored_calls == 0
 
 
 @dataclass
@@ -55,125 +99,285 @@ class Analysis:
     closed_book_flagged: list[str]
     errors: int
     warnings: list[str]
+    refusals: list[str] = field(default_factory=list)
+    reference_level: float | None = None
+    deciding_level: float | None = None
+    resolved: bool = False
+    closed_book_accuracy: float | None = None
+    closed_book_excluded: bool = True
+    floor: float = DEFAULT_FLOOR
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def level(self, lv: float | None) -> LevelStats | None:
+        return next((s for s in self.levels if s.level == lv), None)
 
-def _boot(values: dict[str, float], rng: random.Random, b: int) -> tuple[float, float]:
-    keys = list(values)
-    if not keys:
-        return (0.0, 0.0)
-    stats = []
-    for _ in range(b):
-        sample = [values[rng.choice(keys)] for _ in keys]
-        stats.append(sum(sample) / len(sample))
-    stats.sort()
-    return (stats[int(0.025 * b)], stats[min(b - 1, int(0.975 * b))])
+    @property
+    def chain(self) -> list[LevelStats]:
+        return [s for s in self.levels if s.role != "low_fill"]
+
+    def blocking(self, accept_unresolved: bool = False) -> list[str]:
+        """The refusals that stand (``--accept-unresolved`` waives only the unresolved one)."""
+        return [r for r in self.refusals if not (accept_unresolved and r.startswith(UNRESOLVED))]
 
 
-def graded(records: Iterable[dict[str, Any]], items: dict[str, Item]) -> list[dict[str, Any]]:
+def graded(
+    records: Iterable[dict[str, Any]],
+    items: Mapping[str, Item],
+    docs: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Each ok record with its grade (the scorer applied to the log; re-grading is free)."""
     out = []
     for r in records:
         if r.get("status") != "ok" or r["item"] not in items:
             continue
-        g = grade(items[r["item"]], r.get("text"), r.get("finish_reason"), r.get("shown"))
+        g = grade(items[r["item"]], r.get("text"), r.get("finish_reason"), r.get("shown"), docs)
         out.append(r | {"correct": g.correct, "bucket": g.bucket})
     return out
 
 
+def item_means(rows: Iterable[dict[str, Any]]) -> dict[float, dict[str, float]]:
+    """level -> item -> mean correctness over its repeats (controls left out)."""
+    acc: dict[float, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if not r["control"]:
+            acc[float(r["level"])][r["item"]].append(int(r["correct"]))
+    return {lv: {k: mean(v) for k, v in d.items()} for lv, d in acc.items()}
+
+
+def _key(item: str, level: float | None, repeat: int) -> str:
+    return f"{item}@closed" if level is None else f"{item}@{level:.4f}#{repeat}"
+
+
 def analyse(
     records: Iterable[dict[str, Any]],
-    items: dict[str, Item],
+    items: Mapping[str, Item],
     window: int,
     tolerance: float = 0.05,
     margin: float = 0.1,
     seed: int = 0,
-    bootstrap: int = 2000,
+    bootstrap: int = 0,
+    *,
+    design: Design | None = None,
+    docs: Mapping[str, str] | None = None,
+    floor: float = DEFAULT_FLOOR,
+    include_closed_book: bool = False,
 ) -> Analysis:
+    """``seed`` and ``bootstrap`` are kept for callers of the first release; the intervals are
+    analytic now and need neither."""
+    del seed, bootstrap
     all_records = list(records)
-    rows = graded(all_records, items)
-    errors = sum(1 for r in all_records if r.get("status") != "ok")
-    flagged = sorted(r["item"] for r in rows if r["control"] and r["correct"])
+    by_key = {r["key"]: r for r in all_records if "key" in r}
+    rows = graded(all_records, items, docs)
+    if design is None:
+        lv = sorted({float(r["level"]) for r in rows if not r["control"]})
+        ids = sorted({r["item"] for r in rows})
+        reps = max((int(r["repeat"]) + 1 for r in rows if not r["control"]), default=1)
+        design = Design.full(lv or [0.2], ids, reps, any(r["control"] for r in rows))
+    controls = {r["item"]: bool(r["correct"]) for r in rows if r["control"]}
+    flagged = sorted(k for k, ok in controls.items() if ok)
+    excluded = set() if include_closed_book else set(flagged)
+    means = item_means(r for r in rows if r["item"] not in excluded)
     by_level: dict[float, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if not r["control"]:
+        if not r["control"] and r["item"] not in excluded:
             by_level[float(r["level"])].append(r)
-    levels = sorted(by_level)
-    rng = random.Random(seed)
-    item_means: dict[float, dict[str, float]] = {}
-    stats: list[LevelStats] = []
-    for lv in levels:
-        rs = by_level[lv]
-        per_item: dict[str, list[int]] = defaultdict(list)
-        per_repeat: dict[int, list[int]] = defaultdict(list)
-        for r in rs:
-            per_item[r["item"]].append(int(r["correct"]))
-            per_repeat[int(r["repeat"])].append(int(r["correct"]))
-        im = {k: mean(v) for k, v in per_item.items()}
-        item_means[lv] = im
-        reps = [mean(v) for v in per_repeat.values()]
-        counts = Counter(r["bucket"] for r in rs)
-        pos: dict[str, list[int]] = defaultdict(list)
-        for r in rs:
-            p = r.get("gold_position")
-            if p is not None:
-                pos["front" if p < 1 / 3 else "middle" if p < 2 / 3 else "back"].append(
-                    int(r["correct"])
-                )
-        stats.append(
-            LevelStats(
-                level=lv,
-                utilization=round(mean(r["utilization"] for r in rs), 4),
-                n_items=len(im),
-                n_calls=len(rs),
-                accuracy=mean(int(r["correct"]) for r in rs),
-                ci=_boot(im, rng, bootstrap),
-                repeat_min=min(reps),
-                repeat_max=max(reps),
-                buckets={b: counts.get(b, 0) / len(rs) for b in BUCKETS},
-                mean_prompt_tokens=round(mean(r["prompt_tokens"] for r in rs), 1),
-                gold_position_accuracy={k: round(mean(v), 3) for k, v in sorted(pos.items())},
-            )
-        )
-    warnings: list[str] = []
-    ceiling_level: float | None = None
-    if stats:
-        ref = item_means[stats[0].level]
-        for s in stats:
-            common = [k for k in ref if k in item_means[s.level]]
-            diffs = {k: item_means[s.level][k] - ref[k] for k in common}
-            s.diff = mean(diffs.values()) if diffs else 0.0
-            s.diff_ci = _boot(diffs, rng, bootstrap) if s is not stats[0] else (0.0, 0.0)
-        ok = True
-        for s in stats:
-            s.passes = ok and s.diff_ci[0] > -tolerance
-            ok = s.passes
-            if s.passes:
-                ceiling_level = s.level
-        widths = [(s.diff_ci[1] - s.diff_ci[0]) / 2 for s in stats[1:]]
-        if widths and max(widths) > tolerance:
-            warnings.append(
-                f"the tolerance ({tolerance:.0%}) is finer than this run can resolve: paired-difference CIs are "
-                f"up to ±{max(widths):.0%} wide; add items or repeats before trusting a ceiling at this tolerance"
-            )
-    if flagged:
-        warnings.append(
-            f"{len(flagged)} item(s) answered correctly with no documents (closed-book): {', '.join(flagged[:10])}"
-        )
-    if errors:
-        warnings.append(
-            f"{errors} call(s) failed after retries and are not scored; --resume retries them"
-        )
-    cu = ct = None
-    if ceiling_level is not None:
-        level_util = next(s.utilization for s in stats if s.level == ceiling_level)
-        cu = round(level_util * (1 - margin), 4)
-        ct = math.floor(cu * window)
-    return Analysis(
-        stats, tolerance, margin, window, ceiling_level, cu, ct, flagged, errors, warnings
+    errors = sum(1 for r in all_records if r.get("status") != "ok")
+    stats = [
+        _level(lv, by_level.get(lv, []), means.get(lv, {}), design, by_key, window)
+        for lv in sorted(design.levels)
+    ]
+    ref = next((s for s in stats if s.level == design.reference), None)
+    ref_means = means.get(design.reference, {})
+    for s in stats:
+        if s is ref:
+            s.role, s.diff_ci = "reference", (0.0, 0.0)
+            continue
+        s.role = "low_fill" if s.level < design.reference else "level"
+        common = [k for k in ref_means if k in means.get(s.level, {})]
+        diffs = [means[s.level][k] - ref_means[k] for k in common]
+        s.diff = mean(diffs) if diffs else 0.0
+        s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
+        s.half_width = round((s.diff_ci[1] - s.diff_ci[0]) / 2, 6)
+    a = Analysis(
+        stats,
+        tolerance,
+        margin,
+        window,
+        None,
+        None,
+        None,
+        flagged,
+        errors,
+        [],
+        reference_level=design.reference,
+        closed_book_excluded=not include_closed_book,
+        floor=floor,
     )
+    _decide(a, ref, tolerance)
+    _judge(a, ref, rows, controls, tolerance)
+    return a
+
+
+def _level(
+    lv: float,
+    rs: list[dict[str, Any]],
+    im: dict[str, float],
+    design: Design,
+    by_key: dict[str, dict[str, Any]],
+    window: int,
+) -> LevelStats:
+    keys = [_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats)]
+    missing = sum(1 for k in keys if k not in by_key)
+    errored = sum(1 for k in keys if k in by_key and by_key[k].get("status") != "ok")
+    per_repeat: dict[int, list[int]] = defaultdict(list)
+    pos: dict[str, list[int]] = defaultdict(list)
+    for r in rs:
+        per_repeat[int(r["repeat"])].append(int(r["correct"]))
+        p = r.get("gold_position")
+        if p is not None:
+            pos["front" if p < 1 / 3 else "middle" if p < 2 / 3 else "back"].append(
+                int(r["correct"])
+            )
+    reps = [mean(v) for v in per_repeat.values()] or [0.0]
+    counts = Counter(r["bucket"] for r in rs)
+    ratios = [
+        (r["prompt_tokens"] - r["usage_prompt"]) / r["usage_prompt"]
+        for r in rs
+        if isinstance(r.get("usage_prompt"), int | float) and r["usage_prompt"] > 0
+    ]
+    acc = mean(int(r["correct"]) for r in rs) if rs else 0.0
+    return LevelStats(
+        level=lv,
+        utilization=round(mean(r["utilization"] for r in rs), 4) if rs else lv,
+        n_items=len(im),
+        n_calls=len(rs),
+        accuracy=acc,
+        ci=accuracy_interval(list(im.values())),
+        repeat_min=min(reps),
+        repeat_max=max(reps),
+        buckets={b: counts.get(b, 0) / len(rs) if rs else 0.0 for b in BUCKETS},
+        mean_prompt_tokens=round(mean(r["prompt_tokens"] for r in rs), 1) if rs else 0.0,
+        gold_position_accuracy={k: round(mean(v), 3) for k, v in sorted(pos.items())},
+        planned_calls=len(keys),
+        missing_calls=missing,
+        errored_calls=errored,
+        counter_error=round(mean(ratios), 5) if ratios else None,
+    )
+
+
+def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
+    """The fixed-sequence chain from the reference up; sets the ceiling and the deciding level."""
+    ok = ref is not None and ref.complete and ref.n_items > 0
+    if ref is not None:
+        ref.passes = ok
+    for s in a.chain:
+        if s is ref:
+            continue
+        s.passes = ok and s.complete and s.diff_ci[0] > -tolerance
+        ok = s.passes
+    for s in a.levels:
+        if s.role == "low_fill":
+            s.passes = s.complete
+    passing = [s for s in a.chain if s.passes]
+    if passing:
+        top = passing[-1]
+        a.ceiling_level = top.level
+        a.ceiling_utilization = round(top.utilization * (1 - a.margin), 4)
+        a.ceiling_tokens = math.floor(a.ceiling_utilization * a.window)
+    above = [s for s in a.chain if not s.passes]
+    a.deciding_level = above[0].level if above else None
+    d = a.level(a.deciding_level)
+    few = any(s.n_items < MIN_ITEMS for s in a.chain if d is None or s.level <= d.level)
+    a.resolved = bool(passing) and not few and (d is None or decided(d, tolerance))
+
+
+def decided(s: LevelStats, tolerance: float) -> bool:
+    """A failing level is decided when its interval lies wholly below ``-tolerance`` (a clear
+    drop) or is no wider than the tolerance (as precise as asked)."""
+    return s.complete and (s.diff_ci[1] < -tolerance or s.half_width <= tolerance)
+
+
+def _judge(
+    a: Analysis,
+    ref: LevelStats | None,
+    rows: list[dict[str, Any]],
+    controls: dict[str, bool],
+    tolerance: float,
+) -> None:
+    """Warnings (worth reading) and refusals (the number must not be used)."""
+    w, no = a.warnings, a.refusals
+    for s in a.levels:
+        if s.missing_calls or s.errored_calls:
+            no.append(
+                f"level {s.level:g} is incomplete: {s.missing_calls} of {s.planned_calls} planned "
+                f"call(s) missing and {s.errored_calls} errored (ceiling sweep run --resume finishes it)"
+            )
+        if s.counter_error is not None and abs(s.counter_error) > COUNTER_WARN:
+            w.append(
+                f"level {s.level:g}: the sweep's token count is {s.counter_error:+.1%} off the "
+                "prompt tokens the upstream reported (check --tokenizer / --tokenize-url): every "
+                "level's utilization is off by as much"
+            )
+    if ref is None:
+        no.append("the reference level was not measured")
+        return
+    if ref.accuracy < a.floor:
+        no.append(
+            f"the reference accuracy ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
+            f"floor ({a.floor:.0%}): the model does not do this task even with little context, "
+            "so no fill is safe (--min-accuracy sets the floor)"
+        )
+    if controls:
+        ref_items: dict[str, list[int]] = defaultdict(list)
+        for r in rows:
+            if not r["control"] and float(r["level"]) == ref.level:
+                ref_items[r["item"]].append(int(r["correct"]))
+        diffs = [mean(v) - float(controls[k]) for k, v in ref_items.items() if k in controls]
+        a.closed_book_accuracy = round(mean(controls.values()), 4)
+        if diffs:
+            lo = difference_interval(diffs)[0]
+            if lo <= 0:
+                no.append(
+                    f"the reference accuracy is not clearly above the closed-book control "
+                    f"({a.closed_book_accuracy:.0%} with no documents; paired 95% lower bound "
+                    f"{lo:+.0%}): the answers do not come from the context"
+                )
+    else:
+        w.append("no closed-book control was run: answers known without documents are scored")
+    if a.closed_book_flagged:
+        what = "left out of the decision" if a.closed_book_excluded else "scored"
+        w.append(
+            f"{len(a.closed_book_flagged)} item(s) answered correctly with no documents "
+            f"(closed-book), {what}: {', '.join(a.closed_book_flagged[:10])}"
+        )
+    for s in a.levels:
+        if s.role == "low_fill" and s.n_items and s.diff_ci[0] > tolerance:
+            no.append(
+                f"accuracy already falls before the reference: {s.accuracy:.0%} at level "
+                f"{s.level:g} against {ref.accuracy:.0%} at {ref.level:g} (paired difference "
+                f"{s.diff:+.0%}, 95% CI {s.diff_ci[0]:+.0%}..{s.diff_ci[1]:+.0%}); lower the reference"
+            )
+    if a.ceiling_level is None and not no:
+        no.append("no level passed: the reference level could not be scored")
+    if a.ceiling_level is not None and not a.resolved:
+        d = a.level(a.deciding_level)
+        fewest = min(s.n_items for s in a.chain)
+        why = (
+            f"a level was scored on {fewest} item(s), fewer than the {MIN_ITEMS} a decision needs"
+            if fewest < MIN_ITEMS
+            else f"the interval that decides the ceiling (level {d.level:g}) is "
+            f"±{d.half_width:.1%} wide, wider than the tolerance ({tolerance:.0%})"
+            if d
+            else "the decision is open"
+        )
+        no.append(
+            f"{UNRESOLVED}: {why}; add items (a larger --items or --max-calls, then "
+            "ceiling sweep run --resume) or accept it with --accept-unresolved"
+        )
+    if a.errors:
+        w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
 
 
 def refinements(
@@ -183,11 +387,24 @@ def refinements(
     highest passing level and the first failing one), when accuracy drops across it by more than
     the tolerance and the bracket is still wider than the resolution asked for. Drops between two
     failing levels cannot move the ceiling and are left alone."""
-    for a, b in itertools.pairwise(stats):
+    chain = [s for s in stats if s.role != "low_fill"]
+    for a, b in itertools.pairwise(chain):
         if a.passes and not b.passes:
+            if not b.complete:
+                return []
             if a.diff - b.diff > tolerance and b.level - a.level > resolution:
                 mid = round(math.sqrt(a.level * b.level), 4)
                 if mid not in measured:
                     return [mid]
             return []
     return []
+
+
+def open_levels(a: Analysis) -> list[float]:
+    """Levels whose decision more items could still change: the deciding level while it is not
+    decided. Adaptive allocation adds
+    items there (and at the reference, which they are paired with)."""
+    s = a.level(a.deciding_level)
+    if s is None or s.role != "level" or not s.complete or decided(s, a.tolerance):
+        return []
+    return [s.level]

@@ -30,7 +30,8 @@ def add_parsers(sub: Any) -> None:
     r.add_argument(
         "--items",
         type=int,
-        help="items drawn (seeded) from the task set (default 30; 10 with --reduced)",
+        help="items drawn (seeded) from the task set (default: as many as --tolerance needs, "
+        "started at half and added adaptively where the decision is open)",
     )
     r.add_argument(
         "--levels",
@@ -58,7 +59,40 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--no-control", action="store_true", help="skip the closed-book control calls")
     r.add_argument("--max-calls", type=int)
     r.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
-    r.add_argument("--refine", action="store_true", help="measure midpoints where accuracy drops")
+    r.add_argument(
+        "--refine",
+        action="store_true",
+        default=None,
+        help="measure midpoints where accuracy drops (default on, except per shard)",
+    )
+    r.add_argument("--no-refine", action="store_false", dest="refine")
+    r.add_argument(
+        "--adaptive",
+        action="store_true",
+        default=None,
+        help="add items where the decision is still open (default on, except per shard)",
+    )
+    r.add_argument("--no-adaptive", action="store_false", dest="adaptive")
+    r.add_argument(
+        "--low-fill",
+        type=float,
+        default=0.1,
+        help="a control level below the reference, to see a drop that starts before it (0: none)",
+    )
+    r.add_argument(
+        "--reasoning",
+        choices=["auto", "off", "openai", "anthropic"],
+        default="auto",
+        help="reasoning models: openai = max_completion_tokens and no temperature, anthropic = "
+        "extended thinking; auto switches to the openai form when the upstream refuses max_tokens "
+        "or temperature",
+    )
+    r.add_argument(
+        "--reasoning-tokens",
+        type=int,
+        default=0,
+        help="reasoning reservation on top of --max-tokens (thinking budget for anthropic)",
+    )
     r.add_argument("--tolerance", type=float, default=0.05)
     r.add_argument("--margin", type=float, default=0.1)
     r.add_argument("--resolution", type=float, default=0.05)
@@ -95,6 +129,22 @@ def add_parsers(sub: Any) -> None:
     d.add_argument("--margin", type=float)
     d.add_argument(
         "--merge", help="an existing ceilings document to add the entry to (version + 1)"
+    )
+    d.add_argument(
+        "--min-accuracy",
+        type=float,
+        help="the accuracy floor the reference must reach (default 0.5)",
+    )
+    d.add_argument(
+        "--accept-unresolved",
+        action="store_true",
+        help="write the ceiling although its deciding interval is wider than the tolerance "
+        "(the provenance records it)",
+    )
+    d.add_argument(
+        "--include-closed-book",
+        action="store_true",
+        help="score items the model answers with no documents (left out by default)",
     )
     d.add_argument("--out", help="where to write the document (default RUN/ceilings.yaml)")
     d.add_argument(

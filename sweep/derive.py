@@ -57,7 +57,9 @@ def entry_from(
             },
             model_version=versions.most_common(1)[0][0] if versions else None,
             note=f"level {analysis.ceiling_level} measured at utilization "
-            f"{next(s.utilization for s in analysis.levels if s.level == analysis.ceiling_level)}",
+            f"{next(s.utilization for s in analysis.levels if s.level == analysis.ceiling_level)}"
+            + ("" if analysis.resolved else "; UNRESOLVED, accepted with --accept-unresolved"),
+            decision=_decision(analysis),
         ),
         fingerprint=TrafficFingerprint(
             system_tokens=float(plan["system_tokens"]),
@@ -66,6 +68,19 @@ def entry_from(
             retrieved_chunk_tokens=float(plan["mean_doc_tokens"]),
         ),
     )
+
+
+def _decision(a: Analysis) -> dict[str, Any]:
+    """How firmly the number stands: the deciding level and its interval."""
+    d = a.level(a.deciding_level)
+    return {
+        "resolved": a.resolved,
+        "deciding_level": a.deciding_level,
+        "deciding_half_width": d.half_width if d else None,
+        "reference_accuracy": next((s.accuracy for s in a.levels if s.role == "reference"), None),
+        "closed_book_accuracy": a.closed_book_accuracy,
+        "items": max((s.n_items for s in a.levels), default=0),
+    }
 
 
 def merged(

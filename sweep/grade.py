@@ -6,7 +6,9 @@ Buckets for failures, in this order:
 
 - ``truncated_refused``: stop reason ``length`` or a content filter, or a refusal;
 - ``decoyed``: the answer is a known decoy value, or it cites a document that is not gold
-  evidence (a padding neighbour answered instead);
+  evidence (a padding neighbour answered instead), or, with no decoy list and no citation, the
+  answer is a value or id that stands in a padding document shown to the model and not in the
+  gold evidence (free-text answers are caught too);
 - ``reasoned_wrongly``: it cites the gold evidence and still answers wrongly;
 - ``missed``: anything else: no answer, no evidence, an invented value.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import jsonschema
@@ -110,10 +114,72 @@ def _is_decoy(item: Item, answer: Any) -> bool:
     return _norm(answer) in decoys or _num(answer) in decoys
 
 
+def _values(answer: Any) -> list[str]:
+    """The scalar values of an answer (a dict's values, a list's items), as strings."""
+    if isinstance(answer, dict):
+        return [v for x in answer.values() for v in _values(x)]
+    if isinstance(answer, list):
+        return [v for x in answer for v in _values(x)]
+    return [] if answer is None else [str(answer).strip()]
+
+
+@lru_cache(maxsize=65536)
+def _pattern(value: str) -> re.Pattern[str] | None:
+    """A value worth looking for in a document: two characters or more and not a common word."""
+    v = value.strip().strip(".").lower()
+    if len(v) < 2 or v in ("none", "null", "unknown", "yes", "no", "n/a", "true", "false"):
+        return None
+    return re.compile(r"(?<![\w])" + re.escape(v).replace(r"\ ", r"\s+") + r"(?![\w])")
+
+
+_lower = lru_cache(maxsize=4096)(str.lower)
+
+
+def _in_text(value: str, text: str) -> bool:
+    p = _pattern(value)
+    if p is None:
+        return False
+    if p.search(_lower(text)):
+        return True
+    digits = re.sub(r"[,\s]", "", value)
+    return (
+        digits.isdigit()
+        and len(digits) >= 3
+        and bool(re.search(r"(?<![\d,])" + r",?".join(digits) + r"(?![\d])", text))
+    )
+
+
+def _from_padding(
+    item: Item, answer: Any, shown: list[str] | None, docs: Mapping[str, str] | None
+) -> bool:
+    """The answer names a value or document id of a shown padding document, not of the gold."""
+    if not shown or not docs:
+        return False
+    values = _values(answer)
+    if not values:
+        return False
+    gold = [docs.get(g, "") for g in item.gold]
+    padding = [(d, docs[d]) for d in shown if d not in item.gold and d in docs]
+    for v in values:
+        if any(
+            _in_text(v, g) or v.lower() == gid.lower()
+            for g, gid in zip(gold, item.gold, strict=True)
+        ):
+            continue
+        if any(v.lower() == d.lower() or _in_text(v, t) for d, t in padding):
+            return True
+    return False
+
+
 def grade(
-    item: Item, text: str | None, finish_reason: str | None, shown: list[str] | None = None
+    item: Item,
+    text: str | None,
+    finish_reason: str | None,
+    shown: list[str] | None = None,
+    docs: Mapping[str, str] | None = None,
 ) -> Grade:
-    """Grade one reply. ``shown``: the document ids that were in the prompt."""
+    """Grade one reply. ``shown``: the document ids that were in the prompt; ``docs``: their
+    texts by id (to recognise an answer taken from a padding neighbour)."""
     answer, evidence, _ = parse_reply(text or "")
     ev = tuple(evidence)
     if is_correct(item, answer):
@@ -124,7 +190,7 @@ def grade(
         return Grade(False, "truncated_refused", answer, ev)
     gold = set(item.gold)
     cited_padding = [e for e in evidence if e not in gold and (shown is None or e in shown)]
-    if _is_decoy(item, answer) or cited_padding:
+    if _is_decoy(item, answer) or cited_padding or _from_padding(item, answer, shown, docs):
         return Grade(False, "decoyed", answer, ev)
     if gold & set(evidence) and answer not in (None, "", [], {}):
         return Grade(False, "reasoned_wrongly", answer, ev)

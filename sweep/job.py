@@ -53,6 +53,11 @@ def add_parser(s: Any) -> None:
         help="update this ceilings ConfigMap (service account: get + patch on it)",
     )
     j.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
+    j.add_argument(
+        "--accept-unresolved",
+        action="store_true",
+        help="derive even when the deciding interval is wider than the tolerance",
+    )
     j.add_argument("run_args", nargs=argparse.REMAINDER, help="-- then 'sweep run' arguments")
 
 
@@ -117,6 +122,7 @@ def run(args: argparse.Namespace, console: Console, cli: Callable[[Sequence[str]
         return code
     derive = ["sweep", "derive", str(merged), "--model", args.model_label]
     derive += ["--workload", args.workload] + (["--mode", args.mode] if args.mode else [])
+    derive += ["--accept-unresolved"] if args.accept_unresolved else []
     if args.configmap:
         # derive on top of what is live, so the new document keeps every other entry and has the
         # next version; the update below is conditional on that same live version

@@ -1,27 +1,33 @@
 """The reduced regression sweep: is a stored ceiling still right after a change?
 
-Few items, three levels (the reference, the baseline's ceiling level and the first level that
-failed above it), three repeats, paired item by item against the baseline run. At every level the accuracy
-now is compared with the baseline's on the same items (paired, item-clustered bootstrap CI). The
-verdict is "ceiling moved" when any level changed by more than the tolerance with its whole 95%
-CI beyond it (a real drop, or a real gain that would allow a higher ceiling), else "ceiling
-holds", with that evidence per level.
+Three levels (the reference, the baseline's ceiling level and the first level above it), three
+repeats, the baseline's items (as many as the tolerance needs), paired item by item against the
+baseline run. What is compared is the *drop relative to the reference*, now against then (a
+difference in differences per item): a change that lowers every level alike (a new skeleton, a
+weaker model) moves no ceiling, and one that steepens the drop does, even where absolute
+accuracy at a level barely moved.
+
+The burden of proof is on "holds": the verdict is ``holds`` only when, at the stored ceiling
+level and the level above it, the 95% interval of the change in drop lies wholly inside
+``±tolerance``; ``moved`` when at either level it lies wholly outside; otherwise
+``inconclusive``: re-sweep (too few items, or a change near the tolerance). Exit status 0, 1, 3.
 """
 
 from __future__ import annotations
 
-import random
-from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from statistics import mean
 from typing import Any
 
-from sweep.analysis import Analysis, _boot, graded
+from sweep.analysis import Analysis, graded, item_means
+from sweep.stats import difference_interval
 from sweep.taskset import Item
+
+EXIT = {"holds": 0, "moved": 1, "inconclusive": 3}
 
 
 def reduced_levels(baseline: Analysis) -> list[float]:
-    levels = [s.level for s in baseline.levels]
+    levels = [s.level for s in baseline.chain] or [s.level for s in baseline.levels]
     if baseline.ceiling_level is None:
         return levels[:3]
     above = [lv for lv in levels if lv > baseline.ceiling_level]
@@ -34,17 +40,29 @@ class LevelEvidence:
     level: float
     baseline_accuracy: float
     accuracy: float
-    change: float
+    change: float  # change of the drop relative to the reference (now - then)
     change_ci: tuple[float, float]
+    n_items: int = 0
+    baseline_drop: float = 0.0
+    drop: float = 0.0
 
 
 @dataclass
 class Verdict:
-    holds: bool
+    outcome: str  # holds | moved | inconclusive
     baseline_ceiling_level: float | None
     ceiling_level: float | None
     levels: list[LevelEvidence]
     tolerance: float = 0.05
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return self.outcome == "holds"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.outcome]
 
     def moved(self) -> list[LevelEvidence]:
         t = self.tolerance
@@ -52,19 +70,22 @@ class Verdict:
 
     @property
     def text(self) -> str:
-        if self.holds:
+        if self.outcome == "holds":
             return (
-                f"ceiling holds: no level's accuracy moved beyond the tolerance ({self.tolerance:.0%}) "
-                f"against the baseline (baseline ceiling level {self.baseline_ceiling_level})"
+                f"ceiling holds: at the stored ceiling level ({self.baseline_ceiling_level}) and "
+                f"above it, the drop from the reference changed by less than the tolerance "
+                f"({self.tolerance:.0%}), with 95% confidence"
             )
-        what = "; ".join(
-            f"level {e.level:g}: {e.baseline_accuracy:.0%} -> {e.accuracy:.0%}"
-            for e in self.moved()
-        )
-        return f"ceiling moved: {what}; re-sweep before trusting the stored ceiling"
+        if self.outcome == "moved":
+            what = "; ".join(
+                f"level {e.level:g}: drop {e.baseline_drop:+.0%} -> {e.drop:+.0%}"
+                for e in self.moved()
+            )
+            return f"ceiling moved: {what}; re-sweep before trusting the stored ceiling"
+        return "inconclusive: re-sweep (" + "; ".join(self.reasons) + ")"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"verdict": self.text}
+        return asdict(self) | {"verdict": self.text, "holds": self.holds}
 
 
 def compare(
@@ -75,32 +96,65 @@ def compare(
     items: dict[str, Item],
     seed: int = 0,
     tolerance: float | None = None,
+    docs: dict[str, str] | None = None,
 ) -> Verdict:
-    def per_item(records: list[dict[str, Any]]) -> dict[float, dict[str, float]]:
-        acc: dict[float, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-        for r in graded(records, items):
-            if not r["control"]:
-                acc[float(r["level"])][r["item"]].append(int(r["correct"]))
-        return {lv: {k: mean(v) for k, v in d.items()} for lv, d in acc.items()}
-
-    then, now = per_item(base_records), per_item(new_records)
-    rng = random.Random(seed)
+    del seed
+    then = item_means(graded(base_records, items, docs))
+    now = item_means(graded(new_records, items, docs))
+    tol = baseline.tolerance if tolerance is None else tolerance
+    ref = baseline.reference_level if baseline.reference_level is not None else min(now, default=0)
     evidence = []
     for lv in sorted(now):
-        common = [k for k in now[lv] if k in then.get(lv, {})]
+        if lv == ref:
+            continue
+        common = [
+            k
+            for k in now[lv]
+            if k in then.get(lv, {}) and k in now.get(ref, {}) and k in then.get(ref, {})
+        ]
         if not common:
             continue
-        diffs = {k: now[lv][k] - then[lv][k] for k in common}
+        drop_then = {k: then[lv][k] - then[ref][k] for k in common}
+        drop_now = {k: now[lv][k] - now[ref][k] for k in common}
+        dd = [drop_now[k] - drop_then[k] for k in common]
         evidence.append(
             LevelEvidence(
                 level=lv,
                 baseline_accuracy=mean(then[lv][k] for k in common),
                 accuracy=mean(now[lv][k] for k in common),
-                change=mean(diffs.values()),
-                change_ci=_boot(diffs, rng, 2000),
+                change=mean(dd),
+                change_ci=difference_interval(dd),
+                n_items=len(common),
+                baseline_drop=mean(drop_then.values()),
+                drop=mean(drop_now.values()),
             )
         )
-    tol = baseline.tolerance if tolerance is None else tolerance
-    v = Verdict(True, baseline.ceiling_level, reduced.ceiling_level, evidence, tol)
-    v.holds = not v.moved()
+    deciding = [
+        e for e in evidence if baseline.ceiling_level is None or e.level >= baseline.ceiling_level
+    ]
+    v = Verdict("inconclusive", baseline.ceiling_level, reduced.ceiling_level, evidence, tol)
+    incomplete = [s.level for s in reduced.levels if not s.complete]
+    if incomplete:
+        v.reasons.append(
+            "incomplete level(s) " + ", ".join(f"{x:g}" for x in incomplete) + ": --resume"
+        )
+    if not deciding:
+        v.reasons.append(
+            "no level at or above the stored ceiling could be paired with the baseline"
+        )
+    if v.moved():
+        v.outcome = "moved"
+    elif (
+        deciding
+        and not incomplete
+        and all(-tol < e.change_ci[0] and e.change_ci[1] < tol for e in deciding)
+    ):
+        v.outcome = "holds"
+    elif not v.reasons:
+        wide = max(deciding, key=lambda e: e.change_ci[1] - e.change_ci[0])
+        v.reasons.append(
+            f"at level {wide.level:g} the change in drop is {wide.change:+.0%} with 95% CI "
+            f"{wide.change_ci[0]:+.0%}..{wide.change_ci[1]:+.0%} on {wide.n_items} items: not "
+            f"shown to be within ±{tol:.0%}"
+        )
     return v

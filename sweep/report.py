@@ -32,28 +32,45 @@ def plot(a: Analysis, title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 7), height_ratios=[3, 2], sharex=True)
+    # measured points with their intervals, never joined: a line between two levels would draw
+    # the interpolation the method warns against at a cliff
     xs = [s.utilization for s in a.levels]
-    ax.fill_between(
-        xs,
-        [s.ci[0] for s in a.levels],
-        [s.ci[1] for s in a.levels],
-        alpha=0.2,
-        color="#1565c0",
-        label="95% CI (item-clustered bootstrap)",
-    )
-    ax.plot(xs, [s.accuracy for s in a.levels], "o-", color="#1565c0", label="accuracy")
+    ys = [s.accuracy for s in a.levels]
     ax.errorbar(
         xs,
-        [s.accuracy for s in a.levels],
+        ys,
+        yerr=[
+            [y - s.ci[0] for y, s in zip(ys, a.levels, strict=True)],
+            [s.ci[1] - y for y, s in zip(ys, a.levels, strict=True)],
+        ],
+        fmt="o",
+        color="#1565c0",
+        ecolor="#1565c0",
+        elinewidth=2,
+        capsize=5,
+        label="accuracy, 95% CI (items as the unit)",
+    )
+    ax.errorbar(
+        [x + 0.006 for x in xs],
+        ys,
         yerr=[
             [s.accuracy - s.repeat_min for s in a.levels],
             [s.repeat_max - s.accuracy for s in a.levels],
         ],
         fmt="none",
-        ecolor="#0d47a1",
-        capsize=4,
+        ecolor="#90a4ae",
+        capsize=3,
         label="min-max across repeats",
     )
+    for s in a.levels:
+        ax.annotate(
+            f"{s.mean_prompt_tokens:,.0f} tok" + (" (ref)" if s.role == "reference" else ""),
+            (s.utilization, s.accuracy),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=7,
+            color="#37474f",
+        )
     if a.ceiling_utilization is not None and a.ceiling_level is not None:
         lv = next(s.utilization for s in a.levels if s.level == a.ceiling_level)
         ax.axvspan(
@@ -100,6 +117,7 @@ def table(a: Analysis) -> Table:
         "repeats min-max",
         "vs ref (95% CI)",
         "pass",
+        "count err",
         "decoyed",
         "missed",
         "wrong",
@@ -117,7 +135,8 @@ def table(a: Analysis) -> Table:
             f"{s.ci[0]:.0%}-{s.ci[1]:.0%}",
             f"{s.repeat_min:.0%}-{s.repeat_max:.0%}",
             f"{s.diff:+.0%} ({s.diff_ci[0]:+.0%}..{s.diff_ci[1]:+.0%})",
-            "yes" if s.passes else "no",
+            ("yes" if s.passes else "no") + ("" if s.complete else " (incomplete)"),
+            "-" if s.counter_error is None else f"{s.counter_error:+.1%}",
             f"{s.buckets['decoyed']:.0%}",
             f"{s.buckets['missed']:.0%}",
             f"{s.buckets['reasoned_wrongly']:.0%}",
@@ -128,8 +147,9 @@ def table(a: Analysis) -> Table:
 
 def ceiling_line(a: Analysis) -> str:
     if a.ceiling_tokens is None:
-        return "no ceiling: even the reference level fails the tolerance"
-    return (
+        return "no ceiling: " + (a.refusals[0] if a.refusals else "no level passed")
+    head = "UNRESOLVED " if not a.resolved else ""
+    return head + (
         f"ceiling: level {a.ceiling_level} passes (tolerance {a.tolerance:.0%}); enforced at "
         f"{a.ceiling_utilization:.1%} of the {a.window:,}-token window = {a.ceiling_tokens:,} input tokens "
         f"(margin {a.margin:.0%})"
@@ -157,7 +177,9 @@ def write(
         + "</tr>"
         for s in a.levels
     )
-    warn = "".join(f"<li>{html.escape(w)}</li>" for w in a.warnings)
+    warn = "".join(f"<li><b>refused:</b> {html.escape(w)}</li>" for w in a.refusals) + "".join(
+        f"<li>{html.escape(w)}</li>" for w in a.warnings
+    )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;color:#222}}
 table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;padding:.25rem .5rem;text-align:right}}
@@ -175,6 +197,8 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
     if console is not None:
         console.print(table(a))
         console.print(ceiling_line(a))
+        for w in a.refusals:
+            console.print(f"[bold red]derive would refuse:[/] {w}")
         for w in a.warnings:
             console.print(f"[yellow]note:[/] {w}")
     return {"png": out / "curve.png", "html": out / "report.html", "json": out / "summary.json"}

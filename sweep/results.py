@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from ceiling.ceilings import CeilingsError, dump_document, load_document, write_atomically
-from sweep.analysis import analyse
+from sweep.analysis import DEFAULT_FLOOR, Design, analyse
 from sweep.derive import DeriveError, entry_from, merged
 from sweep.regression import compare
 from sweep.report import write
@@ -24,8 +25,24 @@ class SweepUsageError(Exception):
     """One line for the user; exit status 2."""
 
 
+def design_of(plan: dict[str, Any]) -> Design:
+    """What the plan says was to be measured (a run of the first release: every item at every
+    planned level)."""
+    ids: list[str] = plan["item_ids"]
+    levels = [float(x) for x in plan["levels"]]
+    n_at = plan.get("n_at") or {}
+    per = {lv: ids[: int(n_at.get(f"{lv:.4f}", len(ids)))] for lv in levels}
+    control = ids[: int(plan.get("n_control", len(ids)))] if plan.get("control", True) else []
+    chain = [lv for lv in levels if lv != plan.get("low_fill")] or levels
+    return Design(per, int(plan["repeats"]), control, float(plan.get("reference") or min(chain)))
+
+
 def analysis_of(
-    out: Path, tolerance: float | None = None, margin: float | None = None
+    out: Path,
+    tolerance: float | None = None,
+    margin: float | None = None,
+    floor: float | None = None,
+    include_closed_book: bool = False,
 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
     plan = json.loads((out / "plan.json").read_text())
     ts = load_taskset(plan["taskset_arg"])
@@ -37,7 +54,10 @@ def analysis_of(
         plan["window"],
         tolerance if tolerance is not None else plan["tolerance"],
         margin if margin is not None else plan["margin"],
-        plan["seed"],
+        design=design_of(plan),
+        docs={d.id: d.text for d in ts.docs.values()},
+        floor=floor if floor is not None else plan.get("min_accuracy", DEFAULT_FLOOR),
+        include_closed_book=include_closed_book,
     )
     return a, plan, records
 
@@ -53,15 +73,24 @@ def verdict(out: Path, baseline: Path, console: Console) -> int:
     new, plan, records = analysis_of(out)
     old, _, base_records = analysis_of(baseline)
     ts = load_taskset(plan["taskset_arg"])
-    v = compare(old, new, base_records, records, {i.id: i for i in ts.items}, plan["seed"])
+    v = compare(
+        old,
+        new,
+        base_records,
+        records,
+        {i.id: i for i in ts.items},
+        docs={d.id: d.text for d in ts.docs.values()},
+    )
     (out / "verdict.json").write_text(json.dumps(v.to_json(), indent=2))
     for e in v.levels:
         console.print(
-            f"level {e.level:g}: baseline {e.baseline_accuracy:.0%} -> now {e.accuracy:.0%} "
-            f"(paired change {e.change:+.0%}, 95% CI {e.change_ci[0]:+.0%}..{e.change_ci[1]:+.0%})"
+            f"level {e.level:g}: baseline {e.baseline_accuracy:.0%} -> now {e.accuracy:.0%}; drop "
+            f"from the reference {e.baseline_drop:+.0%} -> {e.drop:+.0%} (change {e.change:+.0%}, "
+            f"95% CI {e.change_ci[0]:+.0%}..{e.change_ci[1]:+.0%}, {e.n_items} items)"
         )
-    console.print(("[bold green]" if v.holds else "[bold red]") + v.text)
-    return 0 if v.holds else 1
+    colour = {"holds": "[bold green]", "moved": "[bold red]"}.get(v.outcome, "[bold yellow]")
+    console.print(colour + v.text)
+    return v.exit_code
 
 
 def merge(args: argparse.Namespace, console: Console) -> int:
@@ -101,7 +130,9 @@ def merge(args: argparse.Namespace, console: Console) -> int:
         "shard": None,
         "run_id": out.name,
         "merged_from": [p["run_id"] for p in plans],
-        "item_ids": sorted({i for p in plans for i in p["item_ids"]}),
+        "item_ids": plans[0]["item_ids"]
+        if all(p["item_ids"] == plans[0]["item_ids"] for p in plans)
+        else sorted({i for p in plans for i in p["item_ids"]}),
     }
     out.mkdir(parents=True, exist_ok=True)
     log = CallLog(out / "calls.jsonl")
@@ -120,7 +151,18 @@ def derive(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.run)
     if not (out / "plan.json").exists():
         raise SweepUsageError(f"{out}: not a run directory (no plan.json)")
-    a, plan, records = analysis_of(out, args.tolerance, args.margin)
+    a, plan, records = analysis_of(
+        out, args.tolerance, args.margin, args.min_accuracy, args.include_closed_book
+    )
+    refusals = a.blocking(args.accept_unresolved)
+    if refusals:
+        for why in refusals:
+            console.print(f"[bold red]refused:[/] {why}")
+        print(
+            f"ceiling sweep derive: no ceiling written for {out}: {refusals[0]}",
+            file=sys.stderr,
+        )
+        return 1
     try:
         entry = entry_from(a, plan, records, args.model, args.workload)
         if args.mode:
@@ -131,6 +173,11 @@ def derive(args: argparse.Namespace, console: Console) -> int:
     doc = merged(existing, entry)
     target = Path(args.out) if args.out else out / "ceilings.yaml"
     write_atomically(target, dump_document(doc))
+    if not a.resolved:
+        console.print(
+            "[bold yellow]unresolved[/]: written because --accept-unresolved was given; the "
+            "provenance says so"
+        )
     console.print(
         f"{entry.model}/{entry.workload}: ceiling {entry.ceiling_tokens:,} tokens "
         f"({entry.ceiling_utilization:.1%} of {entry.window:,}), document version {doc.version} -> {target}"

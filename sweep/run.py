@@ -22,12 +22,13 @@ from ceiling.engine import SyncEngine
 from ceiling.models import ChatFormat, UpstreamSpec
 from ceiling.tokenizers import TiktokenCounter
 from ceiling.utilization import practical_limit
-from sweep.analysis import analyse, refinements
+from sweep.analysis import open_levels, refinements
 from sweep.context import ContextBuilder, Meter, group_items
 from sweep.regression import reduced_levels
 from sweep.results import SweepUsageError, analysis_of, report, verdict
 from sweep.runner import Budget, CallLog, Endpoint, Runner
-from sweep.taskset import TaskSetError, load_taskset
+from sweep.stats import MIN_ITEMS, expected_half_width, items_for
+from sweep.taskset import Item, TaskSetError, load_taskset
 
 
 def _root(base_url: str) -> str:
@@ -71,7 +72,9 @@ def _meter(kind: str, base_url: str, console: Console) -> Meter:
     return Meter(TiktokenCounter("o200k_base" if kind == "auto" else kind))
 
 
-def _levels(spec: str, window: int, reservation: int) -> list[float]:
+def _levels(spec: str, window: int, reservation: int, low_fill: float = 0.0) -> list[float]:
+    """The planned levels; ``low_fill`` (a control below the reference) is added when it lies
+    below the lowest level asked for."""
     limit = round(practical_limit(window, reservation + 16), 4)
     out = []
     for part in spec.split(","):
@@ -85,6 +88,8 @@ def _levels(spec: str, window: int, reservation: int) -> list[float]:
                 f"--levels: {v} is outside (0, {limit}] (the practical limit for this window)"
             )
         out.append(round(v, 4))
+    if 0 < low_fill < min(out):
+        out.append(round(low_fill, 4))
     return sorted(set(out))
 
 
@@ -140,8 +145,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise SweepUsageError(
                 "--refine needs the whole curve: refine after 'sweep merge', not per shard"
             )
-        if args.items is None:
-            plan["items"] = 10 if args.reduced else 30
+        whole = not plan["shard"]
+        plan |= {
+            "refine": whole if args.refine is None else args.refine,
+            "adaptive": whole if args.adaptive is None else args.adaptive,
+            "low_fill": args.low_fill,
+            "reasoning": args.reasoning,
+            "reasoning_tokens": args.reasoning_tokens,
+        }
         if args.reduced:
             keep = (
                 "taskset_arg",
@@ -153,13 +164,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 "json_mode",
                 "tolerance",
                 "margin",
+                "reasoning",
+                "reasoning_tokens",
             )
-            plan |= {k: base[k] for k in keep} | {
+            plan |= {k: base[k] for k in keep if k in base} | {
                 "levels": reduced_levels(base_analysis),
+                "reference": base_analysis.reference_level,
                 "repeats": 3,
                 "control": False,
                 "refine": False,
-                "item_ids": base["item_ids"][: plan["items"]],
+                "adaptive": False,
+                "item_ids": _reduced_items(base, args.items, plan["tolerance"]),
                 "baseline": str(Path(args.baseline).resolve()),
                 "tokenize_url": args.tokenize_url or base.get("tokenize_url"),
             }
@@ -168,19 +183,45 @@ def run(args: argparse.Namespace, console: Console) -> int:
     except TaskSetError as exc:
         raise SweepUsageError(str(exc)) from exc
     window = int(plan.get("window") or _window(str(plan["window_arg"]), plan["base_url"]))
-    levels = plan.get("levels") or _levels(plan["levels_arg"], window, plan["max_tokens"])
+    levels: list[float] = plan.get("levels") or _levels(
+        plan["levels_arg"], window, plan["max_tokens"], plan.get("low_fill") or 0.0
+    )
+    reference = plan.get("reference") or min(
+        (lv for lv in levels if lv != plan.get("low_fill")), default=levels[0]
+    )
     meter = _meter(plan["tokenizer"], plan.get("tokenize_url") or plan["base_url"], console)
     builder = ContextBuilder(ts, meter, plan["seed"])
+    by_id = {it.id: it for it in ts.items}
+    order = [it.id for it in _order(ts.items, plan["seed"])]
+    repeats = int(plan["repeats"])
+    target_items = min(len(order), int(plan.get("items") or items_for(plan["tolerance"], repeats)))
     if plan.get("item_ids"):
-        by_id = {it.id: it for it in ts.items}
-        items = [by_id[i] for i in plan["item_ids"] if i in by_id]
+        drawn = [i for i in plan["item_ids"] if i in by_id]
     else:
-        rng = random.Random(plan["seed"])
-        items = sorted(ts.items, key=lambda _: rng.random())[: plan["items"]]
-    groups = group_items(builder, items, round(min(levels) * window), plan["shared_haystack"])
-    if plan.get("shard"):
-        shard_i, shard_n = plan["shard"]
-        groups = [g for k, g in enumerate(groups) if k % shard_n == shard_i]
+        first = target_items
+        if plan.get("adaptive") and not plan.get("items"):
+            first = min(target_items, max(MIN_ITEMS, -(-target_items // 2)))
+        drawn = order[:first]
+    batches: list[int] = plan.get("batches") or [len(drawn)]
+    n_at: dict[str, int] = plan.get("n_at") or {f"{lv:.4f}": len(drawn) for lv in levels}
+    n_control = int(plan.get("n_control", len(drawn) if plan["control"] else 0))
+    smallest = round(min(levels) * window)
+
+    def groups_upto(n: int) -> list[list[Item]]:
+        out: list[list[Item]] = []
+        lo = 0
+        for hi in batches:
+            if hi > n:
+                break
+            out += group_items(
+                builder, [by_id[i] for i in drawn[lo:hi]], smallest, plan["shared_haystack"]
+            )
+            lo = hi
+        if plan.get("shard"):
+            shard_i, shard_n = plan["shard"]
+            out = [g for k, g in enumerate(out) if k % shard_n == shard_i]
+        return out
+
     key_env = args.api_key_env or (
         "ANTHROPIC_API_KEY" if plan["api"] == "anthropic" else "OPENAI_API_KEY"
     )
@@ -198,11 +239,26 @@ def run(args: argparse.Namespace, console: Console) -> int:
         headers=headers,
         max_tokens=plan["max_tokens"],
         json_mode=plan["json_mode"],
+        reasoning=plan.get("reasoning") or "auto",
+        reasoning_tokens=int(plan.get("reasoning_tokens") or 0),
     )
     docs = [builder.doc_tokens(d) for d in ts.docs]
+
+    def save() -> None:
+        plan.update(
+            levels=sorted(levels),
+            item_ids=drawn,
+            batches=batches,
+            n_at=n_at,
+            n_control=n_control,
+            reference=reference,
+            planned_items=target_items,
+        )
+        assert out is not None
+        (out / "plan.json").write_text(json.dumps(plan, indent=2))
+
     plan |= {
         "window": window,
-        "levels": levels,
         "counter": meter.name,
         "endpoint": {"base_url": plan["base_url"], "api": plan["api"], "model": plan["model"]},
         "taskset": {
@@ -211,8 +267,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "corpus_hash": ts.corpus_hash,
             "skeleton_hash": ts.skeleton.hash,
         },
-        "item_ids": [it.id for it in items],
-        "groups": len(groups),
+        "groups": len(groups_upto(len(drawn))),
         "system_tokens": meter.text(ts.skeleton.system),
         "mean_doc_tokens": round(sum(docs) / len(docs), 1),
     }
@@ -225,40 +280,75 @@ def run(args: argparse.Namespace, console: Console) -> int:
         Budget(args.max_calls, args.max_input_tokens),
         progress=not args.no_progress,
     )
-    samples = runner.plan(groups, levels, plan["repeats"], plan["control"])
+
+    def samples_for(lvs: list[float], control_n: int = 0) -> list[Any]:
+        got = runner.plan(groups_upto(control_n), [], 0, controls=True) if control_n else []
+        for lv in sorted(lvs):
+            got += runner.plan(groups_upto(n_at[f"{lv:.4f}"]), [lv], repeats, controls=False)
+        return got
+
+    samples = samples_for(levels, n_control)
     if args.dry_run:
         calls, tokens = runner.estimate(samples)
+        hw = expected_half_width(len(drawn), repeats)
+        full = expected_half_width(target_items, repeats)
+        more = (
+            f"; adaptive: up to {target_items} items (±{full:.1%}) where the decision is open"
+            if plan.get("adaptive") and target_items > len(drawn)
+            else ""
+        )
         console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens (window {window:,}, levels "
-            f"{', '.join(f'{lv:g}' for lv in levels)}, {plan['repeats']} repeats, {len(items)} items, "
-            f"{len(groups)} haystack group(s)); nothing was sent"
+            f"{', '.join(f'{lv:g}' for lv in levels)}, {repeats} repeats, {len(drawn)} items, "
+            f"{plan['groups']} haystack group(s)); expected paired-difference 95% CI "
+            f"±{hw:.1%} at 80% accuracy against a tolerance of {plan['tolerance']:.0%}{more}; "
+            "nothing was sent"
         )
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+    save()
     console.print(
-        f"[bold]run[/] {plan['run_id']} -> {out}  (window {window:,}, counter {meter.name})"
+        f"[bold]run[/] {plan['run_id']} -> {out}  (window {window:,}, counter {meter.name}, "
+        f"{len(drawn)} items, expected CI ±{expected_half_width(len(drawn), repeats):.1%})"
     )
     try:
         asyncio.run(runner.run(samples))
-        while plan.get("refine", args.refine) and not runner.exhausted:
-            a = analyse(
-                CallLog(out / "calls.jsonl").records().values(),
-                {i.id: i for i in items},
-                window,
-                plan["tolerance"],
-                plan["margin"],
-                plan["seed"],
-            )
-            new = refinements(a.levels, plan["tolerance"], plan["resolution"], set(plan["levels"]))
-            if not new:
+        while (plan.get("refine") or plan.get("adaptive")) and not runner.exhausted:
+            a = analysis_of(out)[0]
+            step: list[Any] = []
+            open_ = open_levels(a) if plan.get("adaptive") else []
+            if open_ and len(drawn) < target_items:
+                step_n = max(MIN_ITEMS // 2, target_items // 4)
+                new_ids = order[len(drawn) : len(drawn) + step_n]
+                new_ids = [i for i in new_ids if i not in drawn]
+                if not new_ids:
+                    break
+                drawn += new_ids
+                batches.append(len(drawn))
+                for lv in (reference, *open_):
+                    n_at[f"{lv:.4f}"] = len(drawn)
+                if plan["control"]:
+                    n_control = len(drawn)
+                console.print(
+                    f"adding {len(new_ids)} items at {', '.join(f'{x:g}' for x in (reference, *open_))}"
+                    f" where the decision is open (now {len(drawn)} items)"
+                )
+                step = samples_for([reference, *open_], n_control if plan["control"] else 0)
+            elif plan.get("refine") and not open_:
+                new = refinements(a.levels, plan["tolerance"], plan["resolution"], set(levels))
+                if not new:
+                    break
+                console.print(
+                    f"refining: measuring {', '.join(f'{x:g}' for x in new)} where accuracy drops"
+                )
+                for lv in new:
+                    n_at[f"{lv:.4f}"] = n_at[f"{reference:.4f}"]
+                levels = sorted(set(levels) | set(new))
+                step = samples_for(new)
+            else:
                 break
-            console.print(
-                f"refining: measuring {', '.join(f'{x:g}' for x in new)} where accuracy drops"
-            )
-            plan["levels"] = sorted(set(plan["levels"]) | set(new))
-            (out / "plan.json").write_text(json.dumps(plan, indent=2))
-            asyncio.run(runner.run(runner.plan(groups, new, plan["repeats"], controls=False)))
+            save()
+            asyncio.run(runner.run(step))
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: every finished call is in {out / 'calls.jsonl'}; "
@@ -273,6 +363,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if plan.get("baseline"):
         return verdict(out, Path(plan["baseline"]), console)
     return code
+
+
+def _order(items: list[Item], seed: int) -> list[Item]:
+    """The seeded order items are drawn in: a larger run is a superset of a smaller one."""
+    rng = random.Random(seed)
+    return sorted(items, key=lambda _: rng.random())
+
+
+def _reduced_items(base: dict[str, Any], items: int | None, tolerance: float) -> list[str]:
+    """The baseline's items a regression check pairs against: as many as the tolerance needs for a
+    difference in differences (twice the variance of one paired difference), at most all."""
+    ids: list[str] = base["item_ids"]
+    want = items or items_for(tolerance / 2**0.5, 3)
+    return ids[: min(len(ids), want)]
 
 
 def _shard(spec: str | None) -> list[int] | None:

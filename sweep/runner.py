@@ -14,9 +14,10 @@ import contextlib
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +42,8 @@ class Endpoint:
     max_tokens: int = 100
     temperature: float = 0.0
     json_mode: bool = True
+    reasoning: Literal["auto", "off", "openai", "anthropic"] = "auto"
+    reasoning_tokens: int = 0
     timeout_s: float = 900.0
     max_attempts: int = 5
     backoff_s: float = 1.0
@@ -109,8 +112,18 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return None
 
 
-async def call_model(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) -> dict[str, Any]:
-    """One call with retries: 429 waits for Retry-After, 5xx and timeouts back off exponentially."""
+_REASONING_400 = re.compile(
+    r"max_completion_tokens|max_tokens.{0,80}not supported|unsupported.{0,40}(max_tokens|temperature)"
+    r"|temperature.{0,80}(not supported|does not support|only the default)",
+    re.I | re.S,
+)
+
+
+def request_of(ep: Endpoint, prompt: Prompt) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """URL, headers and body of one call. Reasoning models get what they accept: OpenAI's
+    ``max_completion_tokens`` (output plus the reasoning reservation) and no ``temperature`` or
+    ``seed``; Anthropic's extended thinking with its budget on top of ``max_tokens`` and no
+    ``temperature`` (thinking refuses one)."""
     headers = dict(ep.headers)
     if ep.api == "anthropic":
         url = ep.base_url.rstrip("/") + "/v1/messages"
@@ -123,21 +136,35 @@ async def call_model(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) ->
             "temperature": ep.temperature,
             "messages": [{"role": "user", "content": prompt.user}],
         }
+        if ep.reasoning == "anthropic":
+            budget = max(1024, ep.reasoning_tokens)
+            del payload["temperature"]
+            payload |= {
+                "max_tokens": ep.max_tokens + budget,
+                "thinking": {"type": "enabled", "budget_tokens": budget},
+            }
         if prompt.system:
             payload["system"] = prompt.system
+        return url, headers, payload
+    url = ep.base_url.rstrip("/") + "/chat/completions"
+    if ep.api_key:
+        headers["authorization"] = f"Bearer {ep.api_key}"
+    payload = {"model": ep.model, "messages": prompt.messages}
+    if ep.reasoning == "openai":
+        payload["max_completion_tokens"] = ep.max_tokens + ep.reasoning_tokens
     else:
-        url = ep.base_url.rstrip("/") + "/chat/completions"
-        if ep.api_key:
-            headers["authorization"] = f"Bearer {ep.api_key}"
-        payload = {
-            "model": ep.model,
-            "max_tokens": ep.max_tokens,
-            "temperature": ep.temperature,
-            "seed": 0,
-            "messages": prompt.messages,
-        }
-        if ep.json_mode:
-            payload["response_format"] = {"type": "json_object"}
+        payload |= {"max_tokens": ep.max_tokens, "temperature": ep.temperature, "seed": 0}
+    if ep.json_mode:
+        payload["response_format"] = {"type": "json_object"}
+    return url, headers, payload
+
+
+async def call_model(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) -> dict[str, Any]:
+    """One call with retries: 429 waits for Retry-After, 5xx and timeouts back off exponentially.
+    With ``reasoning="auto"``, a 400 that refuses ``max_tokens`` or ``temperature`` (OpenAI's
+    reasoning models) is answered by resending in the reasoning form; the record says so
+    (``reasoning_mode``) and the runner keeps that form for later calls."""
+    url, headers, payload = request_of(ep, prompt)
     error = ""
     for attempt in range(1, ep.max_attempts + 1):
         t0 = time.perf_counter()
@@ -147,6 +174,14 @@ async def call_model(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) ->
             if resp.status_code == 200:
                 return _result(ep, resp.json(), time.perf_counter() - t0, attempt)
             error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+            if (
+                resp.status_code == 400
+                and ep.reasoning == "auto"
+                and ep.api == "openai"
+                and _REASONING_400.search(resp.text[:2000])
+            ):
+                result = await call_model(client, replace(ep, reasoning="openai"), prompt)
+                return result | {"reasoning_mode": "openai"}
             if resp.status_code not in RETRYABLE:
                 return {
                     "status": "error",
@@ -305,6 +340,8 @@ class Runner:
             self.exhausted = True
             return
         result = await call_model(client, self.ep, prompt)
+        if result.get("reasoning_mode") and self.ep.reasoning == "auto":
+            self.ep = replace(self.ep, reasoning=result["reasoning_mode"])
         self.budget.spend(cost)
         if result["status"] != "ok":
             self.errors += 1

@@ -184,7 +184,7 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     )
     plan = json.loads((out / "plan.json").read_text())
     summary = json.loads((out / "summary.json").read_text())["analysis"]
-    initial = {0.2, 0.5, 0.8}
+    initial = {0.1, 0.2, 0.5, 0.8}
     added = [lv for lv in plan["levels"] if lv not in initial and lv < 0.9]
     assert added, "refinement measured new levels"
     assert all(0.5 < lv < 0.8 for lv in added), f"levels added only where the drop is: {added}"
@@ -221,7 +221,7 @@ def test_dry_run_sends_nothing_and_budget_stops(
 ) -> None:
     d, url = scripted
     assert run_cli(*common(url, tmp_path / "dry", "--items", "5", "--dry-run")) == 0
-    assert "dry run: 65 calls" in capsys.readouterr().out and d.calls == 0
+    assert "dry run: 80 calls" in capsys.readouterr().out and d.calls == 0
     assert run_cli(*common(url, tmp_path / "b", "--items", "5", "--max-calls", "7")) == 0
     lines = (tmp_path / "b" / "calls.jsonl").read_text().splitlines()
     assert len(lines) == 7 and d.calls == 7
@@ -242,6 +242,8 @@ def test_retries_on_429_and_5xx(scripted: tuple[ScriptedModelDouble, str], tmp_p
                 "--repeats",
                 "1",
                 "--no-control",
+                "--low-fill",
+                "0",
             )
         )
         == 0
@@ -329,7 +331,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path
         )
         assert r.returncode == 0, r.stderr
     keys = [json.loads(x)["key"] for x in log.read_text().splitlines()]
-    assert len(keys) == len(set(keys)) == 8 + 8 * 4 * 2  # controls + items x levels x repeats
+    assert len(keys) == len(set(keys)) == 8 + 8 * 5 * 2  # controls + items x levels x repeats
     assert (
         d.calls <= len(keys) + 2
     )  # at most the calls in flight at the kill were made twice upstream
@@ -393,6 +395,8 @@ def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
                     "--levels",
                     "0.2,0.5,0.8",
                     "--no-control",
+                    "--tolerance",
+                    "0.15",
                 )
             )
             == 0
@@ -412,13 +416,32 @@ def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
         verdict = json.loads((tmp_path / "same" / "verdict.json").read_text())
         assert verdict["holds"] and verdict["verdict"].startswith("ceiling holds")
         plan = json.loads((tmp_path / "same" / "plan.json").read_text())
-        assert plan["repeats"] == 3 and len(plan["item_ids"]) == 10
+        # as many of the baseline's items as a difference in differences at 0.15 needs: all 20
+        assert plan["repeats"] == 3 and len(plan["item_ids"]) == 20
         # the reference, the baseline's ceiling level and the first level above it
         baseline = json.loads((base / "summary.json").read_text())["analysis"]
         assert plan["levels"][0] == 0.2 and baseline["ceiling_level"] in plan["levels"]
         assert len(plan["levels"]) <= 3 and any(
             lv > baseline["ceiling_level"] for lv in plan["levels"]
         )
+        # five items cannot show that nothing moved: the burden of proof is on "holds"
+        assert (
+            run_cli(
+                "run",
+                "--reduced",
+                "--baseline",
+                str(base),
+                "--items",
+                "5",
+                "--out",
+                str(tmp_path / "few"),
+                "--no-progress",
+            )
+            == 3
+        )
+        verdict = json.loads((tmp_path / "few" / "verdict.json").read_text())
+        assert verdict["outcome"] == "inconclusive" and not verdict["holds"]
+        assert verdict["verdict"].startswith("inconclusive: re-sweep")
     # the "model" changes: its knee moves down below 0.5
     moved = ScriptedModelDouble(TS, WINDOW, knee=0.35)
     with serve(moved.app()) as url2:

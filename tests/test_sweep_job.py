@@ -48,6 +48,7 @@ SWEEP_VALUES = {
         "window": 8192,
         "tokenizer": "o200k_base",
         "items": 6,
+        "acceptUnresolved": True,  # 6 items cannot resolve 0.05: the test checks the plumbing
         "levels": "0.2,0.6",
         "repeats": 1,
         "storage": {"create": True},
