@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck test demo bench local-model dashboards tools clean
+.PHONY: venv lint typecheck test demo bench bench-validity local-model dashboards tools clean
 
 venv: $(VENV)/.installed
 
@@ -41,6 +41,9 @@ demo: venv local-model  ## the whole loop on a real local model
 bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, sidecar observe/enforce
 	bash scripts/litellm.sh >/dev/null
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+bench-validity: venv  ## the sweep's statistics against known truth (simulation study, ~10 min)
+	$(PY) benchmarks/validity.py $(VALIDITY_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

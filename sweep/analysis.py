@@ -12,30 +12,35 @@ raises a ceiling). Items the model answers with no documents (the closed-book co
 out of the decision by default and reported apart. Levels below the reference (the low-fill
 control) are measured but not in the chain: they show a drop that starts before the reference.
 
-Ceiling rule: the highest level whose paired difference to the reference has a lower 95% bound
-above ``-tolerance``, measured on at least ``MIN_ITEMS`` items, with every lower level passing
-too. The enforced ceiling is that level's measured utilization times ``(1 - margin)``. Levels
+Ceiling rule: the highest level whose paired difference to the reference has a one-sided 95%
+lower bound above ``-tolerance`` (a non-inferiority test at 5%; the fixed-sequence chain keeps
+the chance of passing any level that really dropped at 5%), with every lower level passing too. The enforced ceiling is that level's measured utilization times ``(1 - margin)``. Levels
 are never interpolated: refinement measures new levels where the drop is.
 
 ``refusals`` lists every reason the number must not be used (``ceiling sweep derive`` refuses
 with exit status 1): a reference below the accuracy floor or not clearly above the closed-book
 control, an incomplete level, an unresolved decision (the deciding interval wider than the
-tolerance), a drop before the reference.
+tolerance, or a level scored on fewer than ``MIN_ITEMS`` items), a drop before the reference.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from statistics import mean
 from typing import Any
 
 from sweep.grade import BUCKETS, grade
-from sweep.stats import MIN_ITEMS, accuracy_interval, difference_interval
+from sweep.stats import MIN_ITEMS, accuracy_interval, difference_interval, difference_lower
 from sweep.taskset import Item
+
+
+def mean(values: Iterable[float]) -> float:
+    """The arithmetic mean (``statistics.mean`` is exact with fractions, and 20x slower here)."""
+    xs = list(values)
+    return sum(xs) / len(xs)
+
 
 DEFAULT_FLOOR = 0.5
 COUNTER_WARN = 0.02
@@ -72,6 +77,7 @@ class LevelStats:
     buckets: dict[str, float]
     diff: float = 0.0
     diff_ci: tuple[float, float] = (0.0, 0.0)
+    diff_lower: float = 0.0  # one-sided 95% lower bound: what the pass is tested on
     passes: bool = True
     mean_prompt_tokens: float = 0.0
     gold_position_accuracy: dict[str, float] = field(default_factory=dict)
@@ -168,8 +174,32 @@ def analyse(
     analytic now and need neither."""
     del seed, bootstrap
     all_records = list(records)
+    return analyse_graded(
+        all_records,
+        graded(all_records, items, docs),
+        window,
+        tolerance,
+        margin,
+        design=design,
+        floor=floor,
+        include_closed_book=include_closed_book,
+    )
+
+
+def analyse_graded(
+    all_records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    window: int,
+    tolerance: float,
+    margin: float,
+    *,
+    design: Design | None = None,
+    floor: float = DEFAULT_FLOOR,
+    include_closed_book: bool = False,
+) -> Analysis:
+    """The analysis of records already graded (``rows``: the ok ones, with ``correct`` and
+    ``bucket``); the validity benchmark drives this with simulated outcomes."""
     by_key = {r["key"]: r for r in all_records if "key" in r}
-    rows = graded(all_records, items, docs)
     if design is None:
         lv = sorted({float(r["level"]) for r in rows if not r["control"]})
         ids = sorted({r["item"] for r in rows})
@@ -199,6 +229,7 @@ def analyse(
         diffs = [means[s.level][k] - ref_means[k] for k in common]
         s.diff = mean(diffs) if diffs else 0.0
         s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
+        s.diff_lower = difference_lower(diffs) if diffs else -1.0
         s.half_width = round((s.diff_ci[1] - s.diff_ci[0]) / 2, 6)
     a = Analysis(
         stats,
@@ -275,7 +306,7 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     for s in a.chain:
         if s is ref:
             continue
-        s.passes = ok and s.complete and s.diff_ci[0] > -tolerance
+        s.passes = ok and s.complete and s.diff_lower > -tolerance
         ok = s.passes
     for s in a.levels:
         if s.role == "low_fill":
@@ -378,33 +409,3 @@ def _judge(
         )
     if a.errors:
         w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
-
-
-def refinements(
-    stats: list[LevelStats], tolerance: float, resolution: float, measured: set[float]
-) -> list[float]:
-    """Where to measure next: the geometric midpoint of the bracket that decides the ceiling (the
-    highest passing level and the first failing one), when accuracy drops across it by more than
-    the tolerance and the bracket is still wider than the resolution asked for. Drops between two
-    failing levels cannot move the ceiling and are left alone."""
-    chain = [s for s in stats if s.role != "low_fill"]
-    for a, b in itertools.pairwise(chain):
-        if a.passes and not b.passes:
-            if not b.complete:
-                return []
-            if a.diff - b.diff > tolerance and b.level - a.level > resolution:
-                mid = round(math.sqrt(a.level * b.level), 4)
-                if mid not in measured:
-                    return [mid]
-            return []
-    return []
-
-
-def open_levels(a: Analysis) -> list[float]:
-    """Levels whose decision more items could still change: the deciding level while it is not
-    decided. Adaptive allocation adds
-    items there (and at the reference, which they are paired with)."""
-    s = a.level(a.deciding_level)
-    if s is None or s.role != "level" or not s.complete or decided(s, a.tolerance):
-        return []
-    return [s.level]

@@ -142,6 +142,12 @@ def add_parsers(sub: Any) -> None:
         "(the provenance records it)",
     )
     d.add_argument(
+        "--force",
+        action="store_true",
+        help="for demonstrations only: write the ceiling despite every refusal (each one is "
+        "recorded in the provenance); never for a ceiling you enforce",
+    )
+    d.add_argument(
         "--include-closed-book",
         action="store_true",
         help="score items the model answers with no documents (left out by default)",

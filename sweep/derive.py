@@ -58,7 +58,8 @@ def entry_from(
             model_version=versions.most_common(1)[0][0] if versions else None,
             note=f"level {analysis.ceiling_level} measured at utilization "
             f"{next(s.utilization for s in analysis.levels if s.level == analysis.ceiling_level)}"
-            + ("" if analysis.resolved else "; UNRESOLVED, accepted with --accept-unresolved"),
+            + ("" if analysis.resolved else "; UNRESOLVED")
+            + ("; REFUSED, written with --force" if analysis.blocking(True) else ""),
             decision=_decision(analysis),
         ),
         fingerprint=TrafficFingerprint(
@@ -80,6 +81,7 @@ def _decision(a: Analysis) -> dict[str, Any]:
         "reference_accuracy": next((s.accuracy for s in a.levels if s.role == "reference"), None),
         "closed_book_accuracy": a.closed_book_accuracy,
         "items": max((s.n_items for s in a.levels), default=0),
+        "refusals": a.refusals,
     }
 
 

@@ -133,6 +133,7 @@ def _pattern(value: str) -> re.Pattern[str] | None:
 
 
 _lower = lru_cache(maxsize=4096)(str.lower)
+_TOKENS = re.compile(r"\d[\d,.]*\d|[A-Za-z]*\d[\w./:-]*\w|[A-Z][\w-]*-\w+")
 
 
 def _in_text(value: str, text: str) -> bool:
@@ -156,6 +157,8 @@ def _from_padding(
     if not shown or not docs:
         return False
     values = _values(answer)
+    # free text: the numbers and ids it names are the candidates
+    values += [t for v in values if " " in v for t in _TOKENS.findall(v)]
     if not values:
         return False
     gold = [docs.get(g, "") for g in item.gold]

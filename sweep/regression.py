@@ -7,20 +7,24 @@ difference in differences per item): a change that lowers every level alike (a n
 weaker model) moves no ceiling, and one that steepens the drop does, even where absolute
 accuracy at a level barely moved.
 
-The burden of proof is on "holds": the verdict is ``holds`` only when, at the stored ceiling
-level and the level above it, the 95% interval of the change in drop lies wholly inside
-``±tolerance``; ``moved`` when at either level it lies wholly outside; otherwise
-``inconclusive``: re-sweep (too few items, or a change near the tolerance). Exit status 0, 1, 3.
+The burden of proof is on "holds": the verdict is ``holds`` only when the stored ceiling level
+passes again by the sweep's own rule (its drop from the reference *now* has a one-sided 95% lower
+bound above ``-tolerance``: if it has really become unsafe, that happens in at most 5% of checks)
+and no level's change in drop is beyond ``±tolerance``; ``moved`` when at any level the 95%
+interval of the change in drop lies wholly outside ``±tolerance`` (a real drop, or a real gain
+that would allow a higher ceiling); otherwise ``inconclusive``: re-sweep (too few items, or a
+change near the tolerance). Exit status 0, 1, 3. (Requiring the change itself to be shown inside
+``±tolerance``, an equivalence test, was measured too strict to be useful: a difference in
+differences has twice the variance, and on unchanged curves it said "holds" in 1.3% of checks.)
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from statistics import mean
 from typing import Any
 
-from sweep.analysis import Analysis, graded, item_means
-from sweep.stats import difference_interval
+from sweep.analysis import Analysis, graded, item_means, mean
+from sweep.stats import difference_interval, difference_lower
 from sweep.taskset import Item
 
 EXIT = {"holds": 0, "moved": 1, "inconclusive": 3}
@@ -42,7 +46,9 @@ class LevelEvidence:
     accuracy: float
     change: float  # change of the drop relative to the reference (now - then)
     change_ci: tuple[float, float]
-    n_items: int = 0
+    n_items: int = 0  # paired with the baseline
+    n_items_now: int = 0  # measured now at this level and the reference
+    drop_lower: float = 0.0  # one-sided 95% lower bound of the drop now (the sweep's rule)
     baseline_drop: float = 0.0
     drop: float = 0.0
 
@@ -101,6 +107,17 @@ def compare(
     del seed
     then = item_means(graded(base_records, items, docs))
     now = item_means(graded(new_records, items, docs))
+    return compare_means(baseline, reduced, then, now, tolerance)
+
+
+def compare_means(
+    baseline: Analysis,
+    reduced: Analysis,
+    then: dict[float, dict[str, float]],
+    now: dict[float, dict[str, float]],
+    tolerance: float | None = None,
+) -> Verdict:
+    """The verdict from per-item mean correctness by level, then and now."""
     tol = baseline.tolerance if tolerance is None else tolerance
     ref = baseline.reference_level if baseline.reference_level is not None else min(now, default=0)
     evidence = []
@@ -117,6 +134,8 @@ def compare(
         drop_then = {k: then[lv][k] - then[ref][k] for k in common}
         drop_now = {k: now[lv][k] - now[ref][k] for k in common}
         dd = [drop_now[k] - drop_then[k] for k in common]
+        # the drop now is tested on every item measured now, paired or not with the baseline
+        now_all = [now[lv][k] - now[ref][k] for k in now[lv] if k in now.get(ref, {})]
         evidence.append(
             LevelEvidence(
                 level=lv,
@@ -124,7 +143,9 @@ def compare(
                 accuracy=mean(now[lv][k] for k in common),
                 change=mean(dd),
                 change_ci=difference_interval(dd),
+                drop_lower=difference_lower(now_all),
                 n_items=len(common),
+                n_items_now=len(now_all),
                 baseline_drop=mean(drop_then.values()),
                 drop=mean(drop_now.values()),
             )
@@ -142,19 +163,16 @@ def compare(
         v.reasons.append(
             "no level at or above the stored ceiling could be paired with the baseline"
         )
+    at = [e for e in deciding if e.level == baseline.ceiling_level] or deciding[:1]
     if v.moved():
         v.outcome = "moved"
-    elif (
-        deciding
-        and not incomplete
-        and all(-tol < e.change_ci[0] and e.change_ci[1] < tol for e in deciding)
-    ):
+    elif at and not incomplete and all(e.drop_lower > -tol for e in at):
         v.outcome = "holds"
     elif not v.reasons:
-        wide = max(deciding, key=lambda e: e.change_ci[1] - e.change_ci[0])
+        worst = min(at, key=lambda e: e.drop_lower)
         v.reasons.append(
-            f"at level {wide.level:g} the change in drop is {wide.change:+.0%} with 95% CI "
-            f"{wide.change_ci[0]:+.0%}..{wide.change_ci[1]:+.0%} on {wide.n_items} items: not "
-            f"shown to be within ±{tol:.0%}"
+            f"at the stored ceiling level {worst.level:g} the drop from the reference is now "
+            f"{worst.drop:+.0%} (one-sided 95% bound {worst.drop_lower:+.0%}) on "
+            f"{worst.n_items_now} items: not shown to be within the tolerance ({tol:.0%})"
         )
     return v

@@ -155,7 +155,10 @@ def derive(args: argparse.Namespace, console: Console) -> int:
         out, args.tolerance, args.margin, args.min_accuracy, args.include_closed_book
     )
     refusals = a.blocking(args.accept_unresolved)
-    if refusals:
+    if refusals and args.force and a.ceiling_level is not None:
+        for why in refusals:
+            console.print(f"[bold yellow]forced past:[/] {why}")
+    elif refusals:
         for why in refusals:
             console.print(f"[bold red]refused:[/] {why}")
         print(
@@ -173,7 +176,7 @@ def derive(args: argparse.Namespace, console: Console) -> int:
     doc = merged(existing, entry)
     target = Path(args.out) if args.out else out / "ceilings.yaml"
     write_atomically(target, dump_document(doc))
-    if not a.resolved:
+    if not a.resolved and not args.force:
         console.print(
             "[bold yellow]unresolved[/]: written because --accept-unresolved was given; the "
             "provenance says so"

@@ -22,8 +22,8 @@ from ceiling.engine import SyncEngine
 from ceiling.models import ChatFormat, UpstreamSpec
 from ceiling.tokenizers import TiktokenCounter
 from ceiling.utilization import practical_limit
-from sweep.analysis import open_levels, refinements
 from sweep.context import ContextBuilder, Meter, group_items
+from sweep.design import batch_size, next_step
 from sweep.regression import reduced_levels
 from sweep.results import SweepUsageError, analysis_of, report, verdict
 from sweep.runner import Budget, CallLog, Endpoint, Runner
@@ -194,14 +194,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
     by_id = {it.id: it for it in ts.items}
     order = [it.id for it in _order(ts.items, plan["seed"])]
     repeats = int(plan["repeats"])
-    target_items = min(len(order), int(plan.get("items") or items_for(plan["tolerance"], repeats)))
+    planned = min(len(order), items_for(plan["tolerance"], repeats))
+    if plan.get("items"):
+        target_items = min(len(order), int(plan["items"]))  # a fixed design
+    elif plan.get("adaptive"):
+        target_items = len(order)  # up to every item, where the decision is open
+    else:
+        target_items = planned
     if plan.get("item_ids"):
         drawn = [i for i in plan["item_ids"] if i in by_id]
+    elif plan.get("adaptive") and not plan.get("items"):
+        drawn = order[: min(target_items, max(MIN_ITEMS, -(-planned // 2)))]
     else:
-        first = target_items
-        if plan.get("adaptive") and not plan.get("items"):
-            first = min(target_items, max(MIN_ITEMS, -(-target_items // 2)))
-        drawn = order[:first]
+        drawn = order[:target_items]
     batches: list[int] = plan.get("batches") or [len(drawn)]
     n_at: dict[str, int] = plan.get("n_at") or {f"{lv:.4f}": len(drawn) for lv in levels}
     n_control = int(plan.get("n_control", len(drawn) if plan["control"] else 0))
@@ -252,7 +257,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             n_at=n_at,
             n_control=n_control,
             reference=reference,
-            planned_items=target_items,
+            planned_items=planned,
+            item_cap=target_items,
         )
         assert out is not None
         (out / "plan.json").write_text(json.dumps(plan, indent=2))
@@ -291,9 +297,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         calls, tokens = runner.estimate(samples)
         hw = expected_half_width(len(drawn), repeats)
-        full = expected_half_width(target_items, repeats)
         more = (
-            f"; adaptive: up to {target_items} items (±{full:.1%}) where the decision is open"
+            f"; {planned} items are planned for ±{expected_half_width(planned, repeats):.1%}: "
+            f"adaptive, up to {target_items} items (±{expected_half_width(target_items, repeats):.1%})"
+            " where the decision is still open"
             if plan.get("adaptive") and target_items > len(drawn)
             else ""
         )
@@ -313,42 +320,42 @@ def run(args: argparse.Namespace, console: Console) -> int:
     )
     try:
         asyncio.run(runner.run(samples))
-        while (plan.get("refine") or plan.get("adaptive")) and not runner.exhausted:
-            a = analysis_of(out)[0]
-            step: list[Any] = []
-            open_ = open_levels(a) if plan.get("adaptive") else []
-            if open_ and len(drawn) < target_items:
-                step_n = max(MIN_ITEMS // 2, target_items // 4)
-                new_ids = order[len(drawn) : len(drawn) + step_n]
-                new_ids = [i for i in new_ids if i not in drawn]
+        while not runner.exhausted:
+            step = next_step(
+                analysis_of(out)[0],
+                drawn=len(drawn),
+                target_items=target_items,
+                refine=bool(plan.get("refine")),
+                adaptive=bool(plan.get("adaptive")),
+                resolution=plan["resolution"],
+                batch=batch_size(planned),
+            )
+            if step is None:
+                break
+            where = ", ".join(f"{x:g}" for x in step.levels)
+            if step.kind == "items":
+                new_ids = [i for i in order if i not in set(drawn)][: step.new_items]
                 if not new_ids:
                     break
                 drawn += new_ids
                 batches.append(len(drawn))
-                for lv in (reference, *open_):
+                for lv in step.levels:
                     n_at[f"{lv:.4f}"] = len(drawn)
                 if plan["control"]:
                     n_control = len(drawn)
                 console.print(
-                    f"adding {len(new_ids)} items at {', '.join(f'{x:g}' for x in (reference, *open_))}"
-                    f" where the decision is open (now {len(drawn)} items)"
+                    f"adding {len(new_ids)} items at {where} where the decision is open "
+                    f"(now {len(drawn)} items)"
                 )
-                step = samples_for([reference, *open_], n_control if plan["control"] else 0)
-            elif plan.get("refine") and not open_:
-                new = refinements(a.levels, plan["tolerance"], plan["resolution"], set(levels))
-                if not new:
-                    break
-                console.print(
-                    f"refining: measuring {', '.join(f'{x:g}' for x in new)} where accuracy drops"
-                )
-                for lv in new:
-                    n_at[f"{lv:.4f}"] = n_at[f"{reference:.4f}"]
-                levels = sorted(set(levels) | set(new))
-                step = samples_for(new)
+                todo = samples_for(list(step.levels), n_control if plan["control"] else 0)
             else:
-                break
+                console.print(f"refining: measuring {where} where accuracy drops")
+                for lv in step.levels:
+                    n_at[f"{lv:.4f}"] = n_at[f"{reference:.4f}"]
+                levels = sorted(set(levels) | set(step.levels))
+                todo = samples_for(list(step.levels))
             save()
-            asyncio.run(runner.run(step))
+            asyncio.run(runner.run(todo))
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: every finished call is in {out / 'calls.jsonl'}; "

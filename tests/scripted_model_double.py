@@ -38,6 +38,11 @@ class ScriptedModelDouble:
     delay: float = 0.0
     fail_first: dict[str, int] = field(default_factory=dict)  # status -> how many times
     calls: int = 0
+    shoulder: tuple[float, float] | None = None  # (from utilization, accuracy) before the knee
+    closed_book: bool = False  # answers right with no documents too (it knows the task set)
+    reasoning_only: bool = False  # refuses max_tokens / temperature like a reasoning model
+    usage_scale: float = 1.0  # reports prompt tokens off by this factor (another tokenizer)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.by_question = {it.question: it for it in self.ts.items}
@@ -73,15 +78,34 @@ class ScriptedModelDouble:
         if self.delay:
             await asyncio.sleep(self.delay)
         body = await request.json()
+        self.bodies.append({k: v for k, v in body.items() if k != "messages"})
+        if self.reasoning_only and ("max_tokens" in body or "temperature" in body):
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "Unsupported parameter: 'max_tokens' is not supported with "
+                        "this model. Use 'max_completion_tokens' instead.",
+                        "type": "invalid_request_error",
+                        "param": "max_tokens",
+                        "code": "unsupported_parameter",
+                    }
+                },
+                status_code=400,
+            )
         user = body["messages"][-1]["content"]
         m = _Q.search(user)
         item = self.by_question.get(m.group(1).strip()) if m else None
         tokens = count_openai(body, self.enc).total
-        if item is None or "(no documents)" in user:
-            reply: dict[str, Any] = {"answer": None, "evidence": []}
+        if item is not None and self.closed_book:
+            reply: dict[str, Any] = self._answer(item, True)
+        elif item is None or "(no documents)" in user:
+            reply = {"answer": None, "evidence": []}
         else:
             u = int.from_bytes(hashlib.sha256(user.encode()).digest()[:8], "big") / 2**64
-            p = self.high if tokens / self.window < self.knee else self.low
+            u_fill = tokens / self.window
+            p = self.high if u_fill < self.knee else self.low
+            if self.shoulder and self.shoulder[0] <= u_fill < self.knee:
+                p = self.shoulder[1]
             reply = self._answer(item, u < p)
         return JSONResponse(
             {
@@ -96,7 +120,7 @@ class ScriptedModelDouble:
                     }
                 ],
                 "usage": {
-                    "prompt_tokens": tokens,
+                    "prompt_tokens": round(tokens * self.usage_scale),
                     "completion_tokens": 20,
                     "total_tokens": tokens + 20,
                 },

@@ -228,6 +228,10 @@ def test_sweep_derive_push_enforce_on_the_real_model(
                 str(llm.window),
                 "--tokenize-url",
                 llm.url,
+                "--low-fill",
+                "0",
+                "--no-refine",
+                "--no-adaptive",
                 "--out",
                 str(out),
                 "--no-progress",
@@ -247,11 +251,16 @@ def test_sweep_derive_push_enforce_on_the_real_model(
             )
             == 4 + 24
         )
-        if summary["ceiling_tokens"] is None:
-            # the model failed even the reference level on this run: derive must say so, exit 2
-            assert cli_main(["sweep", "derive", str(out), "--model", "qwen"]) == 2
-            return
-        assert cli_main(["sweep", "derive", str(out), "--model", "qwen", "--workload", "rag"]) == 0
+        # four items cannot resolve a 0.05 tolerance: derive refuses and writes nothing
+        derive = ["sweep", "derive", str(out), "--model", "qwen", "--workload", "rag"]
+        assert cli_main(derive) == 1 and not (out / "ceilings.yaml").exists()
+        refusals = summary["refusals"]
+        assert any(r.startswith("unresolved") for r in refusals)
+        others = [r for r in refusals if not r.startswith("unresolved") and "floor" not in r]
+        if summary["ceiling_tokens"] is None or others:
+            return  # this small model failed the reference or its control on this run: refused
+        # the pipeline's contract from here on: accepted explicitly, recorded in the provenance
+        assert cli_main([*derive, "--accept-unresolved", "--min-accuracy", "0"]) == 0
         doc = load_document(out / "ceilings.yaml")
         ceiling = doc.entries[0].ceiling_tokens
         assert 0 < ceiling < llm.window

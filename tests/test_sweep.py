@@ -79,7 +79,7 @@ def test_bundled_taskset_is_current_and_complete(tmp_path: Path) -> None:
             lambda s: s.replace('"question": ', '"questio": ', 1),
             "items.jsonl:1: question: Field required",
         ),
-        ("items.jsonl", lambda s: s + "{not json\n", "items.jsonl:241: not valid JSON"),
+        ("items.jsonl", lambda s: s + "{not json\n", "items.jsonl:961: not valid JSON"),
         (
             "items.jsonl",
             lambda s: s.replace('"gold": ["', '"gold": ["MISSING-', 1),
@@ -300,7 +300,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path
             "-m",
             "ceiling.cli",
             "sweep",
-            *common(url + "/v1", out, "--items", "8", "--repeats", "2"),
+            *common(url + "/v1", out, "--items", "8", "--repeats", "2", "--no-refine"),
         ]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         log = out / "calls.jsonl"
@@ -343,7 +343,7 @@ def test_shards_merge_into_the_same_run(
     scripted: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
     _, url = scripted
-    base = ["--items", "6", "--repeats", "2", "--levels", "0.2,0.6"]
+    base = ["--items", "6", "--repeats", "2", "--levels", "0.2,0.6", "--no-refine"]
     assert run_cli(*common(url, tmp_path / "whole", *base)) == 0
     for i in range(3):
         assert run_cli(*common(url, tmp_path / f"s{i}", *base, "--shard", f"{i}/3")) == 0
@@ -397,6 +397,7 @@ def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
                     "--no-control",
                     "--tolerance",
                     "0.15",
+                    "--no-refine",
                 )
             )
             == 0

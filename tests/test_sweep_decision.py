@@ -1,0 +1,289 @@
+"""The sweep's number can be acted on: refusals, resolution, regression burden, reasoning models.
+
+Runs the real ``ceiling sweep`` command line against the scripted model double (a stand-in for a
+model whose accuracy curve is known) on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ceiling.ceilings import load_document
+from sweep.analysis import Design, analyse_graded
+from sweep.context import Prompt
+from sweep.grade import grade
+from sweep.runner import Endpoint, request_of
+from sweep.stats import accuracy_interval, difference_interval, difference_lower, items_for
+from sweep.taskset import ExactAnswer, Item
+from tests.hosted_provider_double import serve
+from tests.scripted_model_double import ScriptedModelDouble
+from tests.test_sweep import TS, WINDOW, common, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def model() -> Iterator[tuple[ScriptedModelDouble, str]]:
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.65)
+    with serve(d.app()) as url:
+        yield d, url + "/v1"
+
+
+def small(url: str, out: Path, *extra: str) -> list[str]:
+    return common(url, out, "--levels", "0.2,0.5", "--repeats", "1", "--no-refine", *extra)
+
+
+def derive(out: Path, *extra: str) -> int:
+    return run_cli("derive", str(out), "--model", "m", *extra)
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def test_a_model_that_never_answers_right_gets_no_ceiling(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d, url = model
+    d.high = d.low = 0.0
+    out = tmp_path / "wrong"
+    assert run_cli(*small(url, out, "--items", "25")) == 0
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert all(s["accuracy"] == 0 for s in summary["levels"])
+    assert derive(out) == 1
+    err = capsys.readouterr().err
+    assert "below the floor" in err and err.count("\n") == 1
+    assert not (out / "ceilings.yaml").exists()
+    # --accept-unresolved does not waive the floor
+    assert derive(out, "--accept-unresolved") == 1
+    assert not (out / "ceilings.yaml").exists()
+
+
+def test_a_model_that_answers_from_memory_gets_no_ceiling(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d, url = model
+    d.closed_book = True
+    out = tmp_path / "memory"
+    assert run_cli(*small(url, out, "--items", "25")) == 0
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert len(summary["closed_book_flagged"]) == 25 and summary["closed_book_excluded"]
+    assert derive(out) == 1  # every item left out: nothing to decide on
+    capsys.readouterr()
+    assert derive(out, "--include-closed-book", "--accept-unresolved") == 1
+    assert "not clearly above the closed-book control" in capsys.readouterr().out
+
+
+def test_missing_and_errored_calls_fail_the_level_until_resumed(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d, url = model
+    out = tmp_path / "cut"
+    # cut short by the budget: the last level is incomplete and cannot pass or raise anything
+    assert run_cli(*small(url, out, "--items", "20", "--no-control", "--max-calls", "50")) == 0
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    top = summary["levels"][-1]
+    assert top["missing_calls"] > 0 and not top["passes"]
+    assert derive(out, "--accept-unresolved") == 1
+    assert "incomplete" in capsys.readouterr().err
+    # a non-retryable upstream error is an errored call, never silently dropped
+    d.fail_first = {"400": 2}
+    assert run_cli("run", "--resume", "--out", str(out), "--no-progress") == 0
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert sum(s["errored_calls"] for s in summary["levels"]) == 2
+    assert derive(out, "--accept-unresolved") == 1
+    assert "errored" in capsys.readouterr().err
+    assert run_cli("run", "--resume", "--out", str(out), "--no-progress") == 0
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert all(s["missing_calls"] == s["errored_calls"] == 0 for s in summary["levels"])
+    assert derive(out, "--accept-unresolved") == 0
+
+
+def test_an_unresolved_ceiling_is_refused_unless_accepted(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, url = model
+    out = tmp_path / "few"
+    assert run_cli(*common(url, out, "--items", "20", "--levels", "0.2,0.5,0.8")) == 0
+    assert derive(out) == 1
+    assert "unresolved" in capsys.readouterr().err
+    assert derive(out, "--accept-unresolved") == 0
+    [entry] = load_document(out / "ceilings.yaml").entries
+    assert entry.provenance.decision["resolved"] is False
+    assert "UNRESOLVED" in (entry.provenance.note or "")
+
+
+def test_default_sweep_plans_adds_items_where_open_and_resolves(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d, url = model
+    d.shoulder = (0.6, 0.9)  # a small drop before the knee: the decision there is close
+    out = tmp_path / "auto"
+    args = common(url, out, "--tolerance", "0.1", "--levels", "0.2,0.5,0.8")
+    assert run_cli(*args, "--dry-run") == 0
+    dry = " ".join(capsys.readouterr().out.split())
+    planned = items_for(0.1, 3)
+    assert "expected paired-difference 95% CI ±" in dry
+    assert f"{planned} items are planned" in dry
+    assert run_cli(*args) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert plan["planned_items"] == planned and plan["adaptive"] and plan["refine"]
+    assert summary["resolved"] and summary["refusals"] == []
+    first = plan["batches"][0]
+    assert first == -(-planned // 2) and len(plan["batches"]) > 1, "items were added"
+    added = [lv for lv, n in plan["n_at"].items() if n > first]
+    assert "0.2000" in added and all(0.5 < float(lv) < 0.8 for lv in added if lv != "0.2000")
+    assert plan["n_at"]["0.8000"] == first, "no items added where the decision was clear"
+    assert 0.1 in plan["levels"], "a low-fill control below the reference"
+    ref = next(s for s in summary["levels"] if s["role"] == "reference")
+    assert ref["level"] == 0.2 and ref["n_items"] >= planned // 2
+    ceiling_util = next(
+        s["utilization"] for s in summary["levels"] if s["level"] == summary["ceiling_level"]
+    )
+    assert 0.5 <= ceiling_util < 0.65, "below the knee, within the resolution of it"
+    assert derive(out) == 0
+    [entry] = load_document(out / "ceilings.yaml").entries
+    assert entry.provenance.decision["resolved"] is True
+
+
+def test_the_regression_check_needs_proof_to_say_holds(tmp_path: Path) -> None:
+    """A change that really steepens the drop is 'moved' even when the level's own accuracy
+    barely moved relative to the baseline's noise; too few items give 'inconclusive' (exit 3)."""
+    base = tmp_path / "base"
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.65)
+    with serve(d.app()) as url:
+        args = common(url + "/v1", base, "--items", "40", "--levels", "0.2,0.5,0.8")
+        assert run_cli(*args, "--no-control", "--tolerance", "0.2") == 0
+    worse = ScriptedModelDouble(TS, WINDOW, knee=0.45, high=0.95, low=0.5)
+    with serve(worse.app()) as url:
+        code = run_cli(
+            "run",
+            "--reduced",
+            "--baseline",
+            str(base),
+            "--base-url",
+            url + "/v1",
+            "--out",
+            str(tmp_path / "r"),
+            "--no-progress",
+        )
+    verdict = json.loads((tmp_path / "r" / "verdict.json").read_text())
+    assert code == 1 and verdict["outcome"] == "moved"
+    stored = json.loads((base / "summary.json").read_text())["analysis"]["ceiling_level"]
+    moved = next(e for e in verdict["levels"] if e["level"] == stored)
+    assert moved["drop"] < moved["baseline_drop"] - 0.2 and moved["change_ci"][1] < -0.2
+
+
+# -- the pieces ------------------------------------------------------------------------------
+
+
+def test_intervals_never_collapse_and_contain_the_estimate() -> None:
+    for n in (1, 2, 10, 30, 300):
+        lo, hi = accuracy_interval([1.0] * n)
+        assert lo < 1.0 == hi
+        lo, hi = difference_interval([0.0] * n)
+        assert lo < 0 < hi
+        assert difference_lower([0.0] * n) < 0
+    lo, hi = difference_interval([-1.0] * 30)
+    assert lo == -1.0 and hi > -1.0
+    # one-sided bound is tighter than the two-sided one
+    d = [0.0, -1 / 3, 1 / 3, 0.0, -2 / 3] * 20
+    assert difference_interval(d)[0] < difference_lower(d) < sum(d) / len(d)
+
+
+def test_incomplete_reference_fails_every_level() -> None:
+    rows = [
+        {
+            "key": f"i{i}@{lv:.4f}#0",
+            "item": f"i{i}",
+            "level": lv,
+            "repeat": 0,
+            "control": False,
+            "correct": 1,
+            "bucket": "correct",
+            "utilization": lv,
+            "prompt_tokens": 100,
+            "status": "ok",
+        }
+        for i in range(30)
+        for lv in (0.2, 0.5)
+        if not (lv == 0.2 and i >= 25)
+    ]
+    ids = [f"i{i}" for i in range(30)]
+    a = analyse_graded(rows, rows, 1000, 0.05, 0.1, design=Design.full([0.2, 0.5], ids, 1, False))
+    assert a.ceiling_level is None and not any(s.passes for s in a.levels)
+    assert any("0.2 is incomplete: 5 of 30" in r for r in a.refusals)
+
+
+def test_an_answer_taken_from_a_padding_document_is_decoyed() -> None:
+    item = Item(
+        id="q",
+        question="What is the fee of contract K-1?",
+        gold=["k1"],
+        answer=ExactAnswer(kind="exact", value="4,200"),
+    )
+    docs = {
+        "k1": "Contract K-1: the fee is 4,200 EUR.",
+        "k2": "Contract K-2: the fee is 6,350 EUR; notice of 90 days.",
+    }
+    shown = ["k2", "k1"]
+    assert grade(item, "The fee is 6350.", "stop", shown, docs).bucket == "decoyed"
+    assert grade(item, '{"answer": "6,350", "evidence": []}', "stop", shown, docs).bucket == (
+        "decoyed"
+    )
+    assert grade(item, "It is 9,999.", "stop", shown, docs).bucket == "missed"
+    assert grade(item, "4200", "stop", shown, docs).correct
+    # a value in the gold document too is not a decoy
+    assert grade(item, "K-1", "stop", shown, docs).bucket == "missed"
+
+
+def test_reasoning_models_get_what_they_accept(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path
+) -> None:
+    d, url = model
+    d.reasoning_only = True
+    out = tmp_path / "o"
+    assert run_cli(*small(url, out, "--items", "3", "--no-control", "--low-fill", "0")) == 0
+    records = [json.loads(x) for x in (out / "calls.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and all(r["status"] == "ok" for r in records)
+    assert any(r.get("reasoning_mode") == "openai" for r in records)
+    sent = [b for b in d.bodies if "max_completion_tokens" in b]
+    assert sent and all("temperature" not in b and "max_tokens" not in b for b in sent)
+    ep = Endpoint("http://x", api="anthropic", reasoning="anthropic", reasoning_tokens=2000)
+    _, _, body = request_of(
+        ep, Prompt(system="s", user="u", doc_ids=[], gold_positions={}, tokens=1, target=1)
+    )
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2000}
+    assert body["max_tokens"] == 2100 and "temperature" not in body
+
+
+def test_the_counter_is_reconciled_with_the_reported_prompt_tokens(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path
+) -> None:
+    d, url = model
+    d.usage_scale = 1.1  # the upstream's tokenizer counts 10% more than ours
+    out = tmp_path / "c"
+    assert run_cli(*small(url, out, "--items", "4", "--no-control")) == 0
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    for s in summary["levels"]:
+        assert s["counter_error"] == pytest.approx(1 / 1.1 - 1, abs=0.01)
+    assert any("off the prompt tokens the upstream reported" in w for w in summary["warnings"])
+
+
+def test_validity_benchmark_runs_the_real_code() -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "validity.py"), "--runs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "enforced ceiling <= true drop point" in r.stdout
+    assert "paired-difference CI covers" in r.stdout
+    assert "zero accuracy refused | yes" in r.stdout
