@@ -2,17 +2,29 @@
 
 Stages, in a configurable order, each run only while the request is still over budget:
 
-- ``tool_results``: cap each tool result carried forward to N tokens, oldest first, keeping its
-  head and tail around a visible marker that says how many tokens were removed;
+- ``tool_results``: shorten tool results carried forward, oldest first, each only as far as the
+  budget still needs and never below N tokens, keeping its head and tail around a visible marker
+  that says how many tokens were removed;
 - ``retrieved``: drop retrieved chunks (Anthropic ``document``/``search_result`` blocks, text
-  matching the chunk pattern), whole chunks only, the lowest-ranked (last) first;
+  matching the chunk pattern) in user and tool messages, whole chunks only, the lowest-ranked
+  (last) first, until it fits;
 - ``history``: drop the oldest whole turns, keeping system messages, the first user turn
-  (configurable) and the latest turn; a turn carries its assistant tool calls and their results,
-  so no tool call or tool result is ever orphaned.
+  (configurable) and the latest turn.
+
+A turn is what the providers' rules make one unit: a user message that starts it, then every
+assistant message with its tool calls and the messages that answer them (OpenAI ``tool``
+messages; Anthropic user messages that hold ``tool_result`` blocks, whatever else they hold, such
+as the text reminders coding agents attach), thinking and redacted-thinking blocks included, never
+modified. Dropping whole turns keeps Anthropic's alternation and a user message first; no tool
+call or tool result is ever orphaned; assistant messages are never edited.
 
 Anthropic ``cache_control`` prefixes are cut only when nothing else fits, and the cache loss is
 counted. The request is counted once (the sidecar passes its count in); trimming works on the
-per-part counts and re-tokenizes only the small texts it rewrites, so it stays linear.
+per-part counts and re-tokenizes only the small texts it rewrites, then the output is counted
+again with the same counter: ``report.after`` is that recount (markers and placeholders
+included), and ``fits`` is true only when it is within budget (a short further round runs when
+the estimate was optimistic). Nothing is left empty: a text emptied by trimming is dropped, or,
+when it was a message's only content, replaced by a one-line placeholder.
 
 Application code can call :func:`fit` in its own request builder; the sidecar is the safety net.
 """
@@ -43,6 +55,7 @@ Stage = Literal["tool_results", "retrieved", "history"]
 KINDS: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
 
 MARKER = "\n[... {n} tokens removed by context-ceiling ...]\n"
+MAX_ROUNDS = 4  # trim, recount; a second round is rare (an optimistic estimate), a fourth unseen
 PLACEHOLDER = "[retrieved documents removed by context-ceiling to fit the context budget]"
 
 
@@ -142,6 +155,7 @@ class _Trimmer:
         self.first_cut: tuple[int, int] | None = None
         self.boundary = self._cache_boundary()
         self.count = count
+        self.marker_tokens = counter.count(MARKER.format(n=100000))
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -172,8 +186,13 @@ class _Trimmer:
 
     # -- stages ------------------------------------------------------------------------------
 
+    def _target(self, tokens: int) -> int:
+        """What one tool result keeps, marker included: only as much is removed as the budget
+        still needs, and never below the policy's floor."""
+        needed = self.report.after - self.report.budget
+        return max(self.policy.tool_result_max_tokens, tokens - needed)
+
     def tool_results(self, allow_prefix: bool) -> None:
-        cap = self.policy.tool_result_max_tokens
         for i, m in enumerate(self.messages):
             if self.fits():
                 return
@@ -183,7 +202,7 @@ class _Trimmer:
                 if (i, -1) in self.replace or self._protected(i, -1, allow_prefix):
                     continue
                 tokens = sum(p.tokens for p in self.parts[i] if not p.frame)
-                new = self._truncate(_texts(m.get("content")), tokens, cap)
+                new = self._truncate(_texts(m.get("content")), tokens, self._target(tokens))
                 if new is not None:
                     text, new_tokens = new
                     self.replace[(i, -1)] = text
@@ -202,26 +221,36 @@ class _Trimmer:
                     if (i, j) in self.replace or self._protected(i, j, allow_prefix):
                         continue
                     tokens = sum(p.tokens for p in self.parts[i] if p.block == j) - 3
-                    new = self._truncate(_texts(inner), tokens, cap)
+                    new = self._truncate(_texts(inner), tokens, self._target(tokens))
                     if new is not None:
                         text, new_tokens = new
                         self.replace[(i, j)] = {**b, "content": text}
                         self._take("tool_results", i, j, tokens - new_tokens)
 
-    def _truncate(self, text: str, tokens: int, cap: int) -> tuple[str, int] | None:
-        if tokens <= cap or not text:
+    def _truncate(self, text: str, tokens: int, target: int) -> tuple[str, int] | None:
+        """Head and tail of ``text`` around the marker, ``target`` tokens or fewer in all (a few
+        tries: where a cut falls changes the count by a token or two)."""
+        if tokens <= target or not text:
             return None
-        keep = max(1, int(len(text) * (cap / 2) / tokens))
-        head, tail = text[:keep], text[-keep:]
-        kept = self.counter.count(head) + self.counter.count(tail)
-        new = head + MARKER.format(n=max(0, tokens - kept)) + tail
-        new_tokens = self.counter.count(new)
-        return (new, new_tokens) if new_tokens < tokens else None
+        inner = target - self.marker_tokens
+        best: tuple[str, int] | None = None
+        for _ in range(4):
+            keep = max(1, int(len(text) * (max(1, inner) / 2) / tokens))
+            head, tail = text[:keep], text[-keep:]
+            kept = self.counter.count(head) + self.counter.count(tail)
+            new = head + MARKER.format(n=max(0, tokens - kept)) + tail
+            new_tokens = self.counter.count(new)
+            if new_tokens < tokens:
+                best = (new, new_tokens)
+            if new_tokens <= target or inner <= 1:
+                break
+            inner -= new_tokens - target + 1
+        return best
 
     def retrieved(self, allow_prefix: bool) -> None:
         by_message: dict[int, list[Part]] = defaultdict(list)
         for i in sorted(self.parts):
-            if i < 0 or i in self.drop_messages:
+            if i < 0 or i in self.drop_messages or self._role(i) == "assistant":
                 continue
             for p in self.parts[i]:
                 if p.component is Component.RETRIEVED:
@@ -275,16 +304,21 @@ class _Trimmer:
                     self.drop_messages.add(i)
                     self._take("history", i, -1, self.msg_tokens.get(i, 0))
 
+    def _role(self, i: int) -> Any:
+        m = self.messages[i] if 0 <= i < len(self.messages) else None
+        return m.get("role") if isinstance(m, dict) else None
+
     def _starts_turn(self, m: Any) -> bool:
+        """A user message starts a turn unless it answers tool calls: an Anthropic user message
+        with any ``tool_result`` block belongs to the assistant turn before it, whatever text
+        it also carries."""
         if not isinstance(m, dict) or m.get("role") != "user":
             return False
         if self.api == "openai":
             return True
         content = m.get("content")
         if isinstance(content, list):
-            return any(
-                not (isinstance(b, dict) and b.get("type") == "tool_result") for b in content
-            )
+            return not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
         return True
 
     # -- run and materialize -----------------------------------------------------------------
@@ -333,6 +367,11 @@ class _Trimmer:
             out.append(f"dropped {len(self.drop_messages)} message(s) of older turns")
         return out
 
+    def changed(self) -> bool:
+        return bool(
+            self.replace or self.drop_messages or self.spans or any(self.drop_blocks.values())
+        )
+
     def materialize(self) -> dict[str, Any]:
         touched = {i for i, _ in self.replace} | set(self.drop_blocks) | {i for i, _ in self.spans}
         if not touched and not self.drop_messages:
@@ -349,7 +388,9 @@ class _Trimmer:
             if (i, -1) in self.replace:
                 m2["content"] = self.replace[(i, -1)]
             elif isinstance(content, str):
-                m2["content"] = _cut(content, self.spans[(i, -1)]) or PLACEHOLDER
+                m2["content"] = _cut(content, self.spans[(i, -1)])
+                if not m2["content"].strip():
+                    m2["content"] = PLACEHOLDER
             elif isinstance(content, list):
                 blocks: list[Any] = []
                 for j, b in enumerate(content):
@@ -383,14 +424,35 @@ def fit(
     """Fit an OpenAI chat or Anthropic messages body into ``budget`` input tokens.
 
     Returns the fitted body (the input is never mutated; untouched messages are shared, not
-    copied) and a report. ``report.fits`` is False when even the full policy cannot make it fit;
-    the body returned then is the best effort. Pass ``count`` to reuse an existing count.
+    copied) and a report whose ``after`` is a recount of that body. ``report.fits`` is False
+    when even the full policy cannot make it fit; the body returned then is the best effort. Pass
+    ``count`` to reuse an existing count (of ``body``, with ``counter``).
     """
     counter = counter or TiktokenCounter("o200k_base")
     pattern = re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
+    fn = count_openai if api == "openai" else count_anthropic
     if count is None:
-        fn = count_openai if api == "openai" else count_anthropic
         count = fn(body, counter, chat_format, pattern)
-    trimmer = _Trimmer(body, api, count, counter, policy or Policy(), budget)
-    trimmer.run()
-    return trimmer.materialize(), trimmer.report
+    report = FitReport(budget=budget, before=count.total, after=count.total)
+    current: Mapping[str, Any] = body
+    for _ in range(MAX_ROUNDS):
+        if count.total <= budget:
+            break
+        trimmer = _Trimmer(current, api, count, counter, policy or Policy(), budget)
+        trimmer.run()
+        out = trimmer.materialize()
+        if not trimmer.changed():
+            break
+        for k, v in trimmer.report.removed.items():
+            report.removed[k] += v
+        report.cache_loss_tokens += trimmer.report.cache_loss_tokens
+        report.actions += [a for a in trimmer.report.actions if a not in report.actions]
+        # the honest figure: the output counted again with the same counter, markers and
+        # placeholders included (the per-part estimate can be off by a few tokens a cut)
+        current, count = out, fn(out, counter, chat_format, pattern)
+    report.after = count.total
+    net, est = report.before - report.after, sum(report.removed.values())
+    if est and net != est:  # the estimates per stage, made to add up to the recounted total
+        top = max(report.removed, key=lambda k: report.removed[k])
+        report.removed[top] = max(0, report.removed[top] + net - est)
+    return dict(current), report
