@@ -50,7 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
         http="httptools",
         access_log=False,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=int(settings.limits.shutdown_grace_seconds),
+        limit_concurrency=settings.limits.max_connections,
     )
     return 0
 

@@ -22,6 +22,7 @@ from ceiling.images import (
     size_from_data_url,
 )
 from ceiling.models import ChatFormat
+from ceiling.shape import RequestShapeError, check_anthropic_messages, check_openai_chat
 from ceiling.tokenizers import TextCounter
 from ceiling.utilization import COMPONENTS, Component
 
@@ -33,10 +34,6 @@ DEFAULT_CHUNK_PATTERN = r"<document\b[^>]*>[^<]*(?:<(?!/document>)[^<]*)*</docum
 
 #: Anthropic's published tool-use system prompt size (auto/none tool_choice).
 ANTHROPIC_TOOL_SYSTEM_TOKENS = 346
-
-
-class RequestShapeError(ValueError):
-    """The request body is not a valid chat request; the message names the field."""
 
 
 @dataclass(slots=True)
@@ -171,7 +168,9 @@ def count_openai(
     fmt: ChatFormat | None = None,
     chunks: re.Pattern[str] | None = None,
 ) -> RequestCount:
-    """Input tokens of an OpenAI ``/v1/chat/completions`` body."""
+    """Input tokens of an OpenAI ``/v1/chat/completions`` body (its shape checked first:
+    ``RequestShapeError`` names the field)."""
+    check_openai_chat(body)
     fmt = fmt or ChatFormat()
     messages = _require_messages(body)
     tally = _Tally(counter)
@@ -314,7 +313,9 @@ def count_anthropic(
     fmt: ChatFormat | None = None,
     chunks: re.Pattern[str] | None = None,
 ) -> RequestCount:
-    """Input tokens of an Anthropic ``/v1/messages`` (or ``count_tokens``) body."""
+    """Input tokens of an Anthropic ``/v1/messages`` (or ``count_tokens``) body (its shape
+    checked first: ``RequestShapeError`` names the field)."""
+    check_anthropic_messages(body)
     fmt = fmt or ChatFormat()
     messages = _require_messages(body)
     tally = _Tally(counter)

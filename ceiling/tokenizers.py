@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -154,7 +155,8 @@ class CountCache:
     Counting is most of what the sidecar spends per request, and a dictionary lookup of a text
     (hash + compare) is ~30x cheaper than encoding it. Only texts of at least ``min_chars`` are
     kept (shorter ones encode faster than they hash), the total is bounded by ``max_bytes`` of
-    text, and it lives in process memory only: nothing is logged or written. Not thread-safe by
+    memory held by the texts (``sys.getsizeof``: 1, 2 or 4 bytes a character, so non-Latin text
+    is not kept at 4x the budget), and it lives in process memory only: nothing is logged or written. Not thread-safe by
     design: the sidecar counts on its event loop.
     """
 
@@ -183,12 +185,13 @@ class CountCache:
             return n
         n = counter.count(text)
         self.misses += 1
-        if len(text) <= self.max_bytes:
+        size = sys.getsizeof(text)  # bytes the string holds (1, 2 or 4 per character), O(1)
+        if size <= self.max_bytes:
             self._lru[key] = n
-            self.bytes += len(text)
+            self.bytes += size
             while self.bytes > self.max_bytes:
                 (_, old), _ = self._lru.popitem(last=False)
-                self.bytes -= len(old)
+                self.bytes -= sys.getsizeof(old)
         return n
 
 

@@ -169,6 +169,18 @@ class CeilingStore:
         if self.current is not EMPTY and doc == self.current:
             self.reloads.labels(source=source, result="unchanged").inc()
             return "unchanged"
+        if self.current is not EMPTY and doc.version < self.current.version:
+            # a push through the admin API with persisting off: the file is simply behind the
+            # running document, which is not a failed reload (the alert would fire on a healthy
+            # sidecar)
+            self.reloads.labels(source=source, result="unchanged").inc()
+            log.info(
+                "ceilings file is older than the running document; keeping the running one",
+                extra={
+                    "fields": {"file_version": doc.version, "running_version": self.current.version}
+                },
+            )
+            return "unchanged"
         try:
             self.apply(doc, source, persist=False)
         except CeilingsError:

@@ -72,7 +72,21 @@ class Upstreams(_Section):
 
 
 class Limits(_Section):
+    """Bounds on what one client or one upstream can make the sidecar hold or wait for."""
+
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    #: a non-stream upstream response larger than this is a 502 (it is held to read its usage)
+    max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    #: one server-sent event larger than this ends the stream as failed
+    max_event_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    #: request headers larger than this in all are a 431
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    #: a request body that has not arrived whole within this many seconds is a 408
+    body_read_timeout: float = Field(default=60.0, gt=0)
+    #: connections served at once; beyond it new ones get a 503 (uvicorn limit_concurrency)
+    max_connections: int = Field(default=2048, ge=1)
+    #: on SIGTERM: stop accepting, then let in-flight requests and streams finish this long
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
 
 
 class Counting(_Section):

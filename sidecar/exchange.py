@@ -17,7 +17,7 @@ from ceiling.models import OTHER, ModelSpec
 from ceiling.utilization import Component
 from sidecar.enforce import Decision
 from sidecar.errors import Api
-from sidecar.logs import log_request
+from sidecar.logs import bounded, log_request
 from sidecar.relay import Tap
 from sidecar.state import State
 from sidecar.usage import (
@@ -155,7 +155,7 @@ class Recorder:
             {
                 "request_id": ex.request_id,
                 "api": ex.route.metric_api,
-                "model": ex.model,
+                "model": bounded(ex.model),
                 "model_label": ex.label,
                 "workload": ex.workload,
                 "stream": ex.stream,
@@ -171,7 +171,7 @@ class Recorder:
                 "components": {k.value: v for k, v in c.components.items()} if c else None,
                 "output_tokens": u.output_tokens,
                 "finish_reason": u.finish_reason,
-                "response_model": u.response_model,
+                "response_model": bounded(u.response_model),
                 "mode": d.mode if d else None,
                 "bypass": ex.bypass,
                 "ceiling_tokens": d.entry.ceiling_tokens if d and d.entry else None,

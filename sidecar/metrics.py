@@ -56,6 +56,9 @@ APIS = ("openai_chat", "anthropic_messages", "anthropic_count_tokens", "models")
 #: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
 #: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
 #: rejected: over the ceiling and could not be trimmed to fit (enforce mode).
+#: upstream_truncated: a stream that ended without its last event, or mid-event (the client got
+#: an error event and an aborted body); internal_error: a bug in the sidecar (500, logged with
+#: its traceback).
 OUTCOMES = (
     "ok",
     "upstream_4xx",
@@ -65,6 +68,8 @@ OUTCOMES = (
     "timeout",
     "unreachable",
     "cancelled",
+    "upstream_truncated",
+    "internal_error",
 )
 GENAI_TOKEN_BUCKETS = (
     1,

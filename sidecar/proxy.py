@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,9 +22,10 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from ceiling.counting import RequestCount, RequestShapeError
+from ceiling.counting import RequestCount
 from ceiling.engine import EngineCountError, count_chat
 from ceiling.models import OTHER, UpstreamSpec
+from ceiling.shape import RequestShapeError
 from ceiling.utilization import Component, utilization
 from sidecar.budget import requested_output
 from sidecar.enforce import context_error, decide
@@ -59,7 +61,40 @@ class BodyTooLarge(Exception):
     pass
 
 
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+def request_id(header: str | None) -> str:
+    """The client's ``x-request-id`` when it is a plausible id, else a new one (it is logged and
+    echoed: an unbounded or control-character header must not become a 100 kB log line)."""
+    if header and _REQUEST_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
+
+
+class ResponseTooLarge(Exception):
+    pass
+
+
+async def read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
+    its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
+    declared = resp.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > cap:
+        raise ResponseTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise ResponseTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
+    part of its body and then nothing must not hold a connection and its buffer forever)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
@@ -121,20 +156,60 @@ class Proxy:
         return await self._handle(request, ANTHROPIC_COUNT)
 
     async def _handle(self, request: Request, route: Route) -> Response:
-        st = self.state
         ex = Exchange(
             route=route,
-            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+            request_id=request_id(request.headers.get("x-request-id")),
             workload=self._workload(request),
             started=time.perf_counter(),
         )
+        try:
+            return await self._measure_and_forward(request, route, ex)
+        except Exception:
+            # a bug, not bad input (bad input is a 4xx before this): logged with its type and
+            # traceback, counted as internal_error, its span ended, answered in the client's
+            # error shape with the request id, so it can be found
+            log.exception(
+                "internal error",
+                extra={"fields": {"request_id": ex.request_id, "api": route.metric_api}},
+            )
+            try:
+                return self._fail(
+                    ex,
+                    500,
+                    "internal_error",
+                    f"internal error in context-ceiling (request id {ex.request_id})",
+                )
+            except Exception:
+                log.exception("recording an internal error failed")
+                return error_response(
+                    route.api,
+                    500,
+                    f"internal error in context-ceiling (request id {ex.request_id})",
+                    headers={"x-ceiling-request-id": ex.request_id},
+                )
+
+    async def _measure_and_forward(self, request: Request, route: Route, ex: Exchange) -> Response:
+        st = self.state
         client = st.clients.get(route.api)
         if client is None:
             return self._fail(
                 ex, 404, "invalid", f"no {route.api} upstream is configured on this sidecar"
             )
+        limits = st.settings.limits
+        if sum(len(k) + len(v) for k, v in request.headers.raw) > limits.max_header_bytes:
+            return self._fail(
+                ex, 431, "invalid", f"request headers exceed {limits.max_header_bytes} bytes"
+            )
         try:
-            raw = await read_body(request, st.settings.limits.max_body_bytes)
+            async with asyncio.timeout(limits.body_read_timeout):
+                raw = await read_body(request, limits.max_body_bytes)
+        except TimeoutError:
+            return self._fail(
+                ex,
+                408,
+                "invalid",
+                f"the request body did not arrive within {limits.body_read_timeout:g} seconds",
+            )
         except BodyTooLarge:
             return self._fail(
                 ex,
@@ -250,9 +325,18 @@ class Proxy:
         return self._relay(ex, resp, route.tap(injected), deadline)
 
     async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:
+        cap = self.state.settings.limits.max_response_bytes
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                content = await resp.aread()
+                content = await read_capped(resp, cap)
+        except ResponseTooLarge:
+            await resp.aclose()
+            return self._fail(
+                ex,
+                502,
+                "upstream_5xx",
+                f"the upstream response exceeds limits.max_response_bytes ({cap} bytes)",
+            )
         except (httpx.TimeoutException, TimeoutError):
             return self._fail(ex, 504, "timeout", "upstream timed out")
         except httpx.TransportError as exc:
@@ -280,7 +364,9 @@ class Proxy:
             self.rec.finish(ex)
 
         headers = response_headers(resp.headers) | self.rec.headers(ex)
-        return SSERelay(resp, tap, deadline, headers, done)
+        return SSERelay(
+            resp, tap, deadline, headers, done, self.state.settings.limits.max_event_bytes
+        )
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/models`` passed through to the upstream the client's headers point at."""

@@ -13,22 +13,50 @@ from collections.abc import Iterator
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
-class EventSplitter:
-    __slots__ = ("_buf",)
+class EventTooLarge(ValueError):
+    """One event grew past the cap without a boundary."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+
+class EventSplitter:
+    """Linear in the bytes fed: a held-back tail is never scanned again from its start (only
+    its last 3 bytes, where a boundary split across reads can begin), and it is capped."""
+
+    __slots__ = ("_max", "_parts", "_size")
+
+    def __init__(self, max_event_bytes: int = 8 * 1024 * 1024) -> None:
+        self._parts: list[bytes] = []  # an incomplete event, as it arrived
+        self._size = 0
+        self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
-        buf = self._buf + chunk if self._buf else chunk
+        if self._parts:
+            # a boundary may straddle the previous read: look from its last 3 bytes on
+            tail = self._parts[-1][-3:]
+            m = _BOUNDARY.search(tail + chunk)
+            if m is None:
+                self._parts.append(chunk)
+                self._size += len(chunk)
+                if self._size > self._max:
+                    raise EventTooLarge(f"an event exceeded {self._max} bytes")
+                return
+            buf = b"".join(self._parts) + chunk
+            self._parts, self._size = [], 0
+            start_at = len(buf) - len(chunk) - len(tail)
+        else:
+            buf, start_at = chunk, 0
         start = 0
-        for m in _BOUNDARY.finditer(buf):
+        for m in _BOUNDARY.finditer(buf, start_at):
             yield buf[start : m.end()]
             start = m.end()
-        self._buf = buf[start:]
+        rest = buf[start:]
+        if rest:
+            if len(rest) > self._max:
+                raise EventTooLarge(f"an event exceeded {self._max} bytes")
+            self._parts, self._size = [rest], len(rest)
 
     def flush(self) -> bytes:
-        rest, self._buf = self._buf, b""
+        rest = b"".join(self._parts)
+        self._parts, self._size = [], 0
         return rest
 
 

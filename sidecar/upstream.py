@@ -27,6 +27,8 @@ _DROP_REQUEST = frozenset(
         "upgrade",
         "proxy-authorization",
         "proxy-connection",
+        "proxy-authenticate",
+        "expect",  # the body was read already: a 100-continue handshake upstream is meaningless
         "accept-encoding",
         "x-ceiling-workload",
         "x-ceiling-bypass",
@@ -42,6 +44,9 @@ _DROP_RESPONSE = frozenset(
         "content-encoding",
         "trailer",
         "upgrade",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
     }
 )
 
@@ -77,14 +82,25 @@ def build_client(
     )
 
 
+def _named_in_connection(values: Iterable[str]) -> set[str]:
+    """RFC 9110 7.6.1: the headers a ``Connection`` header names are hop-by-hop too."""
+    return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
+
+
 def request_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Client headers to send upstream: auth and provider headers pass untouched."""
-    return [(k, v) for k, v in items if k.lower() not in _DROP_REQUEST]
+    """Client headers to send upstream: auth and provider headers pass untouched; hop-by-hop
+    headers (RFC 9110 7.6.1, those the client's ``Connection`` names included) do not."""
+    pairs = list(items)
+    hop = _named_in_connection(v for k, v in pairs if k.lower() == "connection")
+    return [(k, v) for k, v in pairs if k.lower() not in _DROP_REQUEST and k.lower() not in hop]
 
 
 def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    """Upstream headers to pass back, less the hop-by-hop ones (those named in the upstream's
+    ``Connection`` included)."""
+    hop = _named_in_connection(headers.get_list("connection"))
     out: dict[str, str] = {}
     for k, v in headers.multi_items():
-        if k.lower() not in _DROP_RESPONSE:
+        if k.lower() not in _DROP_RESPONSE and k.lower() not in hop:
             out[k] = v
     return out

@@ -87,11 +87,19 @@ class OpenAIStreamTap:
     the extra usage-only chunk is dropped and the ``"usage":null`` field the option adds to every
     other chunk is removed again: the client sees the stream it would have seen without us."""
 
-    __slots__ = ("injected", "usage")
+    __slots__ = ("complete", "injected", "upstream_error", "usage")
 
     def __init__(self, injected: bool) -> None:
         self.injected = injected
         self.usage = Usage()
+        self.complete = False  # saw ``data: [DONE]``: the protocol's end of a whole stream
+        self.upstream_error = False  # the upstream itself sent an error event
+
+    @staticmethod
+    def error_event(message: str) -> bytes:
+        """What the OpenAI SDK raises on: an event whose data is an ``error`` object."""
+        err = {"error": {"message": message, "type": "server_error", "code": "stream_failed"}}
+        return b"data: " + orjson.dumps(err) + b"\n\n"
 
     def _worth_parsing(self, event: bytes) -> bool:
         # Most chunks carry one content delta and nothing we record; a byte scan decides whether
@@ -111,10 +119,15 @@ class OpenAIStreamTap:
 
     def on_event(self, event: bytes) -> bytes | None:
         """The bytes to forward for this event (None: drop it)."""
+        if b"[DONE]" in event and event_data(event)[1] == b"[DONE]":
+            self.complete = True
+            return event
+        if b'"error"' in event:
+            self.upstream_error = True
         if not self._worth_parsing(event):
             return self._as_sent(event)
         _, data = event_data(event)
-        if not data or data == b"[DONE]" or data[:1] != b"{":
+        if not data or data[:1] != b"{":
             return event
         try:
             obj = orjson.loads(data)
@@ -147,13 +160,25 @@ class OpenAIStreamTap:
 class AnthropicStreamTap:
     """Reads usage from ``message_start`` and ``message_delta`` events; forwards all unchanged."""
 
-    __slots__ = ("usage",)
+    __slots__ = ("complete", "upstream_error", "usage")
 
     def __init__(self) -> None:
         self.usage = Usage()
+        self.complete = False  # saw ``message_stop``
+        self.upstream_error = False  # the upstream sent ``event: error``
+
+    @staticmethod
+    def error_event(message: str) -> bytes:
+        """Anthropic's mid-stream failure: ``event: error`` (the SDK raises on it)."""
+        err = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
 
     def on_event(self, event: bytes) -> bytes | None:
         name, data = event_data(event)
+        if name == b"message_stop":
+            self.complete = True
+        elif name == b"error":
+            self.upstream_error = True
         if name not in (b"message_start", b"message_delta") or not data:
             return event
         try:

@@ -1,0 +1,169 @@
+"""The structure of a chat request, checked once before anything reads it.
+
+The counters, the image-size code and the trimmer read nested fields of the client's body. A
+body that parses as JSON but has a number where an object belongs must be a 400 naming the field,
+never a crash that becomes a 500 (SDKs retry a 500, so one bad payload becomes several). The
+checks here cover exactly the fields the sidecar reads, in the shapes the providers document;
+anything else in the body is the upstream's to judge, and passes through untouched.
+
+Depth: JSON parsers accept bodies nested 1,024 deep, serialisers refuse past 255; no chat
+request needs more than a few dozen levels, so deeper bodies are refused up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MAX_DEPTH = 64
+
+
+class RequestShapeError(ValueError):
+    """The request body is not a valid chat request; the message names the field."""
+
+
+def _is(value: Any, types: type | tuple[type, ...], where: str, what: str) -> None:
+    if not isinstance(value, types):
+        raise RequestShapeError(f"{where} must be {what}")
+
+
+def _opt(
+    obj: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str, what: str
+) -> None:
+    if obj.get(key) is not None:
+        _is(obj[key], types, f"{where}.{key}", what)
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Iterative (a recursive walk of a 1,000-deep body would itself hit Python's limit)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            raise RequestShapeError(f"the request body is nested more than {limit} levels deep")
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values() if isinstance(x, dict | list))
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v if isinstance(x, dict | list))
+
+
+def _messages(body: Mapping[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise RequestShapeError("'messages' is required and must be an array")
+    return messages
+
+
+def check_openai_chat(body: Mapping[str, Any]) -> None:
+    check_depth(body)
+    for key in ("tools", "functions"):
+        if body.get(key) is not None:
+            _is(body[key], list, f"'{key}'", "an array")
+            for k, t in enumerate(body[key]):
+                _is(t, dict, f"{key}[{k}]", "an object")
+    _opt(body, "stream_options", dict, "'stream_options'", "an object")
+    for i, m in enumerate(_messages(body)):
+        w = f"messages[{i}]"
+        _is(m, dict, w, "an object")
+        _is(m.get("role"), str, f"{w}.role", "a string")
+        _opt(m, "name", str, w, "a string")
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                pw = f"{w}.content[{j}]"
+                _is(part, dict, pw, "an object")
+                _opt(part, "type", str, pw, "a string")
+                kind = part.get("type")
+                if kind in ("text", "input_text"):
+                    _opt(part, "text", str, pw, "a string")
+                elif kind == "refusal":
+                    _opt(part, "refusal", str, pw, "a string")
+                elif kind == "image_url":
+                    img = part.get("image_url")
+                    if isinstance(img, dict):
+                        _is(img.get("url"), str, f"{pw}.image_url.url", "a string")
+                        _opt(img, "detail", str, f"{pw}.image_url", "a string")
+                    else:
+                        _is(img, str, f"{pw}.image_url", "an object with a url")
+                elif kind == "file":
+                    _opt(part, "file", dict, pw, "an object")
+        elif content is not None and not isinstance(content, str):
+            raise RequestShapeError(f"{w}.content must be a string, an array or null")
+        if m.get("tool_calls") is not None:
+            _is(m["tool_calls"], list, f"{w}.tool_calls", "an array")
+            for k, call in enumerate(m["tool_calls"]):
+                cw = f"{w}.tool_calls[{k}]"
+                _is(call, dict, cw, "an object")
+                _opt(call, "function", dict, cw, "an object")
+                fn = call.get("function") or {}
+                _opt(fn, "name", str, f"{cw}.function", "a string")
+                _opt(fn, "arguments", str, f"{cw}.function", "a string")
+        if m.get("function_call") is not None:
+            _is(m["function_call"], dict, f"{w}.function_call", "an object")
+
+
+def _anthropic_block(b: Any, w: str, in_tool_result: bool = False) -> None:
+    if in_tool_result and isinstance(b, str):
+        return
+    _is(b, dict, w, "an object")
+    _is(b.get("type"), str, f"{w}.type", "a string")
+    kind = b["type"]
+    if kind == "text":
+        _opt(b, "text", str, w, "a string")
+    elif kind == "image":
+        src = b.get("source")
+        _is(src, dict, f"{w}.source", "an object")
+        _opt(src, "data", str, f"{w}.source", "a string")
+        _opt(src, "type", str, f"{w}.source", "a string")
+    elif kind in ("document", "search_result"):
+        src = b.get("source")
+        if src is not None and not isinstance(src, str):
+            _is(src, dict, f"{w}.source", "an object or a string")
+            _opt(src, "data", str, f"{w}.source", "a string")
+            if src.get("content") is not None:
+                _is(src["content"], list, f"{w}.source.content", "an array")
+                for k, x in enumerate(src["content"]):
+                    _is(x, dict, f"{w}.source.content[{k}]", "an object")
+        if b.get("content") is not None:
+            _is(b["content"], list, f"{w}.content", "an array")
+            for k, x in enumerate(b["content"]):
+                _is(x, dict, f"{w}.content[{k}]", "an object")
+        for key in ("title", "context"):
+            _opt(b, key, str, w, "a string")
+    elif kind == "tool_result":
+        inner = b.get("content")
+        if isinstance(inner, list):
+            for k, x in enumerate(inner):
+                _anthropic_block(x, f"{w}.content[{k}]", in_tool_result=True)
+        elif inner is not None and not isinstance(inner, str):
+            raise RequestShapeError(f"{w}.content must be a string or an array")
+    elif kind == "tool_use":
+        _opt(b, "name", str, w, "a string")
+    elif kind == "thinking":
+        _opt(b, "thinking", str, w, "a string")
+
+
+def check_anthropic_messages(body: Mapping[str, Any]) -> None:
+    check_depth(body)
+    system = body.get("system")
+    if isinstance(system, list):
+        for j, b in enumerate(system):
+            _is(b, dict, f"system[{j}]", "an object")
+            _opt(b, "text", str, f"system[{j}]", "a string")
+    elif system is not None and not isinstance(system, str):
+        raise RequestShapeError("'system' must be a string or an array of text blocks")
+    if body.get("tools") is not None:
+        _is(body["tools"], list, "'tools'", "an array")
+        for k, t in enumerate(body["tools"]):
+            _is(t, dict, f"tools[{k}]", "an object")
+    for i, m in enumerate(_messages(body)):
+        w = f"messages[{i}]"
+        _is(m, dict, w, "an object")
+        if m.get("role") not in ("user", "assistant"):
+            raise RequestShapeError(f"{w}.role must be 'user' or 'assistant'")
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, b in enumerate(content):
+                _anthropic_block(b, f"{w}.content[{j}]")
+        elif not isinstance(content, str):
+            raise RequestShapeError(f"{w}.content must be a string or an array")

@@ -1,0 +1,378 @@
+"""Failure modes: no 5xx from bad input, stream failures the client can see, bounded memory and
+time, hop-by-hop headers, crashes that are logged, counted and findable.
+
+Real loopback servers: the sidecar (uvicorn) in front of a fault-injecting provider double, the
+official ``openai`` and ``anthropic`` SDKs as clients (no retries, so each fault is seen once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.app import create_app
+from sidecar.config import Settings
+from sidecar.logs import JsonFormatter
+from sidecar.state import State
+from tests.conftest import MODELS
+from tests.fault_provider_double import FaultyProviderDouble
+from tests.hosted_provider_double import serve
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+class Sidecar:
+    def __init__(self, url: str, state: State, double: FaultyProviderDouble) -> None:
+        self.url, self.state, self.double = url, state, double
+
+    def outcome(self, api: str, outcome: str, model: str = "gpt-4o") -> float:
+        v = self.state.metrics.registry.get_sample_value(
+            "llm_context_requests_total",
+            {"model": model, "workload": "default", "api": api, "outcome": outcome},
+        )
+        return v or 0.0
+
+    def oai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="sk-test", max_retries=0)
+
+    def ant(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.url, api_key="sk-ant-test", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def sidecar() -> Iterator[Sidecar]:
+    double = FaultyProviderDouble(huge_bytes=2 * 1024 * 1024, stall_seconds=20)
+    with serve(double) as durl:
+        timeouts = {"connect": 2, "read": 1.5, "total": 6}
+        cfg: dict[str, Any] = {
+            "upstreams": {
+                "openai": {"base_url": durl + "/v1", "timeouts": timeouts},
+                "anthropic": {"base_url": durl, "timeouts": timeouts},
+            },
+            "models": MODELS,
+            "limits": {
+                "max_response_bytes": 1024 * 1024,
+                "max_event_bytes": 256 * 1024,
+                "max_header_bytes": 16 * 1024,
+                "body_read_timeout": 1.5,
+            },
+        }
+        app = create_app(Settings(**cfg))
+        with serve(app) as url:
+            yield Sidecar(url, app.state.sidecar, double)
+
+
+STREAM_FAULTS = ["reset", "truncated_event", "no_end", "stall", "oversized_event", "garbage"]
+OUTCOME = {
+    "reset": "unreachable",
+    "truncated_event": "upstream_truncated",
+    "no_end": "upstream_truncated",
+    "stall": "timeout",
+    "oversized_event": "upstream_truncated",
+    "garbage": "upstream_truncated",
+}
+
+
+@pytest.mark.parametrize("fault", STREAM_FAULTS)
+def test_a_failed_openai_stream_raises_in_the_sdk(sidecar: Sidecar, fault: str) -> None:
+    before = sidecar.outcome("openai_chat", OUTCOME[fault])
+    client = sidecar.oai()
+    stream = client.chat.completions.create(
+        model="gpt-4o", messages=MSG, stream=True, extra_headers={"x-fault": fault}
+    )
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        list(stream)  # the SDK raises: a truncated answer is never taken for a whole one
+    assert sidecar.outcome("openai_chat", OUTCOME[fault]) == before + 1
+    # and the sidecar serves the next request
+    ok = client.chat.completions.create(model="gpt-4o", messages=MSG, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in ok if c.choices) == "Hello world"
+
+
+@pytest.mark.parametrize("fault", STREAM_FAULTS)
+def test_a_failed_anthropic_stream_raises_in_the_sdk(sidecar: Sidecar, fault: str) -> None:
+    before = sidecar.outcome("anthropic_messages", OUTCOME[fault], "claude")
+    client = sidecar.ant()
+
+    def consume() -> str:
+        with client.messages.stream(
+            model="claude-x", max_tokens=50, messages=MSG, extra_headers={"x-fault": fault}
+        ) as stream:
+            return "".join(stream.text_stream)
+
+    with pytest.raises((anthropic.APIError, httpx.HTTPError)):
+        consume()
+    assert sidecar.outcome("anthropic_messages", OUTCOME[fault], "claude") == before + 1
+    with client.messages.stream(model="claude-x", max_tokens=50, messages=MSG) as stream:
+        assert "".join(stream.text_stream) == "Hello world"
+
+
+def test_the_anthropic_error_event_comes_before_the_abort(sidecar: Sidecar) -> None:
+    body = {"model": "claude-x", "max_tokens": 50, "messages": MSG, "stream": True}
+    seen: list[bytes] = []
+
+    def consume() -> None:
+        with httpx.stream(
+            "POST",
+            sidecar.url + "/v1/messages",
+            json=body,
+            headers={"x-fault": "no_end", "anthropic-version": "2023-06-01"},
+        ) as r:
+            assert r.status_code == 200
+            seen.extend(r.iter_raw())
+
+    with pytest.raises(httpx.HTTPError):
+        consume()
+    data = b"".join(seen)
+    assert b"event: error" in data and b"message_stop" not in data
+
+
+@pytest.mark.parametrize("fault", ["429", "500", "stall_headers"])
+def test_failures_before_the_headers_keep_their_status(sidecar: Sidecar, fault: str) -> None:
+    r = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MSG},
+        headers={"x-fault": fault},
+        timeout=30,
+    )
+    assert r.status_code == {"429": 429, "500": 500, "stall_headers": 504}[fault]
+    assert "error" in r.json()
+
+
+def test_a_huge_response_is_a_clear_502_not_memory(sidecar: Sidecar) -> None:
+    r = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MSG},
+        headers={"x-fault": "huge"},
+        timeout=30,
+    )
+    assert r.status_code == 502
+    assert "max_response_bytes" in r.json()["error"]["message"]
+    assert r.headers["x-ceiling-request-id"]
+
+
+# -- bad input: a 4xx in the client's own shape, never a 5xx --------------------------------
+
+JSONV = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+OPENAI_TEMPLATE: dict[str, Any] = {
+    "model": "gpt-4o",
+    "messages": [
+        {"role": "system", "content": "s"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "t"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "r"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "stream_options": {"include_usage": True},
+}
+ANTHROPIC_TEMPLATE: dict[str, Any] = {
+    "model": "claude-x",
+    "max_tokens": 10,
+    "system": [{"type": "text", "text": "s"}],
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
+                },
+                {
+                    "type": "document",
+                    "source": {"type": "content", "content": [{"type": "text", "text": "d"}]},
+                },
+                {"type": "text", "text": "q"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t",
+                    "content": [{"type": "text", "text": "r"}],
+                }
+            ],
+        },
+    ],
+    "tools": [{"name": "f", "input_schema": {}}],
+}
+
+
+def _paths(v: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [at]
+    if isinstance(v, dict):
+        for k, x in v.items():
+            out += _paths(x, (*at, k))
+    elif isinstance(v, list):
+        for k, x in enumerate(v):
+            out += _paths(x, (*at, k))
+    return out
+
+
+def _mutate(template: dict[str, Any], path: tuple[Any, ...], value: Any) -> Any:
+    body = json.loads(json.dumps(template))
+    if not path:
+        return value
+    node = body
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return body
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), api=st.sampled_from(["openai", "anthropic"]), stream=st.booleans())
+def test_malformed_bodies_get_a_4xx_in_the_provider_shape(
+    sidecar: Sidecar, data: st.DataObject, api: str, stream: bool
+) -> None:
+    template = OPENAI_TEMPLATE if api == "openai" else ANTHROPIC_TEMPLATE
+    template = template | {"stream": stream}
+    path = data.draw(st.sampled_from(_paths(template)))
+    body = _mutate(template, path, data.draw(JSONV))
+    url = sidecar.url + ("/v1/chat/completions" if api == "openai" else "/v1/messages")
+    r = httpx.post(url, content=json.dumps(body), headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code < 500, (path, body, r.text)
+    if r.status_code >= 400:
+        err = r.json()
+        if api == "anthropic":
+            assert err["type"] == "error" and err["error"]["message"]
+        else:
+            assert err["error"]["message"]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    template = OPENAI_TEMPLATE if api == "openai" else ANTHROPIC_TEMPLATE
+    body = template | {"stream": True, "metadata": {"deep": deep}}
+    url = sidecar.url + ("/v1/chat/completions" if api == "openai" else "/v1/messages")
+    r = httpx.post(url, content=json.dumps(body))
+    assert r.status_code == 400 and "nested" in r.text
+
+
+# -- crashes are visible --------------------------------------------------------------------
+
+
+def test_an_internal_error_is_logged_counted_and_findable(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sidecar.proxy as proxy
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(proxy, "decide", boom)
+    before = sidecar.outcome("openai_chat", "internal_error")
+    with caplog.at_level(logging.ERROR, logger="sidecar.proxy"):
+        r = httpx.post(
+            sidecar.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": MSG}
+        )
+    assert r.status_code == 500 and r.json()["error"]["message"]
+    rid = r.headers["x-ceiling-request-id"]
+    assert rid in r.json()["error"]["message"]
+    assert sidecar.outcome("openai_chat", "internal_error") == before + 1
+    [rec] = [x for x in caplog.records if x.name == "sidecar.proxy" and x.exc_info]
+    line = json.loads(JsonFormatter().format(rec))
+    assert line["exc_type"] == "KeyError" and "boom" in line["traceback"]
+    assert line["request_id"] == rid
+
+
+# -- limits, headers, logs --------------------------------------------------------------------
+
+
+def test_a_body_that_never_finishes_is_a_408(sidecar: Sidecar) -> None:
+    host, port = sidecar.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model": '
+        )
+        t0 = time.monotonic()
+        reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 8
+
+
+def test_oversized_headers_are_a_431(sidecar: Sidecar) -> None:
+    r = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": MSG},
+        headers={"x-big": "a" * 20000},
+    )
+    assert r.status_code == 431 and r.json()["error"]["message"]
+
+
+def test_hop_by_hop_headers_do_not_cross() -> None:
+    from sidecar.upstream import request_headers, response_headers
+
+    sent = dict(
+        request_headers(
+            [
+                ("Connection", "keep-alive, X-Secret-Hop"),
+                ("X-Secret-Hop", "1"),
+                ("Expect", "100-continue"),
+                ("Authorization", "Bearer k"),
+            ]
+        )
+    )
+    assert sent == {"Authorization": "Bearer k"}
+    back = response_headers(
+        httpx.Headers(
+            {
+                "Proxy-Authenticate": "Basic",
+                "Connection": "X-Up-Hop",
+                "X-Up-Hop": "1",
+                "x-request-id": "r",
+            }
+        )
+    )
+    assert back == {"x-request-id": "r"}
+
+
+def test_client_strings_are_bounded_in_logs(
+    sidecar: Sidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="ceiling.requests"):
+        httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            json={"model": "m" * 100_000, "messages": MSG},
+            headers={"x-request-id": "r" * 100_000},
+        )
+    [rec] = [x for x in caplog.records if x.name == "ceiling.requests"]
+    line = JsonFormatter().format(rec)
+    assert len(line) < 4000
+    assert len(json.loads(line)["request_id"]) <= 128
