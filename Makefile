@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck test demo bench bench-validity local-model dashboards tools clean
+.PHONY: venv lint typecheck test demo bench bench-validity bench-soak bench-trim local-model dashboards tools clean
 
 venv: $(VENV)/.installed
 
@@ -44,6 +44,13 @@ bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, 
 
 bench-validity: venv  ## the sweep's statistics against known truth (simulation study, ~10 min)
 	$(PY) benchmarks/validity.py $(VALIDITY_ARGS)
+
+bench-soak: venv  ## RSS and open fds of the sidecar over 10 minutes of mixed, failing load
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+
+bench-trim: venv  ## trimming generated agent traffic: validity and removal, LiteLLM side by side
+	bash scripts/litellm.sh >/dev/null
+	$(PY) benchmarks/trim_validity.py $(TRIM_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

@@ -215,15 +215,15 @@ def count_openai(
                     )
                 elif kind == "image_url":
                     img = part.get("image_url") or {}
-                    url = img.get("url", "") if isinstance(img, dict) else str(img)
-                    detail = img.get("detail", "auto") if isinstance(img, dict) else "auto"
+                    url = (img.get("url") or "") if isinstance(img, dict) else str(img)
+                    detail = (img.get("detail") or "auto") if isinstance(img, dict) else "auto"
                     tally.add(i, j, comp, openai_image_tokens(size_from_data_url(url), detail))
                 elif kind == "file":  # an attached document: retrieved material
                     tally.add(i, j, Component.RETRIEVED, count(_json(part.get("file", {}))))
         elif content is not None:
             raise RequestShapeError(f"messages[{i}].content must be a string, an array or null")
         for k, call in enumerate(msg.get("tool_calls") or []):
-            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            fn = (call.get("function") or {}) if isinstance(call, dict) else {}
             tally.add(
                 i,
                 1000 + k,
@@ -262,7 +262,7 @@ def _anthropic_block(
         tally.text(i, j, comp, str(block.get("text", "")), chunks)
     elif kind == "image":
         src = block.get("source") or {}
-        size = size_from_base64(src.get("data", "")) if src.get("type") == "base64" else None
+        size = size_from_base64(src.get("data") or "") if src.get("type") == "base64" else None
         tally.add(i, j, comp, anthropic_image_tokens(size))
     elif kind in ("document", "search_result"):
         tally.add(i, j, Component.RETRIEVED, count(_document_text(block)))
@@ -299,7 +299,7 @@ def _document_text(block: Mapping[str, Any]) -> str:
             pieces.append(str(src.get("data", "")))
         elif src.get("type") == "content":
             pieces.extend(
-                str(b.get("text", "")) for b in src.get("content", []) if isinstance(b, dict)
+                str(b.get("text", "")) for b in src.get("content") or [] if isinstance(b, dict)
             )
     content = block.get("content")
     if isinstance(content, list):

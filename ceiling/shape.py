@@ -65,7 +65,9 @@ def check_openai_chat(body: Mapping[str, Any]) -> None:
     for i, m in enumerate(_messages(body)):
         w = f"messages[{i}]"
         _is(m, dict, w, "an object")
-        _is(m.get("role"), str, f"{w}.role", "a string")
+        if m.get("role") is None:
+            raise RequestShapeError(f"{w}.role is required")
+        _is(m["role"], str, f"{w}.role", "a string")
         _opt(m, "name", str, w, "a string")
         content = m.get("content")
         if isinstance(content, list):

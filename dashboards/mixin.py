@@ -151,6 +151,15 @@ def alerts() -> list[dict[str, Any]]:
             "The median estimate error exceeds the threshold: refit the calibration or fix the tokenizer.",
         ),
         alert(
+            "LLMContextUpstreamDown",
+            "max by (job, instance, upstream) (llm_context_upstream_up) == 0",
+            "5m",
+            "critical",
+            "The {{ $labels.upstream }} upstream is unreachable from {{ $labels.instance }}",
+            "The sidecar's background probe cannot open a connection to the provider: requests get "
+            "a 502 each (the replica stays ready, so nothing else hides the outage).",
+        ),
+        alert(
             "LLMContextSidecarDown",
             f"up{{{c['selector']}}} == 0",
             "5m",

@@ -23,18 +23,23 @@ from sidecar.admin import Admin
 from sidecar.config import Settings
 from sidecar.errors import Api, error_response
 from sidecar.metrics import Metrics
+from sidecar.passthrough import Passthrough
 from sidecar.proxy import Proxy
 from sidecar.state import State
 from sidecar.tracing import Tracing
 
 READY_CACHE_S = 5.0
+PROBE_INTERVAL_S = 15.0
 log = logging.getLogger("sidecar.app")
 
 
-class Readiness:
-    """``/readyz``: config loaded and every configured upstream accepts a TCP connection.
+class UpstreamProbe:
+    """Whether each upstream accepts a TCP connection: ``/status`` and
+    ``llm_context_upstream_up{upstream}`` (probed in the background every
+    ``PROBE_INTERVAL_S``). Not part of readiness: a network blip to the provider must not take
+    every replica out of its Service, where each request would get a clean per-request 502.
 
-    The check is cached for a few seconds so a tight probe loop does not hammer the provider."""
+    The check is cached for a few seconds so a tight poll does not hammer the provider."""
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -57,8 +62,14 @@ class Readiness:
             out: dict[str, str] = {}
             for api, client in self.state.clients.items():
                 out[api] = await self._probe(str(client.base_url))
+                self.state.metrics.upstream_up.labels(upstream=api).set(out[api] == "ok")
             self._result, self._checked = out, time.monotonic()
         return self._result
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(PROBE_INTERVAL_S)
 
 
 def create_app(
@@ -72,21 +83,30 @@ def create_app(
     state.ceilings.reload_file("startup")  # a bad file at startup raises CeilingsError
     proxy = Proxy(state)
     admin = Admin(state)
-    readiness = Readiness(state)
+    probe = UpstreamProbe(state)
+    passthrough = Passthrough(state)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> Response:
+        """The sidecar's own state: config validated and ceilings loaded (both happen before
+        the app exists, so a running app is ready); the provider is not asked."""
+        return JSONResponse({"status": "ok", "ceilings_version": state.ceilings.current.version})
+
+    async def status(_: Request) -> Response:
+        """Upstream reachability (what /readyz used to check), for people and dashboards."""
+        upstreams: dict[str, str]
         if transport is not None:  # injected upstreams have no address to probe
-            return JSONResponse(
-                {"status": "ok", "upstreams": dict.fromkeys(state.clients, "injected")}
-            )
-        result = await readiness.check()
-        ok = all(v == "ok" for v in result.values())
+            upstreams = dict.fromkeys(state.clients, "injected")
+        else:
+            upstreams = await probe.check()
         return JSONResponse(
-            {"status": "ok" if ok else "unavailable", "upstreams": result},
-            status_code=200 if ok else 503,
+            {
+                "status": "ok",
+                "upstreams": upstreams,
+                "ceilings_version": state.ceilings.current.version,
+            }
         )
 
     async def metrics_endpoint(_: Request) -> Response:
@@ -105,6 +125,8 @@ def create_app(
             async with anyio.create_task_group() as tg:
                 if settings.ceilings_watch:
                     tg.start_soon(state.ceilings.watch)
+                if transport is None:
+                    tg.start_soon(probe.run)
                 try:
                     yield
                 finally:
@@ -121,14 +143,15 @@ def create_app(
     }
     app = Starlette(
         routes=[
-            # HotPath answers these POSTs before Starlette; the routes stay so that other
-            # methods on the same paths get Starlette's 405
-            *(Route(path, handler, methods=["POST"]) for path, handler in hot.items()),
+            # HotPath answers the measured POSTs before Starlette; every other method and path
+            # that is not the sidecar's own passes through to its upstream
             Route("/v1/models", proxy.models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
+            Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/admin/ceilings", admin.ceilings, methods=["GET", "PUT"]),
+            Route("/{path:path}", passthrough.handle, methods=ALL_METHODS),
         ],
         lifespan=lifespan,
     )
@@ -137,6 +160,7 @@ def create_app(
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 class HotPath:

@@ -52,7 +52,8 @@ TOKEN_BUCKETS = (
 ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
-APIS = ("openai_chat", "anthropic_messages", "anthropic_count_tokens", "models")
+OTHER_ROUTE = "other"
+APIS = ("openai_chat", "anthropic_messages", "anthropic_count_tokens", "models", "passthrough")
 #: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
 #: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
 #: rejected: over the ceiling and could not be trimmed to fit (enforce mode).
@@ -205,6 +206,20 @@ class Metrics:
             "llm_context_cache_loss_tokens",
             "Tokens of an Anthropic cache_control prefix invalidated because trimming had to cut inside it.",
             ["model", "workload"],
+            registry=r,
+        )
+
+        self.passthrough = Counter(
+            "llm_context_passthrough_requests",
+            "Requests on routes the sidecar does not measure, passed through, by upstream API, "
+            "known route (anything else: other) and outcome.",
+            ["upstream", "route", "outcome"],
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "llm_context_upstream_up",
+            "1 when the upstream accepted a TCP connection at the last probe, else 0.",
+            ["upstream"],
             registry=r,
         )
 

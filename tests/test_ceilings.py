@@ -172,6 +172,22 @@ def test_put_persists_atomically_and_the_watcher_does_not_reapply(
     assert [p.name for p in tmp_path.iterdir()] == ["ceilings.yaml"]  # no temp files left behind
 
 
+def test_without_persisting_a_sighup_after_a_push_is_not_a_failure(
+    make_sidecar: Callable[..., Running], tmp_path: Path
+) -> None:
+    """The file is behind the pushed document: re-reading it changes nothing and fails nothing
+    (a reload-failure alert must not fire on a healthy sidecar)."""
+    path = tmp_path / "ceilings.yaml"
+    path.write_text(yaml.safe_dump(doc(1)))
+    sc = make_sidecar(admin_token=TOKEN, ceilings_file=str(path), ceilings_persist=False)
+    assert httpx.put(sc.url + "/admin/ceilings", json=doc(3), headers=AUTH).status_code == 200
+    for _ in range(3):
+        assert sc.state.ceilings.reload_file("sighup") == "unchanged"
+    assert running_version(sc) == 3
+    assert sc.sample("llm_context_config_reloads_total", source="sighup", result="failure") is None
+    assert sc.sample("llm_context_config_reloads_total", source="sighup", result="unchanged") == 3
+
+
 def test_in_flight_request_finishes_with_the_ceilings_it_started_with(
     make_sidecar: Callable[..., Running],
 ) -> None:

@@ -249,3 +249,19 @@ def test_count_cache_is_exact_bounded_and_keyed_by_counter() -> None:
     misses = cache.misses
     o200k.count(a)  # the least recently used entry, evicted when b came in: a miss again
     assert cache.hits == hits + 1 and cache.misses == misses + 1
+
+
+def test_count_cache_bound_is_in_bytes_for_any_script() -> None:
+    """Non-Latin text takes 2-4 bytes a character: the bound is on memory, not characters."""
+    import sys
+
+    from ceiling.tokenizers import CountCache
+
+    cache = CountCache(max_bytes=20_000, min_chars=100)
+    counter = cache.wrap(ENC)
+    texts = [f"{k} " + "🚀語" * 600 for k in range(20)]
+    for t in texts:
+        counter.count(t)
+    held = [t for t in texts if (ENC.name, t) in cache._lru]
+    assert held and sum(sys.getsizeof(t) for t in held) <= 20_000 == cache.max_bytes
+    assert cache.bytes == sum(sys.getsizeof(t) for t in held)

@@ -193,19 +193,22 @@ def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> No
         sc.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 5, "messages": MSG}
     )
     assert r.status_code == 502 and r.json()["type"] == "error"
-    ready = httpx.get(sc.url + "/readyz")
-    assert ready.status_code == 503 and ready.json()["upstreams"]["openai"].startswith(
+    # readiness is the sidecar's own state: a provider outage must not empty the Service
+    assert httpx.get(sc.url + "/readyz").status_code == 200
+    status = httpx.get(sc.url + "/status")
+    assert status.status_code == 200 and status.json()["upstreams"]["openai"].startswith(
         "unreachable"
     )
+    assert sc.sample("llm_context_upstream_up", upstream="openai") == 0
     assert httpx.get(sc.url + "/healthz").status_code == 200
 
 
-def test_readyz_with_reachable_upstreams(sidecar: Running) -> None:
+def test_readyz_and_status_with_reachable_upstreams(sidecar: Running) -> None:
     r = httpx.get(sidecar.url + "/readyz")
-    assert r.status_code == 200 and r.json() == {
-        "status": "ok",
-        "upstreams": {"openai": "ok", "anthropic": "ok"},
-    }
+    assert r.status_code == 200 and r.json() == {"status": "ok", "ceilings_version": 0}
+    s = httpx.get(sidecar.url + "/status")
+    assert s.json()["upstreams"] == {"openai": "ok", "anthropic": "ok"}
+    assert sidecar.sample("llm_context_upstream_up", upstream="anthropic") == 1
 
 
 def test_an_unexpected_error_in_the_proxy_path_is_a_500_in_the_clients_format(

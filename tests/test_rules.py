@@ -152,6 +152,21 @@ CASES: list[tuple[str, list[dict[str, str]], str, list[dict[str, str]]]] = [
         [{"model": "m"}],
     ),
     (
+        "LLMContextUpstreamDown",
+        [
+            {
+                "series": 'llm_context_upstream_up{job="context-ceiling",instance="a",upstream="openai"}',
+                "values": "0x20",
+            },
+            {
+                "series": 'llm_context_upstream_up{job="context-ceiling",instance="a",upstream="anthropic"}',
+                "values": "1x20",
+            },
+        ],
+        "10m",
+        [{"job": "context-ceiling", "instance": "a", "upstream": "openai"}],
+    ),
+    (
         "LLMContextSidecarDown",
         [
             {"series": 'up{job="context-ceiling",instance="a"}', "values": "0x20"},
@@ -170,6 +185,7 @@ QUIET = {
     "LLMContextCeilingOld": "30m",
     "LLMContextConfigReloadFailing": "30m",
     "LLMContextTokenEstimateDrift": "30m",
+    "LLMContextUpstreamDown": "3m",
     "LLMContextSidecarDown": "3m",
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from tests.conftest import Running
 
@@ -71,14 +72,26 @@ def test_stream_total_timeout_ends_the_stream(make_sidecar, double) -> None:  # 
             }
         }
     )
-    with httpx.Client(timeout=10) as h:
-        r = h.post(
-            sc.url + "/v1/chat/completions",
-            json=BODY,
-            headers={"x-double-chunks": "100", "x-double-pace": "0.05"},
-        )
-    assert r.status_code == 200  # headers were already sent; the stream is cut short
-    assert b"[DONE]" not in r.content
+    got: list[bytes] = []
+
+    def consume() -> None:
+        with (
+            httpx.Client(timeout=10) as h,
+            h.stream(
+                "POST",
+                sc.url + "/v1/chat/completions",
+                json=BODY,
+                headers={"x-double-chunks": "100", "x-double-pace": "0.05"},
+            ) as r,
+        ):
+            assert r.status_code == 200  # headers were already sent; the stream is cut short
+            got.extend(r.iter_raw())
+
+    # the cut is visible: an error event, then the body is aborted (never a clean end)
+    with pytest.raises(httpx.RemoteProtocolError):
+        consume()
+    data = b"".join(got)
+    assert b"[DONE]" not in data and b'"error"' in data and b"timed out" in data
     assert (
         sc.sample(
             "llm_context_requests_total",

@@ -1,0 +1,202 @@
+"""Drop-in: every route the sidecar does not measure passes through, with the official SDKs.
+
+The upstream is a loopback echo double (a stand-in for the hosted providers) that records what
+arrived and answers each route in the shape the SDKs parse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from sidecar.app import create_app
+from sidecar.config import Settings
+from sidecar.state import State
+from tests.conftest import MODELS
+from tests.hosted_provider_double import serve
+
+
+class EchoProviderDouble:
+    """Records method, path, query, headers and body; answers per route."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        path = scope["path"]
+        self.seen.append(
+            {
+                "method": scope["method"],
+                "path": path,
+                "query": scope["query_string"].decode(),
+                "headers": {k.decode(): v.decode() for k, v in scope["headers"]},
+                "body": body,
+            }
+        )
+        out: Any = {"object": "list", "data": []}
+        if path.endswith("/embeddings"):
+            out = {
+                "object": "list",
+                "data": [{"object": "embedding", "embedding": [0.1, 0.2], "index": 0}],
+                "model": "text-embedding-3-small",
+                "usage": {"prompt_tokens": 2, "total_tokens": 2},
+            }
+        elif path.endswith("/completions") and "chat" not in path:
+            out = {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": 1,
+                "model": "gpt-3.5-turbo-instruct",
+                "choices": [{"text": " ok", "index": 0, "logprobs": None, "finish_reason": "stop"}],
+            }
+        elif path.startswith("/v1/messages/batches"):
+            out = {"data": [], "has_more": False, "first_id": None, "last_id": None}
+        status = 404 if path.endswith("/missing") else 200
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"x-upstream", b"echo")],
+            }
+        )
+        await send({"type": "http.response.body", "body": json.dumps(out).encode()})
+
+
+class Running:
+    def __init__(self, url: str, state: State, double: EchoProviderDouble) -> None:
+        self.url, self.state, self.double = url, state, double
+
+    def count(self, upstream: str, route: str, outcome: str = "ok") -> float:
+        v = self.state.metrics.registry.get_sample_value(
+            "llm_context_passthrough_requests_total",
+            {"upstream": upstream, "route": route, "outcome": outcome},
+        )
+        return v or 0.0
+
+
+@pytest.fixture
+def echo() -> Iterator[tuple[EchoProviderDouble, str]]:
+    d = EchoProviderDouble()
+    with serve(d) as url:
+        yield d, url
+
+
+def start(durl: str, which: tuple[str, ...] = ("openai", "anthropic")) -> Any:
+    ups: dict[str, Any] = {}
+    if "openai" in which:
+        ups["openai"] = {"base_url": durl + "/v1"}
+    if "anthropic" in which:
+        ups["anthropic"] = {"base_url": durl}
+    return create_app(Settings(upstreams=ups, models=MODELS))
+
+
+def test_openai_routes_pass_through_unchanged(echo: tuple[EchoProviderDouble, str]) -> None:
+    d, durl = echo
+    app = start(durl)
+    with serve(app) as url:
+        sc = Running(url, app.state.sidecar, d)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-secret", max_retries=0)
+        e = client.embeddings.create(model="text-embedding-3-small", input="hello")
+        assert e.data[0].embedding == [0.1, 0.2]
+        c = client.completions.create(model="gpt-3.5-turbo-instruct", prompt="say ok")
+        assert c.choices[0].text == " ok"
+        client.files.list()
+        client.chat.completions.list()  # stored chat completions: a GET on the measured path
+        r = httpx.post(
+            url + "/v1/responses?x=1&x=2",
+            content=b'{"model": "gpt-4o", "input": "hi"}',
+            headers={"authorization": "Bearer sk-secret", "x-custom": "v"},
+        )
+        assert r.status_code == 200 and r.headers["x-upstream"] == "echo"
+        assert r.headers["x-ceiling-request-id"]
+    emb, cmpl, files, stored, resp = d.seen
+    assert emb["method"] == "POST" and emb["path"] == "/v1/embeddings"
+    assert (
+        json.loads(emb["body"])
+        == {
+            "model": "text-embedding-3-small",
+            "input": "hello",
+            "encoding_format": "base64",
+        }
+        or json.loads(emb["body"])["input"] == "hello"
+    )
+    assert emb["headers"]["authorization"] == "Bearer sk-secret"
+    assert cmpl["path"] == "/v1/completions"
+    assert files["method"] == "GET" and files["path"] == "/v1/files"
+    assert stored["method"] == "GET" and stored["path"] == "/v1/chat/completions"
+    assert resp["path"] == "/v1/responses" and resp["query"] == "x=1&x=2"
+    assert resp["body"] == b'{"model": "gpt-4o", "input": "hi"}', "the body byte for byte"
+    assert resp["headers"]["x-custom"] == "v"
+    for route in ("embeddings", "completions", "files", "chat_completions", "responses"):
+        assert sc.count("openai", route) == 1, route
+    assert (
+        sc.state.metrics.registry.get_sample_value(
+            "llm_context_requests_total",
+            {"model": "other", "workload": "default", "api": "passthrough", "outcome": "ok"},
+        )
+        == 5
+    )
+
+
+def test_anthropic_routes_pass_through(echo: tuple[EchoProviderDouble, str]) -> None:
+    d, durl = echo
+    app = start(durl)
+    with serve(app) as url:
+        sc = Running(url, app.state.sidecar, d)
+        client = anthropic.Anthropic(base_url=url, api_key="sk-ant", max_retries=0)
+        client.messages.batches.list()
+        r = httpx.get(url + "/v1/some/new/route", headers={"anthropic-version": "2023-06-01"})
+        assert r.status_code == 200
+    batches, other = d.seen
+    assert batches["method"] == "GET" and batches["path"] == "/v1/messages/batches"
+    h = batches["headers"]
+    assert "sk-ant" in (h.get("x-api-key", "") + h.get("authorization", "")), "auth passes"
+    assert other["path"] == "/v1/some/new/route"
+    assert sc.count("anthropic", "message_batches") == 1
+    assert sc.count("anthropic", "other") == 1, "an unknown route is counted, the path is not"
+
+
+def test_upstream_errors_and_missing_upstreams(echo: tuple[EchoProviderDouble, str]) -> None:
+    d, durl = echo
+    app = start(durl, ("openai",))
+    with serve(app) as url:
+        sc = Running(url, app.state.sidecar, d)
+        r = httpx.get(url + "/v1/files/missing")
+        assert r.status_code == 404 and r.headers["x-upstream"] == "echo"
+        assert sc.count("openai", "files", "upstream_4xx") == 1
+        # an Anthropic client on a sidecar with no Anthropic upstream: an error in its shape
+        r = httpx.get(url + "/v1/messages/batches", headers={"anthropic-version": "2023-06-01"})
+        assert r.status_code == 404 and r.json()["type"] == "error"
+        assert "no anthropic upstream" in r.json()["error"]["message"]
+
+
+def test_a_large_upload_streams_and_the_limit_holds(echo: tuple[EchoProviderDouble, str]) -> None:
+    d, durl = echo
+    app = create_app(
+        Settings(upstreams={"openai": {"base_url": durl + "/v1"}}, limits={"max_body_bytes": 4096})
+    )
+    with serve(app) as url:
+        ok = httpx.post(url + "/v1/files", content=b"x" * 4000)
+        assert ok.status_code == 200 and d.seen[-1]["body"] == b"x" * 4000
+        big = httpx.post(url + "/v1/files", content=b"x" * 10000)
+        assert big.status_code == 413 and "limit" in big.json()["error"]["message"]
