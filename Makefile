@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck test demo bench bench-validity bench-soak bench-trim local-model dashboards tools clean
+.PHONY: venv lint typecheck test test-fast demo bench bench-validity bench-soak bench-trim local-model dashboards tools clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,9 @@ typecheck: venv
 
 test: venv lint typecheck local-model tools  ## the README's test command; CI runs exactly this
 	$(BIN)/pytest -q
+
+test-fast: venv lint typecheck  ## the inner loop: everything but the slow, real-model and helm tests
+	$(BIN)/pytest -q -m "not slow and not real_model and not helm"
 
 demo: venv local-model  ## the whole loop on a real local model
 	$(PY) scripts/demo.py

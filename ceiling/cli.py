@@ -22,6 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sidecar.app import create_app
     from sidecar.config import ConfigError, load_settings
     from sidecar.logs import configure
+    from sidecar.server import uvicorn_options
 
     try:
         settings = load_settings(args.config)
@@ -47,11 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.listen.host,
         port=settings.listen.port,
         loop=loop,
-        http="httptools",
-        access_log=False,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.limits.shutdown_grace_seconds),
-        limit_concurrency=settings.limits.max_connections,
+        **uvicorn_options(settings),
     )
     return 0
 
@@ -137,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from sweep.cli import add_parsers
 
-    add_parsers(sub)
+    add_parsers(sub, cli=main)
 
     c = sub.add_parser(
         "ceilings", help="the ceilings document: validate a file, print the JSON Schema"

@@ -81,6 +81,9 @@ class Limits(_Section):
     max_event_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     #: request headers larger than this in all are a 431
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    #: a connection whose request headers have not arrived whole within this many seconds is
+    #: closed (slow-loris clients)
+    header_read_timeout: float = Field(default=10.0, gt=0)
     #: a request body that has not arrived whole within this many seconds is a 408
     body_read_timeout: float = Field(default=60.0, gt=0)
     #: connections served at once; beyond it new ones get a 503 (uvicorn limit_concurrency)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ from sweep.run import run
 from sweep.taskset import TaskSetError
 
 
-def add_parsers(sub: Any) -> None:
+def add_parsers(sub: Any, cli: Callable[[Sequence[str]], int]) -> None:
+    """``cli``: the ``ceiling`` entry point, which the Kubernetes sweep job runs its steps with
+    (passed in by the command line that assembles the product: the sweep never imports it)."""
     sw = sub.add_parser("sweep", help="measure the usable context of a model on a workload")
     s = sw.add_subparsers(dest="action", required=True)
     r = s.add_parser("run", help="run (or --resume) a sweep")
@@ -166,7 +169,7 @@ def add_parsers(sub: Any) -> None:
     job.add_parser(s)
     p = s.add_parser("report", help="(re)write a run's report")
     p.add_argument("run")
-    sw.set_defaults(func=main)
+    sw.set_defaults(func=main, cli=cli)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -179,10 +182,9 @@ def main(args: argparse.Namespace) -> int:
         if args.action == "merge":
             return merge(args, console)
         if args.action == "job":
-            from ceiling.cli import main as ceiling_main
             from sweep import job
 
-            return job.run(args, console, ceiling_main)
+            return job.run(args, console, args.cli)
         return report(Path(args.run), console)
     except (SweepUsageError, TaskSetError, JobError) as exc:
         print(f"ceiling sweep {args.action}: {exc}", file=sys.stderr)

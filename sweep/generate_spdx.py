@@ -23,7 +23,6 @@ from typing import Any
 from sweep.taskset import write_taskset
 
 SEED = 20261130
-PER_KIND = 70
 SOURCE_VERSION = "6.12.0"
 
 SKELETON = """You answer questions about software licences using only the licence records provided. Many records look alike: check names and identifiers carefully.
@@ -54,6 +53,18 @@ def _excerpt(text: str, words: int = 45) -> str:
     return " ".join(clean.split()[:words])
 
 
+def _unique_questions(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A question must name one item: deprecated identifiers share their licence's name, so the
+    same question would have two right answers; the first one stays."""
+    seen: set[str] = set()
+    out = []
+    for it in items:
+        if it["question"] not in seen:
+            seen.add(it["question"])
+            out.append(it)
+    return out
+
+
 def generate(package: Path, out: Path, seed: int = SEED) -> None:
     data: dict[str, Any] = json.loads((package / "spdx-full.json").read_text())
     rng = random.Random(seed)
@@ -76,7 +87,7 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
         return sorted(fam, key=lambda s: (abs(len(s) - len(i)), s))[:4]
 
     items = []
-    for i in candidates[:PER_KIND]:
+    for i in candidates:
         sib = siblings(i)
         items.append(
             {
@@ -89,9 +100,7 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
             }
         )
     seen_pairs: set[tuple[str, ...]] = set()
-    for i in candidates[PER_KIND:]:
-        if len(seen_pairs) == PER_KIND:
-            break
+    for i in candidates:
         other = siblings(i)[0]
         pair = sorted([i, other])
         if tuple(pair) in seen_pairs:
@@ -114,7 +123,7 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
                 "decoy_docs": [f"spdx:{s}" for s in sib],
             }
         )
-    for i in candidates[-PER_KIND:]:
+    for i in candidates:
         sib = siblings(i)
         items.append(
             {
@@ -143,6 +152,7 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
                 "decoy_docs": [f"spdx:{s}" for s in sib],
             }
         )
+    items = _unique_questions(items)
     meta = {
         "name": "spdx",
         "format_version": 1,

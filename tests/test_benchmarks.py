@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -24,9 +24,11 @@ from hypothesis import strategies as st
 from sidecar.app import create_app
 from sidecar.config import Settings
 from sidecar.logs import JsonFormatter
+from sidecar.server import uvicorn_options
 from sidecar.state import State
 from tests.conftest import MODELS
 from tests.fault_provider_double import FaultyProviderDouble
+from tests.fuzz_bodies import ANTHROPIC_TEMPLATE, OPENAI_TEMPLATE, mutate, paths
 from tests.hosted_provider_double import serve
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -66,10 +68,12 @@ def sidecar() -> Iterator[Sidecar]:
                 "max_event_bytes": 256 * 1024,
                 "max_header_bytes": 16 * 1024,
                 "body_read_timeout": 1.5,
+                "header_read_timeout": 1.5,
             },
         }
-        app = create_app(Settings(**cfg))
-        with serve(app) as url:
+        settings = Settings(**cfg)
+        app = create_app(settings)
+        with serve(app, **uvicorn_options(settings)) as url:
             yield Sidecar(url, app.state.sidecar, double)
 
 
@@ -170,87 +174,6 @@ JSONV = st.recursive(
     ),
     max_leaves=8,
 )
-OPENAI_TEMPLATE: dict[str, Any] = {
-    "model": "gpt-4o",
-    "messages": [
-        {"role": "system", "content": "s"},
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "t"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            ],
-        },
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": "c", "content": "r"},
-    ],
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "stream_options": {"include_usage": True},
-}
-ANTHROPIC_TEMPLATE: dict[str, Any] = {
-    "model": "claude-x",
-    "max_tokens": 10,
-    "system": [{"type": "text", "text": "s"}],
-    "messages": [
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "image",
-                    "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
-                },
-                {
-                    "type": "document",
-                    "source": {"type": "content", "content": [{"type": "text", "text": "d"}]},
-                },
-                {"type": "text", "text": "q"},
-            ],
-        },
-        {
-            "role": "assistant",
-            "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
-        },
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "t",
-                    "content": [{"type": "text", "text": "r"}],
-                }
-            ],
-        },
-    ],
-    "tools": [{"name": "f", "input_schema": {}}],
-}
-
-
-def _paths(v: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [at]
-    if isinstance(v, dict):
-        for k, x in v.items():
-            out += _paths(x, (*at, k))
-    elif isinstance(v, list):
-        for k, x in enumerate(v):
-            out += _paths(x, (*at, k))
-    return out
-
-
-def _mutate(template: dict[str, Any], path: tuple[Any, ...], value: Any) -> Any:
-    body = json.loads(json.dumps(template))
-    if not path:
-        return value
-    node = body
-    for k in path[:-1]:
-        node = node[k]
-    node[path[-1]] = value
-    return body
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -260,8 +183,8 @@ def test_malformed_bodies_get_a_4xx_in_the_provider_shape(
 ) -> None:
     template = OPENAI_TEMPLATE if api == "openai" else ANTHROPIC_TEMPLATE
     template = template | {"stream": stream}
-    path = data.draw(st.sampled_from(_paths(template)))
-    body = _mutate(template, path, data.draw(JSONV))
+    path = data.draw(st.sampled_from(paths(template)))
+    body = mutate(template, path, data.draw(JSONV))
     url = sidecar.url + ("/v1/chat/completions" if api == "openai" else "/v1/messages")
     r = httpx.post(url, content=json.dumps(body), headers={"anthropic-version": "2023-06-01"})
     assert r.status_code < 500, (path, body, r.text)
@@ -325,6 +248,18 @@ def test_a_body_that_never_finishes_is_a_408(sidecar: Sidecar) -> None:
         t0 = time.monotonic()
         reply = s.recv(65536)
     assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 8
+
+
+def test_headers_that_never_finish_close_the_connection(sidecar: Sidecar) -> None:
+    host, port = sidecar.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        t0 = time.monotonic()
+        assert s.recv(65536) == b"", "closed by the header deadline"
+        assert time.monotonic() - t0 < 8
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        t0 = time.monotonic()  # a connection that never sends a byte
+        assert s.recv(65536) == b"" and time.monotonic() - t0 < 8
 
 
 def test_oversized_headers_are_a_431(sidecar: Sidecar) -> None:

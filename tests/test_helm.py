@@ -17,6 +17,9 @@ import yaml
 from ceiling.ceilings import parse_document
 from sidecar.config import load_settings
 
+pytestmark = [pytest.mark.helm]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "context-ceiling"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))

@@ -19,6 +19,9 @@ from sidecar.app import create_app
 from sidecar.config import Settings
 from tests.hosted_provider_double import serve
 
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+
 WORDS = [
     "contract",
     "renewal",

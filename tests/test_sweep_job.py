@@ -26,6 +26,9 @@ from tests.scripted_model_double import ScriptedModelDouble
 from tests.test_ceilings import wait_for
 from tests.test_helm import CHART, by_kind, helm, render  # noqa: F401  (helm is a fixture)
 
+pytestmark = [pytest.mark.helm, pytest.mark.slow]
+
+
 TOKEN = "admin-token-for-tests"
 SA_TOKEN = "service-account-token"
 NS = "llm"
