@@ -22,7 +22,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -30,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from sidecar.bodies import BodyTooLarge, capped, check_declared
 from sidecar.errors import Api, error_response
 from sidecar.logs import log_request
 from sidecar.metrics import OTHER_ROUTE
@@ -104,20 +104,6 @@ def upstream_path(api: Api, base_url: httpx.URL, path: str) -> str:
     return path
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-async def _body(request: Request, limit: int) -> AsyncIterator[bytes]:
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        if chunk:
-            yield chunk
-
-
 class Passthrough:
     def __init__(self, state: State) -> None:
         self.state = state
@@ -147,68 +133,36 @@ class Passthrough:
             )
         route = route_label(api, request.url.path)
         limits = st.settings.limits
+
+        def fail(status: int, outcome: str, message: str) -> Response:
+            assert api is not None
+            self._record(api, route, request, rid, started, status, outcome)
+            return error_response(api, status, message, headers={"x-ceiling-request-id": rid})
+
+        too_large = f"request body exceeds the limit of {limits.max_body_bytes} bytes"
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            return self._done(
-                api,
-                route,
-                request,
-                rid,
-                started,
-                413,
-                "invalid",
-                error_response(
-                    api, 413, f"request body exceeds the limit of {limits.max_body_bytes} bytes"
-                ),
-            )
         client = st.clients[api]
         cfg = st.upstream_settings(api)
         has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
-        req = client.build_request(
-            request.method,
-            upstream_path(api, client.base_url, request.url.path),
-            params=list(request.query_params.multi_items()),
-            headers=request_headers(request.headers.items()),
-            content=_body(request, limits.max_body_bytes) if has_body else None,
-        )
         try:
+            check_declared(declared, limits.max_body_bytes, BodyTooLarge)
+            req = client.build_request(
+                request.method,
+                upstream_path(api, client.base_url, request.url.path),
+                params=list(request.query_params.multi_items()),
+                headers=request_headers(request.headers.items()),
+                content=capped(request.stream(), limits.max_body_bytes, BodyTooLarge)
+                if has_body
+                else None,
+            )
             async with asyncio.timeout(cfg.timeouts.total):
                 resp = await client.send(req, stream=True)
         except BodyTooLarge:
-            return self._done(
-                api,
-                route,
-                request,
-                rid,
-                started,
-                413,
-                "invalid",
-                error_response(
-                    api, 413, f"request body exceeds the limit of {limits.max_body_bytes} bytes"
-                ),
-            )
+            return fail(413, "invalid", too_large)
         except (httpx.TimeoutException, TimeoutError):
-            return self._done(
-                api,
-                route,
-                request,
-                rid,
-                started,
-                504,
-                "timeout",
-                error_response(api, 504, "upstream timed out"),
-            )
+            return fail(504, "timeout", "upstream timed out")
         except httpx.TransportError as exc:
-            return self._done(
-                api,
-                route,
-                request,
-                rid,
-                started,
-                502,
-                "unreachable",
-                error_response(api, 502, f"upstream unreachable: {type(exc).__name__}"),
-            )
+            return fail(502, "unreachable", f"upstream unreachable: {type(exc).__name__}")
         deadline = time.monotonic() + cfg.timeouts.total
         return _Relay(
             resp,
@@ -218,21 +172,6 @@ class Passthrough:
             ),
             rid,
         )
-
-    def _done(
-        self,
-        api: Api,
-        route: str,
-        request: Request,
-        rid: str,
-        started: float,
-        status: int,
-        outcome: str,
-        response: Response,
-    ) -> Response:
-        self._record(api, route, request, rid, started, status, outcome)
-        response.headers["x-ceiling-request-id"] = rid
-        return response
 
     def _record(
         self,

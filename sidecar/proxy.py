@@ -27,6 +27,7 @@ from ceiling.engine import EngineCountError, count_chat
 from ceiling.models import OTHER, UpstreamSpec
 from ceiling.shape import RequestShapeError
 from ceiling.utilization import Component, utilization
+from sidecar.bodies import BodyTooLarge, ResponseTooLarge, collect
 from sidecar.budget import requested_output
 from sidecar.enforce import context_error, decide
 from sidecar.errors import Api, error_response
@@ -57,8 +58,20 @@ _KIND_COMPONENT = {
 }
 
 
-class BodyTooLarge(Exception):
-    pass
+async def read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
+    its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
+    return await collect(
+        resp.aiter_bytes(), resp.headers.get("content-length"), cap, ResponseTooLarge
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
+    part of its body and then nothing must not hold a connection and its buffer forever)."""
+    return await collect(
+        request.stream(), request.headers.get("content-length"), limit, BodyTooLarge
+    )
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
@@ -70,42 +83,6 @@ def request_id(header: str | None) -> str:
     if header and _REQUEST_ID.fullmatch(header):
         return header
     return uuid.uuid4().hex
-
-
-class ResponseTooLarge(Exception):
-    pass
-
-
-async def read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
-    its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
-    declared = resp.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > cap:
-        raise ResponseTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.aiter_bytes():
-        size += len(chunk)
-        if size > cap:
-            raise ResponseTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
-    part of its body and then nothing must not hold a connection and its buffer forever)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class Proxy:

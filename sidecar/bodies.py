@@ -1,0 +1,45 @@
+"""Bodies read under a size cap: a request body, a non-stream upstream response, or one
+streamed through. One place decides how a declared ``content-length`` and the bytes that really
+arrive are held against a limit."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+
+class TooLarge(Exception):
+    """More bytes than the cap allows (declared, or arrived)."""
+
+
+class BodyTooLarge(TooLarge):
+    pass
+
+
+class ResponseTooLarge(TooLarge):
+    pass
+
+
+def check_declared(declared: str | None, cap: int, exc: type[TooLarge]) -> None:
+    if declared and declared.isdigit() and int(declared) > cap:
+        raise exc
+
+
+async def capped(
+    chunks: AsyncIterator[bytes], cap: int, exc: type[TooLarge]
+) -> AsyncIterator[bytes]:
+    """The chunks as they arrive, raising ``exc`` once their total passes ``cap``."""
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            raise exc
+        if chunk:
+            yield chunk
+
+
+async def collect(
+    chunks: AsyncIterator[bytes], declared: str | None, cap: int, exc: type[TooLarge]
+) -> bytes:
+    """A whole body of at most ``cap`` bytes."""
+    check_declared(declared, cap, exc)
+    return b"".join([c async for c in capped(chunks, cap, exc)])
