@@ -1,5 +1,6 @@
-"""The small pieces of raw ASGI the benchmark servers share (the test-double upstream and the
-bare pass-through): lifespan handling, reading a whole request body, running on uvicorn."""
+"""The small pieces of raw ASGI the benchmark servers and the raw test doubles share (the
+benchmark upstream, the bare pass-through, the fault-injecting and echo provider doubles):
+lifespan handling, reading a whole request body, running on uvicorn."""
 
 from __future__ import annotations
 

@@ -64,18 +64,14 @@ def add_parsers(sub: Any, cli: Callable[[Sequence[str]], int]) -> None:
     r.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
     r.add_argument(
         "--refine",
-        action="store_true",
-        default=None,
+        action=argparse.BooleanOptionalAction,
         help="measure midpoints where accuracy drops (default on, except per shard)",
     )
-    r.add_argument("--no-refine", action="store_false", dest="refine")
     r.add_argument(
         "--adaptive",
-        action="store_true",
-        default=None,
+        action=argparse.BooleanOptionalAction,
         help="add items where the decision is still open (default on, except per shard)",
     )
-    r.add_argument("--no-adaptive", action="store_false", dest="adaptive")
     r.add_argument(
         "--low-fill",
         type=float,

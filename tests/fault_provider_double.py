@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from benchmarks.asgi import lifespan, read_body
+
 Send = Any
 Receive = Any
 
@@ -135,19 +137,9 @@ class FaultyProviderDouble:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await lifespan(receive, send)
+            return
+        body = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         fault = headers.get("x-fault", "none")
         self.seen.append(fault)

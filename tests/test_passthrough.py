@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from benchmarks.asgi import lifespan, read_body
 from sidecar.app import create_app
 from sidecar.config import Settings
 from sidecar.state import State
@@ -30,19 +31,9 @@ class EchoProviderDouble:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                m = await receive()
-                if m["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
+            await lifespan(receive, send)
+            return
+        body = await read_body(receive)
         path = scope["path"]
         self.seen.append(
             {
