@@ -93,6 +93,24 @@ class ModelSpec(_Strict):
     reasoning_reservation: int = Field(ge=0, default=0)
     tokenizer: TokenizerSpec = Field(default_factory=TiktokenSpec)
     chat_format: ChatFormat = Field(default_factory=ChatFormat)
+    beta_windows: dict[str, int] = Field(
+        default_factory=dict,
+        description="the window when a request carries this anthropic-beta value, e.g. "
+        "{'context-1m-2025-08-07': 1000000} (Claude's 1M-context beta)",
+    )
+
+    def for_betas(self, header: str | None) -> ModelSpec:
+        """This entry as it applies to a request with this ``anthropic-beta`` header: a beta
+        that widens the window widens it (a valid 275k-token request to a 1M-context Claude is
+        not judged against 200k)."""
+        if not header or not self.beta_windows:
+            return self
+        wider = [
+            self.beta_windows[b.strip()]
+            for b in header.split(",")
+            if b.strip() in self.beta_windows
+        ]
+        return self.model_copy(update={"window": max(wider)}) if wider else self
 
     @model_validator(mode="after")
     def _output_fits(self) -> ModelSpec:

@@ -215,6 +215,8 @@ class Proxy:
             ex.span = st.tracing.start("chat", model, route.api, request.headers)
         spec = st.registry.resolve(model)
         if spec is not None:
+            if route.api == "anthropic":
+                spec = spec.for_betas(request.headers.get("anthropic-beta"))
             ex.spec, ex.label = spec, spec.metric_label
         counter = st.registry.counter(spec) if spec else st.default_counter
         fmt = spec.chat_format if spec else None

@@ -290,3 +290,33 @@ def test_a_pushed_entry_mode_switches_enforcement_without_restart(enforcing: Run
         and int(r.headers["x-ceiling-input-tokens"]) <= 2000
     )
     assert count_openai(enforcing.double.received[-1].json, O200K, chunks=CHUNKS).total <= 2000
+
+
+def test_a_beta_header_that_widens_the_window_is_honoured(
+    make_sidecar: Callable[..., Running],
+) -> None:
+    """Claude's 1M-context beta: the same model, a wider window when the request asks for it."""
+    sc = make_sidecar(
+        models=[
+            {
+                "match": "claude-*",
+                "label": "claude",
+                "window": 1000,
+                "max_output_tokens": 100,
+                "beta_windows": {"context-1m-2025-08-07": 5000},
+            }
+        ],
+        enforcement={"mode": "enforce", "default_output_reservation": 100},
+    )
+    body = {
+        "model": "claude-x",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "word " * 2000}],
+    }
+    h = {"anthropic-version": "2023-06-01"}
+    r = httpx.post(sc.url + "/v1/messages", json=body, headers=h)
+    assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"]
+    beta = h | {"anthropic-beta": "some-other-beta, context-1m-2025-08-07"}
+    r = httpx.post(sc.url + "/v1/messages", json=body, headers=beta)
+    assert r.status_code == 200
+    assert 0.35 < float(r.headers["x-ceiling-utilization"]) < 0.45
