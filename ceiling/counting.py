@@ -22,7 +22,12 @@ from ceiling.images import (
     size_from_data_url,
 )
 from ceiling.models import ChatFormat
-from ceiling.shape import RequestShapeError, check_anthropic_messages, check_openai_chat
+from ceiling.shape import (
+    RequestShapeError,
+    check_anthropic_messages,
+    check_openai_chat,
+    check_openai_responses,
+)
 from ceiling.tokenizers import TextCounter
 from ceiling.utilization import COMPONENTS, Component
 
@@ -63,6 +68,9 @@ class RequestCount:
     parts: list[Part] = field(default_factory=list)
     counter: str = ""
     exact: bool = False
+    #: the provider holds part of the context (Responses ``previous_response_id`` /
+    #: ``conversation``): this count is what the sidecar saw, not the whole input
+    partial: bool = False
 
     def scaled_to(self, total: int, *, exact: bool, counter: str | None = None) -> RequestCount:
         """Re-express the breakdown against an authoritative total (largest remainder)."""
@@ -359,3 +367,86 @@ def count_anthropic(
             raise RequestShapeError(f"messages[{i}].content must be a string or an array")
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
+
+
+# --------------------------------------------------------------------------------------------
+# OpenAI Responses API
+
+
+def responses_items(body: Mapping[str, Any]) -> list[Any]:
+    """``input`` as a list of items (a string input is one user message)."""
+    items = body.get("input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    return list(items) if isinstance(items, list) else []
+
+
+def count_responses(
+    body: Mapping[str, Any],
+    counter: TextCounter,
+    fmt: ChatFormat | None = None,
+    chunks: re.Pattern[str] | None = None,
+) -> RequestCount:
+    """Input tokens of an OpenAI ``/v1/responses`` body: ``instructions``, ``tools`` and the
+    ``input`` items (each item is a ``Part`` message index, as messages are for chat). With
+    ``previous_response_id`` or a ``conversation`` the provider holds earlier turns the sidecar
+    never sees: the count is ``partial`` and the upstream's reported usage is the figure."""
+    check_openai_responses(body)
+    fmt = fmt or ChatFormat()
+    tally = _Tally(counter)
+    count = counter.count
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        tally.add(-1, -1, Component.SYSTEM, count(instructions))
+    _openai_tools(tally, body.get("tools") or [])
+    items = responses_items(body)
+    last_user = max(
+        (i for i, it in enumerate(items) if isinstance(it, dict) and it.get("role") == "user"),
+        default=-1,
+    )
+    for i, it in enumerate(items):
+        kind = it.get("type") or "message"
+        role = it.get("role")
+        if kind == "message":
+            comp = (
+                Component.SYSTEM
+                if role in ("system", "developer")
+                else Component.LATEST_USER
+                if i == last_user
+                else Component.HISTORY
+            )
+            tally.add(i, -1, comp, fmt.per_message + count(str(role or "")), frame=True)
+            content = it.get("content")
+            if isinstance(content, str):
+                tally.text(i, -1, comp, content, chunks)
+            elif isinstance(content, list):
+                for j, part in enumerate(content):
+                    ptype = part.get("type")
+                    if ptype in ("input_text", "output_text", "text"):
+                        tally.text(i, j, comp, str(part.get("text") or ""), chunks)
+                    elif ptype == "input_image":
+                        url = part.get("image_url") or ""
+                        size = size_from_data_url(url) if isinstance(url, str) else None
+                        detail = part.get("detail") or "auto"
+                        tally.add(i, j, comp, openai_image_tokens(size, detail))
+                    elif ptype == "input_file":
+                        tally.add(i, j, Component.RETRIEVED, count(_json(part)))
+                    else:
+                        tally.add(i, j, comp, count(_json(part)))
+        elif kind == "function_call":
+            tally.add(
+                i,
+                -1,
+                Component.HISTORY,
+                3 + count(str(it.get("name") or "")) + count(str(it.get("arguments") or "")),
+            )
+        elif kind == "function_call_output":
+            out = it.get("output")
+            text = out if isinstance(out, str) else _json(out)
+            tally.add(i, -1, Component.TOOL_RESULTS, 3 + count(text))
+        else:  # reasoning, item references, tool calls of built-in tools: their JSON
+            tally.add(i, -1, Component.HISTORY, count(_json(it)))
+    tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
+    result = tally.result()
+    result.partial = bool(body.get("previous_response_id") or body.get("conversation"))
+    return result

@@ -169,3 +169,46 @@ def check_anthropic_messages(body: Mapping[str, Any]) -> None:
                 _anthropic_block(b, f"{w}.content[{j}]")
         elif not isinstance(content, str):
             raise RequestShapeError(f"{w}.content must be a string or an array")
+
+
+def check_openai_responses(body: Mapping[str, Any]) -> None:
+    """The Responses API: ``input`` a string or items (messages with text, image and file
+    parts; ``function_call`` / ``function_call_output`` pairs; reasoning items)."""
+    check_depth(body)
+    _opt(body, "instructions", str, "'instructions'", "a string")
+    if body.get("tools") is not None:
+        _is(body["tools"], list, "'tools'", "an array")
+        for k, t in enumerate(body["tools"]):
+            _is(t, dict, f"tools[{k}]", "an object")
+    items = body.get("input")
+    if items is None or isinstance(items, str):
+        return
+    _is(items, list, "'input'", "a string or an array of items")
+    for i, it in enumerate(items):
+        w = f"input[{i}]"
+        _is(it, dict, w, "an object")
+        _opt(it, "type", str, w, "a string")
+        _opt(it, "role", str, w, "a string")
+        kind = it.get("type") or ("message" if "role" in it else None)
+        if kind == "message":
+            content = it.get("content")
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    pw = f"{w}.content[{j}]"
+                    _is(part, dict, pw, "an object")
+                    _opt(part, "type", str, pw, "a string")
+                    _opt(part, "text", str, pw, "a string")
+                    _opt(part, "image_url", str, pw, "a string")
+                    _opt(part, "detail", str, pw, "a string")
+            elif content is not None and not isinstance(content, str):
+                raise RequestShapeError(f"{w}.content must be a string or an array")
+        elif kind == "function_call":
+            _opt(it, "name", str, w, "a string")
+            _opt(it, "arguments", str, w, "a string")
+        elif kind == "function_call_output":
+            out = it.get("output")
+            if isinstance(out, list):
+                for j, part in enumerate(out):
+                    _is(part, dict, f"{w}.output[{j}]", "an object")
+            elif out is not None and not isinstance(out, str):
+                raise RequestShapeError(f"{w}.output must be a string or an array")

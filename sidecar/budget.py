@@ -45,12 +45,14 @@ from ceiling.counting import (
     RequestCount,
     count_anthropic,
     count_openai,
+    count_responses,
+    responses_items,
 )
 from ceiling.models import ChatFormat
 from ceiling.tokenizers import TextCounter, TiktokenCounter
 from ceiling.utilization import Component
 
-Api = Literal["openai", "anthropic"]
+Api = Literal["openai", "anthropic", "responses"]  # the request shapes the trimmer knows
 Stage = Literal["tool_results", "retrieved", "history"]
 KINDS: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
 
@@ -100,7 +102,11 @@ def input_budget(window: int, reservation: int, ceiling_tokens: int | None = Non
 
 
 def requested_output(body: Mapping[str, Any], api: Api) -> int | None:
-    keys = ("max_completion_tokens", "max_tokens") if api == "openai" else ("max_tokens",)
+    keys = {
+        "openai": ("max_completion_tokens", "max_tokens"),
+        "anthropic": ("max_tokens",),
+        "responses": ("max_output_tokens",),
+    }[api]
     for k in keys:
         v = body.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -142,7 +148,10 @@ class _Trimmer:
         budget: int,
     ) -> None:
         self.body, self.api, self.counter, self.policy = body, api, counter, policy
-        self.messages: list[Any] = list(body.get("messages") or [])
+        # Responses API: the input items play the part of messages (a string input is one)
+        self.messages: list[Any] = (
+            responses_items(body) if api == "responses" else list(body.get("messages") or [])
+        )
         self.parts: dict[int, list[Part]] = defaultdict(list)
         for p in count.parts:
             self.parts[p.message].append(p)
@@ -198,11 +207,15 @@ class _Trimmer:
                 return
             if i in self.drop_messages or not isinstance(m, dict):
                 continue
-            if self.api == "openai" and m.get("role") in ("tool", "function"):
+            output = self.api == "responses" and m.get("type") == "function_call_output"
+            if output or (self.api == "openai" and m.get("role") in ("tool", "function")):
                 if (i, -1) in self.replace or self._protected(i, -1, allow_prefix):
                     continue
+                text = m.get("output") if output else _texts(m.get("content"))
+                if not isinstance(text, str):
+                    continue  # structured output (images, files): left whole
                 tokens = sum(p.tokens for p in self.parts[i] if not p.frame)
-                new = self._truncate(_texts(m.get("content")), tokens, self._target(tokens))
+                new = self._truncate(text, tokens, self._target(tokens))
                 if new is not None:
                     text, new_tokens = new
                     self.replace[(i, -1)] = text
@@ -316,6 +329,8 @@ class _Trimmer:
             return False
         if self.api == "openai":
             return True
+        if self.api == "responses":  # function calls, their outputs and reasoning have no role
+            return m.get("type") in (None, "message")
         content = m.get("content")
         if isinstance(content, list):
             return not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
@@ -386,7 +401,7 @@ class _Trimmer:
             m2 = dict(m)
             content = m.get("content")
             if (i, -1) in self.replace:
-                m2["content"] = self.replace[(i, -1)]
+                m2["output" if "output" in m else "content"] = self.replace[(i, -1)]
             elif isinstance(content, str):
                 m2["content"] = _cut(content, self.spans[(i, -1)])
                 if not m2["content"].strip():
@@ -406,8 +421,15 @@ class _Trimmer:
                 m2["content"] = blocks or [{"type": "text", "text": PLACEHOLDER}]
             messages.append(m2)
         out = dict(self.body)
-        out["messages"] = messages
+        if self.api == "responses":
+            single = isinstance(self.body.get("input"), str) and len(messages) == 1
+            out["input"] = messages[0]["content"] if single else messages
+        else:
+            out["messages"] = messages
         return out
+
+
+COUNTERS = {"openai": count_openai, "anthropic": count_anthropic, "responses": count_responses}
 
 
 def fit(
@@ -421,7 +443,8 @@ def fit(
     chat_format: ChatFormat | None = None,
     chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
 ) -> tuple[dict[str, Any], FitReport]:
-    """Fit an OpenAI chat or Anthropic messages body into ``budget`` input tokens.
+    """Fit an OpenAI chat, Anthropic messages or OpenAI Responses body into ``budget`` input
+    tokens.
 
     Returns the fitted body (the input is never mutated; untouched messages are shared, not
     copied) and a report whose ``after`` is a recount of that body. ``report.fits`` is False
@@ -430,7 +453,7 @@ def fit(
     """
     counter = counter or TiktokenCounter("o200k_base")
     pattern = re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
-    fn = count_openai if api == "openai" else count_anthropic
+    fn = COUNTERS[api]
     if count is None:
         count = fn(body, counter, chat_format, pattern)
     report = FitReport(budget=budget, before=count.total, after=count.total)

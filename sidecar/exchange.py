@@ -12,9 +12,10 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from ceiling.ceilings import EMPTY, CeilingsDocument
-from ceiling.counting import RequestCount, count_anthropic, count_openai
+from ceiling.counting import RequestCount, count_anthropic, count_openai, count_responses
 from ceiling.models import OTHER, ModelSpec
 from ceiling.utilization import Component
+from sidecar.budget import Api as Shape
 from sidecar.enforce import Decision
 from sidecar.errors import Api
 from sidecar.logs import bounded, log_request
@@ -23,9 +24,11 @@ from sidecar.state import State
 from sidecar.usage import (
     AnthropicStreamTap,
     OpenAIStreamTap,
+    ResponsesStreamTap,
     Usage,
     anthropic_body_usage,
     openai_body_usage,
+    responses_body_usage,
 )
 
 _KIND_COMPONENT = {
@@ -39,16 +42,32 @@ _KIND_COMPONENT = {
 class Route:
     """What differs between the two wire formats."""
 
-    api: Api
+    api: Api  # whose client and error shape
     metric_api: str
     path: str
     count: Callable[..., RequestCount]
     body_usage: Callable[[bytes], Usage]
     tap: Callable[[bool], Tap]
+    shape: Shape  # the request body's shape, for the trimmer
 
 
 OPENAI_CHAT = Route(
-    "openai", "openai_chat", "/chat/completions", count_openai, openai_body_usage, OpenAIStreamTap
+    "openai",
+    "openai_chat",
+    "/chat/completions",
+    count_openai,
+    openai_body_usage,
+    OpenAIStreamTap,
+    "openai",
+)
+OPENAI_RESPONSES = Route(
+    "openai",
+    "openai_responses",
+    "/responses",
+    count_responses,
+    responses_body_usage,
+    lambda _injected: ResponsesStreamTap(),
+    "responses",
 )
 ANTHROPIC_MESSAGES = Route(
     "anthropic",
@@ -57,6 +76,7 @@ ANTHROPIC_MESSAGES = Route(
     count_anthropic,
     anthropic_body_usage,
     lambda _injected: AnthropicStreamTap(),
+    "anthropic",
 )
 ANTHROPIC_COUNT = Route(
     "anthropic",
@@ -65,6 +85,7 @@ ANTHROPIC_COUNT = Route(
     count_anthropic,
     anthropic_body_usage,
     lambda _injected: AnthropicStreamTap(),
+    "anthropic",
 )
 
 
@@ -133,9 +154,14 @@ class Recorder:
         ).inc()
         u = ex.usage
         est_error: float | None = None
-        if ex.count is not None and u.input_tokens:
+        if ex.count is not None and u.input_tokens and not ex.count.partial:
             est_error = (ex.forwarded_tokens - u.input_tokens) / u.input_tokens
             m.estimate_error.labels(model=ex.label).observe(est_error)
+        elif ex.count is not None and ex.count.partial and u.input_tokens and ex.spec:
+            # the provider holds earlier turns: its reported input is the utilization
+            m.utilization.labels(model=ex.label, workload=ex.workload).observe(
+                u.input_tokens / ex.spec.window
+            )
         if ex.upstream_started is not None:
             m.upstream_duration.labels(model=ex.label, api=ex.route.metric_api).observe(
                 now - ex.upstream_started
@@ -162,6 +188,7 @@ class Recorder:
                 "input_tokens_estimated": ex.forwarded_tokens if c else None,
                 "input_tokens_before_trim": c.total if c else None,
                 "input_tokens_exact": c.exact if c else None,
+                "input_tokens_partial": c.partial if c else None,
                 "tokenizer": c.counter if c else None,
                 "input_tokens_reported": u.input_tokens,
                 "cached_tokens": u.cached_tokens,

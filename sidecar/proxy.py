@@ -35,6 +35,7 @@ from sidecar.exchange import (
     ANTHROPIC_COUNT,
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
+    OPENAI_RESPONSES,
     Exchange,
     Recorder,
     Route,
@@ -108,7 +109,7 @@ class Proxy:
     async def _exact_count(
         self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
     ) -> RequestCount:
-        if route.api != "openai":
+        if route is not OPENAI_CHAT:  # the engine's chat template counts chat messages only
             return est
         try:
             total = await count_chat(
@@ -125,6 +126,9 @@ class Proxy:
 
     async def openai_chat(self, request: Request) -> Response:
         return await self._handle(request, OPENAI_CHAT)
+
+    async def openai_responses(self, request: Request) -> Response:
+        return await self._handle(request, OPENAI_RESPONSES)
 
     async def anthropic_messages(self, request: Request) -> Response:
         return await self._handle(request, ANTHROPIC_MESSAGES)
@@ -209,7 +213,7 @@ class Proxy:
             return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
         ex.model = model
         ex.ceilings = st.ceilings.current
-        asked = requested_output(obj, route.api)
+        asked = requested_output(obj, route.shape)
         ex.max_tokens = asked
         if route is not ANTHROPIC_COUNT:
             ex.span = st.tracing.start("chat", model, route.api, request.headers)
@@ -241,7 +245,7 @@ class Proxy:
         if route is not ANTHROPIC_COUNT:
             d = decide(
                 obj,
-                route.api,
+                route.shape,
                 ex.count,
                 spec,
                 ex.label,
@@ -263,13 +267,14 @@ class Proxy:
                 body = orjson.dumps(obj)
             if spec is not None:
                 ex.util = utilization(ex.forwarded_tokens, spec.window)
-            st.metrics.observe_input(
-                ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
-            )
+            if not ex.count.partial:  # partial: observed from the reported usage at the end
+                st.metrics.observe_input(
+                    ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
+                )
 
         ex.stream = obj.get("stream") is True and route is not ANTHROPIC_COUNT
         injected = False
-        if ex.stream and route.api == "openai":
+        if ex.stream and route is OPENAI_CHAT:
             opts = obj.get("stream_options")
             if not (isinstance(opts, dict) and opts.get("include_usage")):
                 obj["stream_options"] = {

@@ -6,6 +6,7 @@ Anthropic's input is ``input_tokens + cache_read_input_tokens + cache_creation_i
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,4 +204,67 @@ class AnthropicStreamTap:
             delta = obj.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason"):
                 self.usage.finish_reason = delta["stop_reason"]
+        return event
+
+
+def _responses_usage(u: Usage, obj: Any) -> None:
+    """A Responses API ``response`` object: usage, model, and why it stopped."""
+    if not isinstance(obj, dict):
+        return
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        u.input_tokens = _int(usage.get("input_tokens"))
+        u.output_tokens = _int(usage.get("output_tokens"))
+        details = usage.get("input_tokens_details")
+        if isinstance(details, dict):
+            u.cached_tokens = _int(details.get("cached_tokens"))
+    if isinstance(obj.get("model"), str):
+        u.response_model = obj["model"]
+    status = obj.get("status")
+    incomplete = obj.get("incomplete_details")
+    if isinstance(incomplete, dict) and isinstance(incomplete.get("reason"), str):
+        u.finish_reason = incomplete["reason"]
+    elif isinstance(status, str):
+        u.finish_reason = status
+
+
+def responses_body_usage(body: bytes) -> Usage:
+    u = Usage()
+    with contextlib.suppress(orjson.JSONDecodeError):
+        _responses_usage(u, orjson.loads(body))
+    return u
+
+
+class ResponsesStreamTap:
+    """Reads usage from the Responses API's ``response.completed`` (or ``.incomplete``) event;
+    forwards every event unchanged. ``response.failed`` and ``error`` are the upstream's own
+    failure."""
+
+    __slots__ = ("complete", "upstream_error", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.complete = False
+        self.upstream_error = False
+
+    error_event = staticmethod(OpenAIStreamTap.error_event)
+
+    def on_event(self, event: bytes) -> bytes | None:
+        if (
+            b"response.completed" not in event
+            and b"response.incomplete" not in event
+            and (b"response.failed" not in event and b"error" not in event[:32])
+        ):
+            return event
+        name, data = event_data(event)
+        if name in (b"response.completed", b"response.incomplete"):
+            self.complete = True
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return event
+            if isinstance(obj, dict):
+                _responses_usage(self.usage, obj.get("response"))
+        elif name in (b"response.failed", b"error"):
+            self.upstream_error = True
         return event

@@ -114,8 +114,8 @@ def test_openai_routes_pass_through_unchanged(echo: tuple[EchoProviderDouble, st
         client.files.list()
         client.chat.completions.list()  # stored chat completions: a GET on the measured path
         r = httpx.post(
-            url + "/v1/responses?x=1&x=2",
-            content=b'{"model": "gpt-4o", "input": "hi"}',
+            url + "/v1/moderations?x=1&x=2",
+            content=b'{"model": "omni-moderation-latest", "input": "hi"}',
             headers={"authorization": "Bearer sk-secret", "x-custom": "v"},
         )
         assert r.status_code == 200 and r.headers["x-upstream"] == "echo"
@@ -135,10 +135,10 @@ def test_openai_routes_pass_through_unchanged(echo: tuple[EchoProviderDouble, st
     assert cmpl["path"] == "/v1/completions"
     assert files["method"] == "GET" and files["path"] == "/v1/files"
     assert stored["method"] == "GET" and stored["path"] == "/v1/chat/completions"
-    assert resp["path"] == "/v1/responses" and resp["query"] == "x=1&x=2"
-    assert resp["body"] == b'{"model": "gpt-4o", "input": "hi"}', "the body byte for byte"
+    assert resp["path"] == "/v1/moderations" and resp["query"] == "x=1&x=2"
+    assert resp["body"] == b'{"model": "omni-moderation-latest", "input": "hi"}', "byte for byte"
     assert resp["headers"]["x-custom"] == "v"
-    for route in ("embeddings", "completions", "files", "chat_completions", "responses"):
+    for route in ("embeddings", "completions", "files", "chat_completions", "moderations"):
         assert sc.count("openai", route) == 1, route
     assert (
         sc.state.metrics.registry.get_sample_value(
