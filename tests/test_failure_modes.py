@@ -311,3 +311,81 @@ def test_client_strings_are_bounded_in_logs(
     line = JsonFormatter().format(rec)
     assert len(line) < 4000
     assert len(json.loads(line)["request_id"]) <= 128
+
+
+# -- graceful shutdown ------------------------------------------------------------------------
+
+
+def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
+    """``ceiling serve`` as deployed: on SIGTERM a stream in flight runs to its end, new
+    connections are refused, and the process exits within the grace period."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import yaml
+
+    from ceiling.llamacpp import free_port
+    from tests.hosted_provider_double import HostedProviderDouble
+
+    with serve(HostedProviderDouble().app()) as durl:
+        port = free_port()
+        cfg = {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "upstreams": {"openai": {"base_url": durl + "/v1"}},
+            "models": [{"match": "gpt-4o", "window": 128000}],
+            "limits": {"shutdown_grace_seconds": 15},
+            "log_level": "warning",
+        }
+        (tmp_path / "sidecar.yaml").write_text(yaml.safe_dump(cfg))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ceiling.cli",
+                "serve",
+                "--config",
+                str(tmp_path / "sidecar.yaml"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(url + "/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            got: list[bytes] = []
+            started = threading.Event()
+
+            def stream() -> None:
+                with httpx.stream(
+                    "POST",
+                    url + "/v1/chat/completions",
+                    json={"model": "gpt-4o", "messages": MSG, "stream": True},
+                    headers={"x-double-chunks": "40", "x-double-pace": "0.05"},
+                    timeout=30,
+                ) as r:
+                    for chunk in r.iter_raw():
+                        got.append(chunk)
+                        started.set()
+
+            t = threading.Thread(target=stream)
+            t.start()
+            assert started.wait(10)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(url + "/healthz", timeout=2)
+            t.join(20)
+            assert b"data: [DONE]" in b"".join(got), "the stream in flight finished whole"
+            # uvicorn finishes the shutdown, then re-raises the signal it caught (exit by SIGTERM)
+            assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
