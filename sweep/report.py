@@ -80,7 +80,8 @@ def plot(a: Analysis, title: str) -> bytes:
             a.ceiling_utilization,
             color="#e65100",
             lw=2,
-            label=f"ceiling {a.ceiling_utilization:.0%} = {a.ceiling_tokens:,} tokens",
+            label=f"ceiling {a.ceiling_utilization:.0%} = {a.ceiling_tokens:,} tokens"
+            + ("" if a.resolved and not a.refusals else " (derive refuses it)"),
         )
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("accuracy")
