@@ -93,6 +93,10 @@ class ModelSpec(_Strict):
     reasoning_reservation: int = Field(ge=0, default=0)
     tokenizer: TokenizerSpec = Field(default_factory=TiktokenSpec)
     chat_format: ChatFormat = Field(default_factory=ChatFormat)
+    upstream: str | None = Field(
+        default=None,
+        description="the named upstream this model is served by (default: the API's own)",
+    )
     beta_windows: dict[str, int] = Field(
         default_factory=dict,
         description="the window when a request carries this anthropic-beta value, e.g. "

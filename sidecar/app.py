@@ -60,7 +60,7 @@ class UpstreamProbe:
     async def check(self) -> dict[str, str]:
         if time.monotonic() - self._checked > READY_CACHE_S or not self._result:
             out: dict[str, str] = {}
-            for api, client in self.state.clients.items():
+            for api, client in self.state.all_clients().items():
                 out[api] = await self._probe(str(client.base_url))
                 self.state.metrics.upstream_up.labels(upstream=api).set(out[api] == "ok")
             self._result, self._checked = out, time.monotonic()
@@ -98,7 +98,7 @@ def create_app(
         """Upstream reachability (what /readyz used to check), for people and dashboards."""
         upstreams: dict[str, str]
         if transport is not None:  # injected upstreams have no address to probe
-            upstreams = dict.fromkeys(state.clients, "injected")
+            upstreams = dict.fromkeys(state.all_clients(), "injected")
         else:
             upstreams = await probe.check()
         return JSONResponse(

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -66,9 +74,32 @@ class Upstream(_Section):
         return v.rstrip("/")
 
 
+class NamedUpstream(Upstream):
+    """One more upstream, of either API style, that models are routed to by name (a local vLLM
+    beside hosted OpenAI, a second Anthropic account, ...)."""
+
+    api: Literal["openai", "anthropic"]
+
+
 class Upstreams(_Section):
+    """``openai`` and ``anthropic``: where each API's requests go by default. ``named``: any
+    number of further upstreams; a model entry's ``upstream`` sends its requests to one."""
+
     openai: Upstream | None = None
     anthropic: Upstream | None = None
+    named: dict[str, NamedUpstream] = Field(default_factory=dict)
+
+    @field_validator("named")
+    @classmethod
+    def _names(cls, v: dict[str, NamedUpstream]) -> dict[str, NamedUpstream]:
+        for name in v:
+            if name in ("openai", "anthropic") or not re.fullmatch(
+                r"[a-z0-9][a-z0-9_.-]{0,62}", name
+            ):
+                raise ValueError(
+                    f"{name!r}: upstream names are lowercase [a-z0-9_.-] and not openai/anthropic"
+                )
+        return v
 
 
 class Limits(_Section):
@@ -189,6 +220,17 @@ class Settings(BaseSettings):
             if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
                 raise ValueError(f"workload name {name!r} must match [a-z0-9][a-z0-9_.-]*")
         return v if "default" in v else ["default", *v]
+
+    @model_validator(mode="after")
+    def _model_upstreams(self) -> Settings:
+        known = {"openai", "anthropic", *self.upstreams.named}
+        for spec in self.models:
+            if spec.upstream is not None and spec.upstream not in known:
+                raise ValueError(
+                    f"models[{spec.match}].upstream: {spec.upstream!r} is not an upstream "
+                    f"(known: {', '.join(sorted(known))})"
+                )
+        return self
 
     @classmethod
     def settings_customise_sources(

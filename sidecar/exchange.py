@@ -114,6 +114,7 @@ class Exchange:
     bypass: bool = False
     max_tokens: int | None = None
     span: Span | None = None
+    upstream: str = ""  # the upstream's name (the API's default: its API's name)
 
     @property
     def forwarded_tokens(self) -> int:
@@ -181,6 +182,7 @@ class Recorder:
             {
                 "request_id": ex.request_id,
                 "api": ex.route.metric_api,
+                "upstream": ex.upstream or None,
                 "model": bounded(ex.model),
                 "model_label": ex.label,
                 "workload": ex.workload,

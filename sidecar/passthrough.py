@@ -84,14 +84,19 @@ def client_api(request: Request) -> Api:
     return "anthropic" if "anthropic-version" in h or "x-api-key" in h else "openai"
 
 
-def pick_upstream(state: State, request: Request) -> Api | None:
-    """The upstream the request belongs to: an Anthropic client's goes to the Anthropic
-    upstream (none: no upstream); anything else to the OpenAI-style one, or to the only one."""
+def pick_upstream(state: State, request: Request) -> tuple[Api, str] | None:
+    """(API, upstream name) the request belongs to: an Anthropic client's goes to an Anthropic
+    upstream (the default one, else the first named one; none: no upstream), anything else to
+    the OpenAI-style one likewise, or to the only upstream there is."""
     api = client_api(request)
     if api in state.clients:
-        return api
-    if api == "openai" and len(state.clients) == 1:
-        return next(iter(state.clients))
+        return api, api
+    named = next((n for n, (a, _, _) in state.named.items() if a == api), None)
+    if named is not None:
+        return api, named
+    if api == "openai" and len(state.clients) == 1 and not state.named:
+        only = next(iter(state.clients))
+        return only, only
     return None
 
 
@@ -120,9 +125,10 @@ class Passthrough:
     async def _forward(self, request: Request) -> Response:
         st = self.state
         started = time.perf_counter()
-        api = pick_upstream(st, request)
+        picked = pick_upstream(st, request)
         rid = uuid.uuid4().hex
-        if api is None:
+        target = st.route(*picked) if picked else None
+        if picked is None or target is None:
             asked = client_api(request)
             return error_response(
                 asked,
@@ -131,18 +137,17 @@ class Passthrough:
                 f"{route_label(asked, request.url.path)!r} (configure upstreams.{asked})",
                 headers={"x-ceiling-request-id": rid},
             )
+        api = picked[0]
         route = route_label(api, request.url.path)
         limits = st.settings.limits
 
         def fail(status: int, outcome: str, message: str) -> Response:
-            assert api is not None
             self._record(api, route, request, rid, started, status, outcome)
             return error_response(api, status, message, headers={"x-ceiling-request-id": rid})
 
         too_large = f"request body exceeds the limit of {limits.max_body_bytes} bytes"
         declared = request.headers.get("content-length")
-        client = st.clients[api]
-        cfg = st.upstream_settings(api)
+        _, client, cfg = target
         has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
         try:
             check_declared(declared, limits.max_body_bytes, BodyTooLarge)

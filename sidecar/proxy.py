@@ -40,6 +40,7 @@ from sidecar.exchange import (
     Recorder,
     Route,
 )
+from sidecar.logs import bounded
 from sidecar.relay import SSERelay, Tap
 from sidecar.state import State
 from sidecar.upstream import request_headers, response_headers
@@ -171,8 +172,7 @@ class Proxy:
 
     async def _measure_and_forward(self, request: Request, route: Route, ex: Exchange) -> Response:
         st = self.state
-        client = st.clients.get(route.api)
-        if client is None:
+        if route.api not in st.clients and not any(a == route.api for a, _, _ in st.named.values()):
             return self._fail(
                 ex, 404, "invalid", f"no {route.api} upstream is configured on this sidecar"
             )
@@ -232,6 +232,17 @@ class Proxy:
             return self._fail(ex, 400, "invalid", str(exc))
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
+        target = st.route(route.api, spec.upstream if spec else None)
+        if target is None:
+            served = f"the {spec.upstream!r} upstream" if spec and spec.upstream else "no upstream"
+            return self._fail(
+                ex,
+                404 if not (spec and spec.upstream) else 400,
+                "invalid",
+                f"model {bounded(model)!r} is served by {served}, which does not take "
+                f"{route.api} requests on this sidecar",
+            )
+        ex.upstream, client, upstream_cfg = target
         bypass_token = request.headers.get(BYPASS_HEADER)
         if bypass_token is not None:
             if st.admin_token is None or not hmac.compare_digest(
@@ -290,7 +301,6 @@ class Proxy:
             headers = [(k, v) for k, v in headers if k.lower() not in carrier] + list(
                 carrier.items()
             )
-        upstream_cfg = st.upstream_settings(route.api)
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
         req = client.build_request("POST", route.path, content=body, headers=headers)

@@ -35,6 +35,8 @@ class State:
     admin_token: str | None
     tracing: Tracing = field(default_factory=Tracing)
     default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
+    #: named upstreams: name -> (its API, its client, its settings)
+    named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -60,6 +62,10 @@ class State:
             clients["openai"] = build_client(settings.upstreams.openai, transport)
         if settings.upstreams.anthropic:
             clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
+        named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = {
+            name: (up.api, build_client(up, transport), up)
+            for name, up in settings.upstreams.named.items()
+        }
         fallback = TiktokenCounter("o200k_base")
         pattern = settings.retrieval.chunk_pattern
         st = settings.staleness
@@ -72,6 +78,7 @@ class State:
             registry=registry,
             metrics=metrics,
             clients=clients,
+            named=named,
             engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
             chunk_pattern=re.compile(pattern) if pattern else None,
             workloads=frozenset(settings.workloads),
@@ -82,6 +89,26 @@ class State:
             default_counter=(cache.wrap(fallback) if cache is not None else fallback),
         )
 
+    def route(
+        self, api: Api, upstream: str | None
+    ) -> tuple[str, httpx.AsyncClient, Upstream] | None:
+        """Where a request of this API for a model served by ``upstream`` (None: the API's
+        default) goes: (name, client, settings), or None when this sidecar has no such upstream
+        (or the named one speaks the other API)."""
+        if upstream is None or upstream == api:
+            client = self.clients.get(api)
+            return (api, client, self.upstream_settings(api)) if client is not None else None
+        found = self.named.get(upstream)
+        if found is None or found[0] != api:
+            return None
+        return upstream, found[1], found[2]
+
+    def all_clients(self) -> dict[str, httpx.AsyncClient]:
+        """Every upstream by name (the defaults under their API's name)."""
+        out: dict[str, httpx.AsyncClient] = {str(k): c for k, c in self.clients.items()}
+        out.update({name: c for name, (_, c, _) in self.named.items()})
+        return out
+
     def upstream_settings(self, api: Api) -> Upstream:
         up = (
             self.settings.upstreams.openai if api == "openai" else self.settings.upstreams.anthropic
@@ -90,7 +117,7 @@ class State:
         return up
 
     async def aclose(self) -> None:
-        for client in self.clients.values():
+        for client in self.all_clients().values():
             await client.aclose()
         await self.engine_client.aclose()
         self.tracing.shutdown()

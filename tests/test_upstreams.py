@@ -1,0 +1,78 @@
+"""Named upstreams routed by model: hosted OpenAI, a local OpenAI-style server and Anthropic
+behind one sidecar and one base_url. The upstreams are loopback test doubles standing in for the
+hosted APIs and for a local vLLM."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from sidecar.app import create_app
+from sidecar.config import ConfigError, Settings, load_settings
+from tests.hosted_provider_double import HostedProviderDouble, serve
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_models_are_routed_to_their_named_upstream(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    hosted, local, claude = HostedProviderDouble(), HostedProviderDouble(), HostedProviderDouble()
+    with serve(hosted.app()) as h, serve(local.app()) as lo, serve(claude.app()) as c:
+        settings = Settings(
+            upstreams={
+                "openai": {"base_url": h + "/v1"},
+                "named": {
+                    "vllm": {"api": "openai", "base_url": lo + "/v1"},
+                    "claude-eu": {"api": "anthropic", "base_url": c},
+                },
+            },
+            models=[
+                {"match": "gpt-4o", "window": 128000},
+                {"match": "llama-3*", "label": "llama", "window": 8192, "upstream": "vllm"},
+                {"match": "claude-*", "label": "claude", "window": 200000, "upstream": "claude-eu"},
+            ],
+        )
+        app = create_app(settings)
+        with serve(app) as url:
+            oai = openai.OpenAI(base_url=url + "/v1", api_key="sk", max_retries=0)
+            oai.chat.completions.create(model="gpt-4o", messages=MSG)
+            oai.chat.completions.create(model="llama-3.1-8b", messages=MSG)
+            ant = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
+            ant.messages.create(model="claude-x", max_tokens=5, messages=MSG)
+            # a model served by an Anthropic upstream, asked for through the OpenAI route
+            with pytest.raises(openai.BadRequestError, match="claude-eu"):
+                oai.chat.completions.create(model="claude-x", messages=MSG)
+            # a route the sidecar does not measure goes to the named Anthropic upstream too
+            r = httpx.get(url + "/v1/messages/batches", headers={"anthropic-version": "2023-06-01"})
+            assert r.status_code == 404 and "x-ceiling-request-id" in r.headers
+            status = httpx.get(url + "/status").json()["upstreams"]
+            state = app.state.sidecar
+        assert [r.json["model"] for r in hosted.received] == ["gpt-4o"]
+        assert [r.json["model"] for r in local.received] == ["llama-3.1-8b"]
+        assert [r.json["model"] for r in claude.received] == ["claude-x"]
+        assert set(status) == {"openai", "vllm", "claude-eu"}
+        assert (
+            state.metrics.registry.get_sample_value(
+                "llm_context_passthrough_requests_total",
+                {"upstream": "anthropic", "route": "message_batches", "outcome": "upstream_4xx"},
+            )
+            == 1
+        )
+        assert (
+            state.metrics.registry.get_sample_value(
+                "llm_context_requests_total",
+                {"model": "llama", "workload": "default", "api": "openai_chat", "outcome": "ok"},
+            )
+            == 1
+        )
+
+
+def test_an_unknown_upstream_name_is_a_config_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(
+        "upstreams: {openai: {base_url: 'http://x/v1'}}\n"
+        "models: [{match: m, window: 1000, max_output_tokens: 10, upstream: nowhere}]\n"
+    )
+    with pytest.raises(ConfigError, match="nowhere"):
+        load_settings(cfg)
