@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck test test-fast demo bench bench-validity bench-soak bench-trim local-model dashboards tools clean
+.PHONY: venv lint typecheck litellm test test-fast demo bench bench-validity bench-soak bench-trim local-model dashboards tools clean
 
 venv: $(VENV)/.installed
 
@@ -32,7 +32,10 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv lint typecheck local-model tools  ## the README's test command; CI runs exactly this
+litellm:  ## LiteLLM's proxy in its own cached venv (the chaining tests and the benchmark peer)
+	bash scripts/litellm.sh >/dev/null
+
+test: venv lint typecheck local-model tools litellm  ## the README's test command; CI runs exactly this
 	$(BIN)/pytest -q
 
 test-fast: venv lint typecheck  ## the inner loop: everything but the slow, real-model and helm tests
