@@ -157,10 +157,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.sidecar = state
-    return HotPath(app, hot)
+    return HotPath(app, hot, proxy.azure_chat)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+AZURE_PREFIX = "/openai/deployments/"
+AZURE_CHAT = "/chat/completions"
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -174,16 +176,18 @@ class HotPath:
     becomes a 500 in that format rather than a bare text page.
     """
 
-    def __init__(self, app: Starlette, routes: dict[str, Handler]) -> None:
-        self.app, self.routes = app, routes
+    def __init__(self, app: Starlette, routes: dict[str, Handler], azure: Handler) -> None:
+        self.app, self.routes, self.azure = app, routes, azure
         self.state = app.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = (
-            self.routes.get(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "POST"
-            else None
-        )
+        handler = None
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            handler = self.routes.get(path)
+            if handler is None and path.startswith(AZURE_PREFIX) and path.endswith(AZURE_CHAT):
+                handler = self.azure
+
         if handler is None:
             await self.app(scope, receive, send)
             return

@@ -79,6 +79,10 @@ class NamedUpstream(Upstream):
     beside hosted OpenAI, a second Anthropic account, ...)."""
 
     api: Literal["openai", "anthropic"]
+    #: an Azure OpenAI resource (``https://NAME.openai.azure.com``, no /v1): clients call it on
+    #: ``/openai/deployments/{deployment}/...?api-version=...`` with an ``api-key`` header, and
+    #: those paths are forwarded as they are
+    azure: bool = False
 
 
 class Upstreams(_Section):

@@ -60,6 +60,15 @@ OPENAI_CHAT = Route(
     OpenAIStreamTap,
     "openai",
 )
+AZURE_CHAT = Route(
+    "openai",
+    "azure_chat",
+    "/openai/deployments/{deployment}/chat/completions",
+    count_openai,
+    openai_body_usage,
+    OpenAIStreamTap,
+    "openai",
+)
 OPENAI_RESPONSES = Route(
     "openai",
     "openai_responses",

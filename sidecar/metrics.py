@@ -53,7 +53,15 @@ ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 OTHER_ROUTE = "other"
-APIS = ("openai_chat", "anthropic_messages", "anthropic_count_tokens", "models", "passthrough")
+APIS = (
+    "openai_chat",
+    "azure_chat",
+    "openai_responses",
+    "anthropic_messages",
+    "anthropic_count_tokens",
+    "models",
+    "passthrough",
+)
 #: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
 #: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
 #: rejected: over the ceiling and could not be trimmed to fit (enforce mode).

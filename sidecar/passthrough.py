@@ -89,6 +89,9 @@ def pick_upstream(state: State, request: Request) -> tuple[Api, str] | None:
     upstream (the default one, else the first named one; none: no upstream), anything else to
     the OpenAI-style one likewise, or to the only upstream there is."""
     api = client_api(request)
+    azure = state.azure_upstream() if request.url.path.startswith("/openai/") else None
+    if api == "openai" and azure is not None:
+        return api, azure  # an Azure OpenAI client's deployment path
     if api in state.clients:
         return api, api
     named = next((n for n, (a, _, _) in state.named.items() if a == api), None)

@@ -34,6 +34,7 @@ from sidecar.errors import Api, error_response
 from sidecar.exchange import (
     ANTHROPIC_COUNT,
     ANTHROPIC_MESSAGES,
+    AZURE_CHAT,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Exchange,
@@ -79,6 +80,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 
+def azure_deployment(path: str) -> str:
+    """``/openai/deployments/{deployment}/chat/completions`` -> the deployment name."""
+    parts = path.split("/")
+    return parts[3] if len(parts) > 4 and parts[1:3] == ["openai", "deployments"] else ""
+
+
 def request_id(header: str | None) -> str:
     """The client's ``x-request-id`` when it is a plausible id, else a new one (it is logged and
     echoed: an unbounded or control-character header must not become a 100 kB log line)."""
@@ -110,7 +117,7 @@ class Proxy:
     async def _exact_count(
         self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
     ) -> RequestCount:
-        if route is not OPENAI_CHAT:  # the engine's chat template counts chat messages only
+        if route not in (OPENAI_CHAT, AZURE_CHAT):  # the engine's template counts chat only
             return est
         try:
             total = await count_chat(
@@ -130,6 +137,11 @@ class Proxy:
 
     async def openai_responses(self, request: Request) -> Response:
         return await self._handle(request, OPENAI_RESPONSES)
+
+    async def azure_chat(self, request: Request) -> Response:
+        """Azure OpenAI's ``/openai/deployments/{deployment}/chat/completions``: measured like
+        chat completions, forwarded on the same path and query to an Azure upstream."""
+        return await self._handle(request, AZURE_CHAT)
 
     async def anthropic_messages(self, request: Request) -> Response:
         return await self._handle(request, ANTHROPIC_MESSAGES)
@@ -209,6 +221,8 @@ class Proxy:
         if not isinstance(obj, dict):
             return self._fail(ex, 400, "invalid", "request body must be a JSON object")
         model = obj.get("model")
+        if route is AZURE_CHAT and not (isinstance(model, str) and model):
+            model = azure_deployment(request.url.path)  # Azure names the model in the path
         if not isinstance(model, str) or not model:
             return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
         ex.model = model
@@ -232,7 +246,10 @@ class Proxy:
             return self._fail(ex, 400, "invalid", str(exc))
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
-        target = st.route(route.api, spec.upstream if spec else None)
+        wanted = spec.upstream if spec else None
+        if route is AZURE_CHAT and wanted is None:
+            wanted = st.azure_upstream()
+        target = st.route(route.api, wanted)
         if target is None:
             served = f"the {spec.upstream!r} upstream" if spec and spec.upstream else "no upstream"
             return self._fail(
@@ -285,7 +302,7 @@ class Proxy:
 
         ex.stream = obj.get("stream") is True and route is not ANTHROPIC_COUNT
         injected = False
-        if ex.stream and route is OPENAI_CHAT:
+        if ex.stream and route in (OPENAI_CHAT, AZURE_CHAT):
             opts = obj.get("stream_options")
             if not (isinstance(opts, dict) and opts.get("include_usage")):
                 obj["stream_options"] = {
@@ -303,7 +320,16 @@ class Proxy:
             )
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
-        req = client.build_request("POST", route.path, content=body, headers=headers)
+        if route is AZURE_CHAT:  # the deployment path and api-version go as the client sent them
+            req = client.build_request(
+                "POST",
+                request.url.path,
+                params=list(request.query_params.multi_items()),
+                content=body,
+                headers=headers,
+            )
+        else:
+            req = client.build_request("POST", route.path, content=body, headers=headers)
         try:
             # asyncio's own timeout: the proxy runs on asyncio only, and anyio's cancel scope
             # costs ~3x more per use on this path (measured with py-spy under load)

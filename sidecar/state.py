@@ -103,6 +103,12 @@ class State:
             return None
         return upstream, found[1], found[2]
 
+    def azure_upstream(self) -> str | None:
+        """The first named upstream that is an Azure OpenAI resource."""
+        return next(
+            (n for n, (_, _, up) in self.named.items() if getattr(up, "azure", False)), None
+        )
+
     def all_clients(self) -> dict[str, httpx.AsyncClient]:
         """Every upstream by name (the defaults under their API's name)."""
         out: dict[str, httpx.AsyncClient] = {str(k): c for k, c in self.clients.items()}

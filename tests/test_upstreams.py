@@ -76,3 +76,66 @@ def test_an_unknown_upstream_name_is_a_config_error(tmp_path) -> None:  # type: 
     )
     with pytest.raises(ConfigError, match="nowhere"):
         load_settings(cfg)
+
+
+def test_azure_openai_deployment_paths_with_the_azure_sdk() -> None:
+    """AzureOpenAI calls /openai/deployments/{deployment}/...?api-version=... with an api-key
+    header: measured on chat completions, passed through elsewhere, the path kept as sent."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    seen: list[tuple[str, str, str | None]] = []
+    double = HostedProviderDouble()
+
+    async def chat(request: Request) -> Response:
+        seen.append((request.url.path, request.url.query, request.headers.get("api-key")))
+        return Response(double.openai_body("gpt-4o"), media_type="application/json")
+
+    async def embeddings(request: Request) -> Response:
+        seen.append((request.url.path, request.url.query, request.headers.get("api-key")))
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"object": "embedding", "embedding": [0.5], "index": 0}],
+                "model": "emb",
+                "usage": {"prompt_tokens": 1, "total_tokens": 1},
+            }
+        )
+
+    azure_app = Starlette(
+        routes=[
+            Route("/openai/deployments/{d}/chat/completions", chat, methods=["POST"]),
+            Route("/openai/deployments/{d}/embeddings", embeddings, methods=["POST"]),
+        ]
+    )
+    with serve(azure_app) as az:
+        app = create_app(
+            Settings(
+                upstreams={"named": {"azure-eu": {"api": "openai", "base_url": az, "azure": True}}},
+                models=[{"match": "prod-gpt4o", "label": "gpt-4o-azure", "window": 128000}],
+            )
+        )
+        with serve(app) as url:
+            client = openai.AzureOpenAI(
+                azure_endpoint=url, api_key="azure-key", api_version="2024-10-21", max_retries=0
+            )
+            r = client.chat.completions.with_raw_response.create(model="prod-gpt4o", messages=MSG)
+            assert r.parse().choices[0].message.content == "The answer is 42."
+            assert int(r.headers["x-ceiling-input-tokens"]) > 0
+            client.embeddings.create(model="text-emb", input="x")
+            state = app.state.sidecar
+    assert seen[0] == (
+        "/openai/deployments/prod-gpt4o/chat/completions",
+        "api-version=2024-10-21",
+        "azure-key",
+    )
+    assert seen[1][0] == "/openai/deployments/text-emb/embeddings"
+    assert (
+        state.metrics.registry.get_sample_value(
+            "llm_context_requests_total",
+            {"model": "gpt-4o-azure", "workload": "default", "api": "azure_chat", "outcome": "ok"},
+        )
+        == 1
+    )
