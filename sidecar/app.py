@@ -139,6 +139,7 @@ def create_app(
     hot: dict[str, Handler] = {
         "/v1/chat/completions": proxy.openai_chat,
         "/v1/responses": proxy.openai_responses,
+        "/v1/responses/input_tokens": proxy.openai_responses_input_tokens,
         "/v1/messages": proxy.anthropic_messages,
         "/v1/messages/count_tokens": proxy.anthropic_count_tokens,
     }

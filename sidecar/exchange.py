@@ -29,6 +29,7 @@ from sidecar.usage import (
     anthropic_body_usage,
     openai_body_usage,
     responses_body_usage,
+    responses_count_usage,
 )
 
 _KIND_COMPONENT = {
@@ -49,6 +50,9 @@ class Route:
     body_usage: Callable[[bytes], Usage]
     tap: Callable[[bool], Tap]
     shape: Shape  # the request body's shape, for the trimmer
+    #: a token-counting endpoint: measured and compared with the provider's count, never
+    #: trimmed, traced or streamed
+    count_only: bool = False
 
 
 OPENAI_CHAT = Route(
@@ -95,6 +99,17 @@ ANTHROPIC_COUNT = Route(
     anthropic_body_usage,
     lambda _injected: AnthropicStreamTap(),
     "anthropic",
+    count_only=True,
+)
+RESPONSES_COUNT = Route(
+    "openai",
+    "openai_responses_input_tokens",
+    "/responses/input_tokens",
+    count_responses,
+    responses_count_usage,
+    lambda _injected: ResponsesStreamTap(),
+    "responses",
+    count_only=True,
 )
 
 
@@ -176,13 +191,13 @@ class Recorder:
             m.upstream_duration.labels(model=ex.label, api=ex.route.metric_api).observe(
                 now - ex.upstream_started
             )
-        if u.output_tokens is not None and ex.route is not ANTHROPIC_COUNT:
+        if u.output_tokens is not None and not ex.route.count_only:
             m.output_tokens.labels(model=ex.label, workload=ex.workload).observe(u.output_tokens)
         c = ex.count
         d = ex.decision
         r = d.report if d else None
         stale: frozenset[str] = frozenset()
-        if c is not None and ex.outcome == "ok" and ex.route is not ANTHROPIC_COUNT:
+        if c is not None and ex.outcome == "ok" and not ex.route.count_only:
             stale = self.state.staleness.observe(
                 ex.label, ex.workload, c, u.response_model, ex.ceilings
             )
@@ -226,7 +241,7 @@ class Recorder:
 
     def _genai(self, ex: Exchange, now: float, stale: frozenset[str]) -> None:
         """GenAI semantic conventions: the client metrics, and the span's closing attributes."""
-        if ex.route is ANTHROPIC_COUNT:
+        if ex.route.count_only:
             return
         m, u, provider = self.state.metrics, ex.usage, ex.route.api
         base = {

@@ -37,6 +37,7 @@ from sidecar.exchange import (
     AZURE_CHAT,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
+    RESPONSES_COUNT,
     Exchange,
     Recorder,
     Route,
@@ -138,6 +139,9 @@ class Proxy:
     async def openai_responses(self, request: Request) -> Response:
         return await self._handle(request, OPENAI_RESPONSES)
 
+    async def openai_responses_input_tokens(self, request: Request) -> Response:
+        return await self._handle(request, RESPONSES_COUNT)
+
     async def azure_chat(self, request: Request) -> Response:
         """Azure OpenAI's ``/openai/deployments/{deployment}/chat/completions``: measured like
         chat completions, forwarded on the same path and query to an Azure upstream."""
@@ -229,7 +233,7 @@ class Proxy:
         ex.ceilings = st.ceilings.current
         asked = requested_output(obj, route.shape)
         ex.max_tokens = asked
-        if route is not ANTHROPIC_COUNT:
+        if not route.count_only:
             ex.span = st.tracing.start("chat", model, route.api, request.headers)
         spec = st.registry.resolve(model)
         if spec is not None:
@@ -270,7 +274,7 @@ class Proxy:
                 )
             ex.bypass = True
         body = raw
-        if route is not ANTHROPIC_COUNT:
+        if not route.count_only:
             d = decide(
                 obj,
                 route.shape,
@@ -300,7 +304,7 @@ class Proxy:
                     ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
                 )
 
-        ex.stream = obj.get("stream") is True and route is not ANTHROPIC_COUNT
+        ex.stream = obj.get("stream") is True and not route.count_only
         injected = False
         if ex.stream and route in (OPENAI_CHAT, AZURE_CHAT):
             opts = obj.get("stream_options")

@@ -235,6 +235,17 @@ def responses_body_usage(body: bytes) -> Usage:
     return u
 
 
+def responses_count_usage(body: bytes) -> Usage:
+    """``POST /v1/responses/input_tokens``: ``{"object": "response.input_tokens",
+    "input_tokens": N}``."""
+    u = Usage()
+    with contextlib.suppress(orjson.JSONDecodeError):
+        obj = orjson.loads(body)
+        if isinstance(obj, dict):
+            u.input_tokens = _int(obj.get("input_tokens"))
+    return u
+
+
 class ResponsesStreamTap:
     """Reads usage from the Responses API's ``response.completed`` (or ``.incomplete``) event;
     forwards every event unchanged. ``response.failed`` and ``error`` are the upstream's own

@@ -65,6 +65,17 @@ class ResponsesDouble:
             return
         body = json.loads(await read_body(receive))
         self.bodies.append(body)
+        if scope["path"].endswith("/input_tokens"):
+            out = {"object": "response.input_tokens", "input_tokens": self.input_tokens}
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": json.dumps(out).encode()})
+            return
         obj = response_obj(body.get("model", "m"), self.input_tokens)
         if body.get("stream"):
             events = [
@@ -259,3 +270,23 @@ def test_responses_trimming_properties(seed: int) -> None:
     for rid in reasoning:  # a kept reasoning item still has its turn's calls after it
         k = next(n for n, i in enumerate(out["input"]) if i.get("id") == rid)
         assert out["input"][k + 1].get("type") == "function_call"
+
+
+def test_the_input_token_count_endpoint_feeds_the_estimate_error(
+    running: tuple[str, Any, ResponsesDouble],
+) -> None:
+    import httpx
+
+    url, state, d = running
+    body = {"model": "gpt-4o", "input": "how many tokens is this?"}
+    d.input_tokens = count_responses(body, ENC).total + 2
+    r = httpx.post(url + "/v1/responses/input_tokens", json=body)
+    assert r.status_code == 200 and r.json()["input_tokens"] == d.input_tokens
+    assert sample(state, "llm_context_token_estimate_error_ratio_count", model="gpt-4o") == 1
+    labels = {
+        "model": "gpt-4o",
+        "workload": "default",
+        "api": "openai_responses_input_tokens",
+        "outcome": "ok",
+    }
+    assert sample(state, "llm_context_requests_total", **labels) == 1
