@@ -112,7 +112,7 @@ def add_parsers(sub: Any, cli: Callable[[Sequence[str]], int]) -> None:
     r.add_argument(
         "--reduced",
         action="store_true",
-        help="regression check against --baseline (10 items, 3 levels, 3 repeats)",
+        help="regression check against --baseline (its items, as many as the tolerance needs; 3 levels, 3 repeats)",
     )
     r.add_argument("--baseline", help="the stored run a --reduced sweep is paired against")
     r.add_argument(
