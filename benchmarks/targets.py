@@ -179,22 +179,24 @@ def sidecar(up: str, workdir: Path, enforce: bool = False, cache: bool = False) 
     return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
-def litellm(up: str, workdir: Path) -> Target | None:
-    """LiteLLM's proxy, one worker, no database, logging at ERROR; None when not installed."""
+def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target | None:
+    """LiteLLM's proxy, one worker, no database, logging at ERROR, serving ``models`` (default:
+    the benchmark's) from the OpenAI-style API at ``up``/v1; None when not installed. The
+    chaining tests start it this way too."""
     if not LITELLM.exists():
         return None
     port = free_port()
     cfg = {
         "model_list": [
             {
-                "model_name": model_name(s),
+                "model_name": name,
                 "litellm_params": {
-                    "model": f"openai/{model_name(s)}",
+                    "model": f"openai/{name}",
                     "api_base": up + "/v1",
                     "api_key": "sk-bench",
                 },
             }
-            for s in SIZES
+            for name in (models or [model_name(s) for s in SIZES])
         ],
         "litellm_settings": {"drop_params": True, "telemetry": False},
     }

@@ -94,6 +94,10 @@ class SSERelay(Response):
             return
         self._closed = True
         await self.resp.aclose()
+        if self.outcome == "cancelled" and self.tap.complete:
+            # the client hung up after the protocol's last event (SDKs stop reading at
+            # [DONE]): the exchange was complete, not cancelled
+            self.outcome = "ok"
         self.on_done(self.outcome, self.tap.usage)
 
     @staticmethod

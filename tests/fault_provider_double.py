@@ -4,7 +4,8 @@ The fault is chosen per request with the ``x-fault`` header, which the sidecar f
 client header: ``none``, ``reset`` (the connection drops mid-stream), ``truncated_event`` (the
 stream ends in the middle of an event), ``no_end`` (a clean end without ``[DONE]`` /
 ``message_stop``), ``stall`` (one event, then nothing), ``stall_headers`` (nothing at all),
-``huge`` (a non-stream body of ``huge_bytes``), ``oversized_event`` (one event with no boundary,
+``huge`` (a non-stream body of ``huge_bytes``), ``linger`` (a whole stream, then 2 s before
+the connection closes), ``oversized_event`` (one event with no boundary,
 ``huge_bytes`` long), ``garbage`` (bytes that are not server-sent events), ``429`` and ``500``.
 A raw ASGI app, so a fault is exactly the bytes and the timing it says.
 """
@@ -203,6 +204,12 @@ class FaultyProviderDouble:
         if fault == "oversized_event":
             await out(events[0])
             await out(b"data: " + b"x" * self.huge_bytes)
+            await out(b"", more=False)
+            return
+        if fault == "linger":  # a whole stream, then the connection stays open a while
+            for e in events:
+                await out(e)
+            await asyncio.sleep(2)
             await out(b"", more=False)
             return
         if fault == "garbage":

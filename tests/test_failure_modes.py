@@ -121,6 +121,21 @@ def test_a_failed_anthropic_stream_raises_in_the_sdk(sidecar: Sidecar, fault: st
         assert "".join(stream.text_stream) == "Hello world"
 
 
+def test_a_client_that_stops_at_done_completed_the_stream(sidecar: Sidecar) -> None:
+    """SDKs stop reading at the last event and hang up; the upstream may close later. The
+    exchange was complete: recorded ok, not cancelled."""
+    before = sidecar.outcome("openai_chat", "ok")
+    stream = sidecar.oai().chat.completions.create(
+        model="gpt-4o", messages=MSG, stream=True, extra_headers={"x-fault": "linger"}
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "Hello world"
+    stream.close()
+    deadline = time.monotonic() + 5
+    while sidecar.outcome("openai_chat", "ok") < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sidecar.outcome("openai_chat", "ok") == before + 1
+
+
 def test_the_anthropic_error_event_comes_before_the_abort(sidecar: Sidecar) -> None:
     body = {"model": "claude-x", "max_tokens": 50, "messages": MSG, "stream": True}
     seen: list[bytes] = []
