@@ -25,6 +25,7 @@ from ceiling.models import ChatFormat
 from ceiling.shape import (
     RequestShapeError,
     check_anthropic_messages,
+    check_gemini,
     check_openai_chat,
     check_openai_responses,
 )
@@ -450,3 +451,54 @@ def count_responses(
     result = tally.result()
     result.partial = bool(body.get("previous_response_id") or body.get("conversation"))
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Google Gemini (generateContent / streamGenerateContent / countTokens)
+
+#: Gemini's published cost of an image part (up to 384x384; larger ones are tiled, 258 a tile)
+GEMINI_IMAGE_TOKENS = 258
+
+
+def count_gemini(
+    body: Mapping[str, Any],
+    counter: TextCounter,
+    fmt: ChatFormat | None = None,
+    chunks: re.Pattern[str] | None = None,
+) -> RequestCount:
+    """Input tokens of a Gemini ``generateContent`` body (a ``countTokens`` body carries the same
+    fields, or a ``generateContentRequest`` holding them). Gemini's tokenizer ships with no
+    package: the model entry's calibrated estimate counts, and ``countTokens`` is the reference
+    the estimate-error metric compares it with."""
+    if isinstance(body.get("generateContentRequest"), dict):
+        body = body["generateContentRequest"]
+    check_gemini(body)
+    fmt = fmt or ChatFormat()
+    tally = _Tally(counter)
+    count = counter.count
+    si = body.get("systemInstruction")
+    if isinstance(si, dict):
+        for j, part in enumerate(si.get("parts") or []):
+            tally.add(-1, j, Component.SYSTEM, count(str(part.get("text") or "")))
+    for k, tool in enumerate(body.get("tools") or []):
+        tally.add(-2, k, Component.TOOL_DEFINITIONS, count(_json(tool)))
+    contents = body["contents"]
+    last_user = max(
+        (i for i, c in enumerate(contents) if c.get("role", "user") == "user"), default=-1
+    )
+    for i, c in enumerate(contents):
+        comp = Component.LATEST_USER if i == last_user else Component.HISTORY
+        tally.add(i, -1, comp, fmt.per_message, frame=True)
+        for j, part in enumerate(c.get("parts") or []):
+            if "text" in part:
+                tally.text(i, j, comp, str(part.get("text") or ""), chunks)
+            elif "inlineData" in part:
+                tally.add(i, j, comp, GEMINI_IMAGE_TOKENS)
+            elif "fileData" in part:
+                tally.add(i, j, Component.RETRIEVED, count(_json(part)))
+            elif "functionResponse" in part:
+                tally.add(i, j, Component.TOOL_RESULTS, count(_json(part["functionResponse"])))
+            else:
+                tally.add(i, j, comp, count(_json(part)))
+    tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
+    return tally.result()

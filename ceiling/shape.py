@@ -212,3 +212,36 @@ def check_openai_responses(body: Mapping[str, Any]) -> None:
                     _is(part, dict, f"{w}.output[{j}]", "an object")
             elif out is not None and not isinstance(out, str):
                 raise RequestShapeError(f"{w}.output must be a string or an array")
+
+
+def check_gemini(body: Mapping[str, Any]) -> None:
+    """Gemini ``generateContent``: ``contents`` of ``parts`` (text, inline data, file data,
+    function calls and responses), ``systemInstruction``, ``tools``, ``generationConfig``."""
+    check_depth(body)
+    contents = body.get("contents")
+    if not isinstance(contents, list):
+        raise RequestShapeError("'contents' is required and must be an array")
+    si = body.get("systemInstruction")
+    if si is not None:
+        _is(si, dict, "'systemInstruction'", "an object")
+        _gemini_parts(si.get("parts"), "systemInstruction")
+    if body.get("tools") is not None:
+        _is(body["tools"], list, "'tools'", "an array")
+    if body.get("generationConfig") is not None:
+        _is(body["generationConfig"], dict, "'generationConfig'", "an object")
+    for i, c in enumerate(contents):
+        _is(c, dict, f"contents[{i}]", "an object")
+        _opt(c, "role", str, f"contents[{i}]", "a string")
+        _gemini_parts(c.get("parts"), f"contents[{i}]")
+
+
+def _gemini_parts(parts: Any, where: str) -> None:
+    if parts is None:
+        return
+    _is(parts, list, f"{where}.parts", "an array")
+    for j, p in enumerate(parts):
+        pw = f"{where}.parts[{j}]"
+        _is(p, dict, pw, "an object")
+        _opt(p, "text", str, pw, "a string")
+        for key in ("inlineData", "fileData", "functionCall", "functionResponse"):
+            _opt(p, key, dict, pw, "an object")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -158,11 +159,16 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.sidecar = state
-    return HotPath(app, hot, proxy.azure_chat)
+    return HotPath(app, hot, proxy.azure_chat, proxy.gemini)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
 AZURE_PREFIX = "/openai/deployments/"
+#: Gemini API and Vertex AI model methods the sidecar measures
+GEMINI_PATH = re.compile(
+    r"^/v1(?:beta\d*|alpha)?/(?:projects/[^/]+/locations/[^/]+/publishers/google/)?"
+    r"models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)$"
+)
 AZURE_CHAT = "/chat/completions"
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -177,8 +183,10 @@ class HotPath:
     becomes a 500 in that format rather than a bare text page.
     """
 
-    def __init__(self, app: Starlette, routes: dict[str, Handler], azure: Handler) -> None:
-        self.app, self.routes, self.azure = app, routes, azure
+    def __init__(
+        self, app: Starlette, routes: dict[str, Handler], azure: Handler, gemini: Handler
+    ) -> None:
+        self.app, self.routes, self.azure, self.gemini = app, routes, azure, gemini
         self.state = app.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -188,6 +196,8 @@ class HotPath:
             handler = self.routes.get(path)
             if handler is None and path.startswith(AZURE_PREFIX) and path.endswith(AZURE_CHAT):
                 handler = self.azure
+            elif handler is None and GEMINI_PATH.match(path):
+                handler = self.gemini
 
         if handler is None:
             await self.app(scope, receive, send)
@@ -196,6 +206,12 @@ class HotPath:
             response = await handler(Request(scope, receive))
         except Exception:
             log.exception("unexpected error in the proxy path")
-            api: Api = "anthropic" if scope["path"].startswith("/v1/messages") else "openai"
+            api: Api = (
+                "anthropic"
+                if scope["path"].startswith("/v1/messages")
+                else "gemini"
+                if GEMINI_PATH.match(scope["path"])
+                else "openai"
+            )
             response = error_response(api, 500, "internal error in the context-ceiling sidecar")
         await response(scope, receive, send)

@@ -44,6 +44,7 @@ from ceiling.counting import (
     Part,
     RequestCount,
     count_anthropic,
+    count_gemini,
     count_openai,
     count_responses,
     responses_items,
@@ -52,7 +53,8 @@ from ceiling.models import ChatFormat
 from ceiling.tokenizers import TextCounter, TiktokenCounter
 from ceiling.utilization import Component
 
-Api = Literal["openai", "anthropic", "responses"]  # the request shapes the trimmer knows
+#: request shapes: the trimmer knows the first three; Gemini's is measured and judged, not trimmed
+Api = Literal["openai", "anthropic", "responses", "gemini"]
 Stage = Literal["tool_results", "retrieved", "history"]
 KINDS: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
 
@@ -102,6 +104,10 @@ def input_budget(window: int, reservation: int, ceiling_tokens: int | None = Non
 
 
 def requested_output(body: Mapping[str, Any], api: Api) -> int | None:
+    if api == "gemini":
+        cfg = body.get("generationConfig")
+        v = cfg.get("maxOutputTokens") if isinstance(cfg, dict) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     keys = {
         "openai": ("max_completion_tokens", "max_tokens"),
         "anthropic": ("max_tokens",),
@@ -429,7 +435,12 @@ class _Trimmer:
         return out
 
 
-COUNTERS = {"openai": count_openai, "anthropic": count_anthropic, "responses": count_responses}
+COUNTERS = {
+    "openai": count_openai,
+    "anthropic": count_anthropic,
+    "responses": count_responses,
+    "gemini": count_gemini,
+}
 
 
 def fit(
@@ -458,7 +469,7 @@ def fit(
         count = fn(body, counter, chat_format, pattern)
     report = FitReport(budget=budget, before=count.total, after=count.total)
     current: Mapping[str, Any] = body
-    for _ in range(MAX_ROUNDS):
+    for _ in range(MAX_ROUNDS if api != "gemini" else 0):  # Gemini: judged, never trimmed
         if count.total <= budget:
             break
         trimmer = _Trimmer(current, api, count, counter, policy or Policy(), budget)

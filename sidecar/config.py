@@ -78,7 +78,7 @@ class NamedUpstream(Upstream):
     """One more upstream, of either API style, that models are routed to by name (a local vLLM
     beside hosted OpenAI, a second Anthropic account, ...)."""
 
-    api: Literal["openai", "anthropic"]
+    api: Literal["openai", "anthropic", "gemini"]
     #: an Azure OpenAI resource (``https://NAME.openai.azure.com``, no /v1): clients call it on
     #: ``/openai/deployments/{deployment}/...?api-version=...`` with an ``api-key`` header, and
     #: those paths are forwarded as they are
@@ -91,13 +91,16 @@ class Upstreams(_Section):
 
     openai: Upstream | None = None
     anthropic: Upstream | None = None
+    #: Google's Gemini API (``https://generativelanguage.googleapis.com``) or Vertex AI
+    #: (``https://REGION-aiplatform.googleapis.com``)
+    gemini: Upstream | None = None
     named: dict[str, NamedUpstream] = Field(default_factory=dict)
 
     @field_validator("named")
     @classmethod
     def _names(cls, v: dict[str, NamedUpstream]) -> dict[str, NamedUpstream]:
         for name in v:
-            if name in ("openai", "anthropic") or not re.fullmatch(
+            if name in ("openai", "anthropic", "gemini") or not re.fullmatch(
                 r"[a-z0-9][a-z0-9_.-]{0,62}", name
             ):
                 raise ValueError(
@@ -227,7 +230,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _model_upstreams(self) -> Settings:
-        known = {"openai", "anthropic", *self.upstreams.named}
+        known = {"openai", "anthropic", "gemini", *self.upstreams.named}
         for spec in self.models:
             if spec.upstream is not None and spec.upstream not in known:
                 raise ValueError(

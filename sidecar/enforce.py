@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ceiling.ceilings import CeilingEntry, CeilingsDocument
 from ceiling.counting import RequestCount
@@ -99,7 +99,13 @@ def decide(
     return d
 
 
-def context_error(api: Api, label: str, workload: str, d: Decision, window: int) -> str:
+def context_error(
+    api: Literal["openai", "anthropic", "gemini"],
+    label: str,
+    workload: str,
+    d: Decision,
+    window: int,
+) -> str:
     """The message of a rejection, in the words each provider uses, naming the counts."""
     assert d.report is not None and d.budget is not None
     r = d.report
@@ -114,6 +120,11 @@ def context_error(api: Api, label: str, workload: str, d: Decision, window: int)
     )
     if api == "anthropic":
         return f"prompt is too long: {r.before} tokens > {d.budget} maximum ({detail})"
+    if api == "gemini":
+        return (
+            f"The input token count ({r.before}) exceeds the maximum number of tokens allowed "
+            f"({d.budget}) ({detail})."
+        )
     return (
         f"This request has {r.before} input tokens, more than this model's usable context allows "
         f"({detail}). Please reduce the length of the messages."

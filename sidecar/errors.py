@@ -12,7 +12,7 @@ from typing import Literal
 import orjson
 from starlette.responses import Response
 
-Api = Literal["openai", "anthropic"]
+Api = Literal["openai", "anthropic", "gemini"]
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -39,7 +39,33 @@ _ANTHROPIC_TYPES = {
 }
 
 
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    431: "INVALID_ARGUMENT",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
 def error_body(api: Api, status: int, message: str, code: str | None = None) -> bytes:
+    if api == "gemini":  # google.rpc.Status, as the Gemini API and the google-genai SDK use it
+        return orjson.dumps(
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "status": _GOOGLE_STATUS.get(status, "UNKNOWN"),
+                }
+            }
+        )
     if api == "anthropic":
         return orjson.dumps(
             {

@@ -12,7 +12,13 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from ceiling.ceilings import EMPTY, CeilingsDocument
-from ceiling.counting import RequestCount, count_anthropic, count_openai, count_responses
+from ceiling.counting import (
+    RequestCount,
+    count_anthropic,
+    count_gemini,
+    count_openai,
+    count_responses,
+)
 from ceiling.models import OTHER, ModelSpec
 from ceiling.utilization import Component
 from sidecar.budget import Api as Shape
@@ -23,10 +29,12 @@ from sidecar.relay import Tap
 from sidecar.state import State
 from sidecar.usage import (
     AnthropicStreamTap,
+    GeminiStreamTap,
     OpenAIStreamTap,
     ResponsesStreamTap,
     Usage,
     anthropic_body_usage,
+    gemini_body_usage,
     openai_body_usage,
     responses_body_usage,
     responses_count_usage,
@@ -63,6 +71,25 @@ OPENAI_CHAT = Route(
     openai_body_usage,
     OpenAIStreamTap,
     "openai",
+)
+GEMINI_GENERATE = Route(
+    "gemini",
+    "gemini_generate",
+    "/{version}/models/{model}:generateContent",
+    count_gemini,
+    gemini_body_usage,
+    lambda _injected: GeminiStreamTap(),
+    "gemini",
+)
+GEMINI_COUNT = Route(
+    "gemini",
+    "gemini_count_tokens",
+    "/{version}/models/{model}:countTokens",
+    count_gemini,
+    gemini_body_usage,
+    lambda _injected: GeminiStreamTap(),
+    "gemini",
+    count_only=True,
 )
 AZURE_CHAT = Route(
     "openai",

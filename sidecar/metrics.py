@@ -57,8 +57,11 @@ APIS = (
     "openai_chat",
     "azure_chat",
     "openai_responses",
+    "openai_responses_input_tokens",
     "anthropic_messages",
     "anthropic_count_tokens",
+    "gemini_generate",
+    "gemini_count_tokens",
     "models",
     "passthrough",
 )

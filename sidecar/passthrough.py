@@ -61,6 +61,13 @@ KNOWN_ROUTES = {
         "containers": "containers",
         "realtime": "realtime",
     },
+    "gemini": {
+        "models": "models",
+        "files": "files",
+        "cachedContents": "cached_contents",
+        "tunedModels": "tuned_models",
+        "projects": "vertex",
+    },
     "anthropic": {
         "messages": "message_batches",
         "models": "models",
@@ -73,7 +80,7 @@ KNOWN_ROUTES = {
 
 def route_label(api: Api, path: str) -> str:
     parts = [p for p in path.split("/") if p]
-    if parts[:1] == ["v1"]:
+    if parts[:1] and parts[0] in ("v1", "v1beta", "v1alpha"):
         parts = parts[1:]
     return KNOWN_ROUTES[api].get(parts[0], OTHER_ROUTE) if parts else OTHER_ROUTE
 
@@ -81,7 +88,14 @@ def route_label(api: Api, path: str) -> str:
 def client_api(request: Request) -> Api:
     """The API a client speaks, from the headers its SDK always sends."""
     h = request.headers
-    return "anthropic" if "anthropic-version" in h or "x-api-key" in h else "openai"
+    if "anthropic-version" in h or "x-api-key" in h:
+        return "anthropic"
+    path = request.url.path
+    if "x-goog-api-key" in h or path.startswith(
+        ("/v1beta/", "/v1alpha/", "/v1/projects/", "/upload/")
+    ):
+        return "gemini"
+    return "openai"
 
 
 def pick_upstream(state: State, request: Request) -> tuple[Api, str] | None:

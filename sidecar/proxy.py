@@ -35,6 +35,8 @@ from sidecar.exchange import (
     ANTHROPIC_COUNT,
     ANTHROPIC_MESSAGES,
     AZURE_CHAT,
+    GEMINI_COUNT,
+    GEMINI_GENERATE,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     RESPONSES_COUNT,
@@ -79,6 +81,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+def gemini_model(path: str) -> str:
+    """``/v1beta/models/gemini-2.5-flash:generateContent`` (or a Vertex AI
+    ``.../publishers/google/models/{model}:...`` path) -> the model name."""
+    tail = path.rsplit("/models/", 1)[-1]
+    return tail.split(":", 1)[0] if "/models/" in path else ""
 
 
 def azure_deployment(path: str) -> str:
@@ -141,6 +150,16 @@ class Proxy:
 
     async def openai_responses_input_tokens(self, request: Request) -> Response:
         return await self._handle(request, RESPONSES_COUNT)
+
+    async def gemini(self, request: Request) -> Response:
+        """Gemini and Vertex AI: ``.../models/{model}:generateContent``,
+        ``:streamGenerateContent`` (measured, judged against the ceiling, never trimmed) and
+        ``:countTokens`` (passed through; feeds the estimate-error metric). The path and query
+        (``alt=sse``, ``key``) go as the client sent them."""
+        method = request.url.path.rsplit(":", 1)[-1]
+        return await self._handle(
+            request, GEMINI_COUNT if method == "countTokens" else GEMINI_GENERATE
+        )
 
     async def azure_chat(self, request: Request) -> Response:
         """Azure OpenAI's ``/openai/deployments/{deployment}/chat/completions``: measured like
@@ -225,6 +244,8 @@ class Proxy:
         if not isinstance(obj, dict):
             return self._fail(ex, 400, "invalid", "request body must be a JSON object")
         model = obj.get("model")
+        if route.api == "gemini":  # the model is in the path: .../models/{model}:method
+            model = gemini_model(request.url.path)
         if route is AZURE_CHAT and not (isinstance(model, str) and model):
             model = azure_deployment(request.url.path)  # Azure names the model in the path
         if not isinstance(model, str) or not model:
@@ -304,7 +325,10 @@ class Proxy:
                     ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
                 )
 
-        ex.stream = obj.get("stream") is True and not route.count_only
+        ex.stream = not route.count_only and (
+            obj.get("stream") is True
+            or (route.api == "gemini" and request.url.path.endswith(":streamGenerateContent"))
+        )
         injected = False
         if ex.stream and route in (OPENAI_CHAT, AZURE_CHAT):
             opts = obj.get("stream_options")
@@ -324,7 +348,7 @@ class Proxy:
             )
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
-        if route is AZURE_CHAT:  # the deployment path and api-version go as the client sent them
+        if route is AZURE_CHAT or route.api == "gemini":  # path and query as the client sent them
             req = client.build_request(
                 "POST",
                 request.url.path,

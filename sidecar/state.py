@@ -62,6 +62,8 @@ class State:
             clients["openai"] = build_client(settings.upstreams.openai, transport)
         if settings.upstreams.anthropic:
             clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
+        if settings.upstreams.gemini:
+            clients["gemini"] = build_client(settings.upstreams.gemini, transport)
         named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = {
             name: (up.api, build_client(up, transport), up)
             for name, up in settings.upstreams.named.items()
@@ -116,9 +118,7 @@ class State:
         return out
 
     def upstream_settings(self, api: Api) -> Upstream:
-        up = (
-            self.settings.upstreams.openai if api == "openai" else self.settings.upstreams.anthropic
-        )
+        up: Upstream | None = getattr(self.settings.upstreams, api)
         assert up is not None  # only called for configured upstreams
         return up
 

@@ -279,3 +279,70 @@ class ResponsesStreamTap:
         elif name in (b"response.failed", b"error"):
             self.upstream_error = True
         return event
+
+
+def _gemini_usage(u: Usage, obj: Any) -> None:
+    if not isinstance(obj, dict):
+        return
+    meta = obj.get("usageMetadata")
+    if isinstance(meta, dict):
+        if _int(meta.get("promptTokenCount")) is not None:
+            u.input_tokens = _int(meta.get("promptTokenCount"))
+        if _int(meta.get("candidatesTokenCount")) is not None:
+            u.output_tokens = _int(meta.get("candidatesTokenCount"))
+        if _int(meta.get("cachedContentTokenCount")) is not None:
+            u.cached_tokens = _int(meta.get("cachedContentTokenCount"))
+    if isinstance(obj.get("modelVersion"), str):
+        u.response_model = obj["modelVersion"]
+    cands = obj.get("candidates")
+    if isinstance(cands, list):
+        for c in cands:
+            if isinstance(c, dict) and isinstance(c.get("finishReason"), str):
+                u.finish_reason = c["finishReason"]
+
+
+def gemini_body_usage(body: bytes) -> Usage:
+    """A ``generateContent`` reply, or a ``countTokens`` one (``totalTokens``)."""
+    u = Usage()
+    with contextlib.suppress(orjson.JSONDecodeError):
+        obj = orjson.loads(body)
+        _gemini_usage(u, obj)
+        if isinstance(obj, dict) and u.input_tokens is None:
+            u.input_tokens = _int(obj.get("totalTokens"))
+    return u
+
+
+class GeminiStreamTap:
+    """``streamGenerateContent?alt=sse``: every event is a partial response; usage comes with
+    the last ones, and the stream is whole once a candidate carries its ``finishReason`` (the
+    API sends no end marker)."""
+
+    __slots__ = ("complete", "upstream_error", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.complete = False
+        self.upstream_error = False
+
+    @staticmethod
+    def error_event(message: str) -> bytes:
+        err = {"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}}
+        return b"data: " + orjson.dumps(err) + b"\n\n"
+
+    def on_event(self, event: bytes) -> bytes | None:
+        if (
+            b"usageMetadata" not in event
+            and b"finishReason" not in event
+            and b'"error"' not in event
+        ):
+            return event
+        _, data = event_data(event)
+        with contextlib.suppress(orjson.JSONDecodeError):
+            obj = orjson.loads(data)
+            if isinstance(obj, dict) and "error" in obj:
+                self.upstream_error = True
+                return event
+            _gemini_usage(self.usage, obj)
+            if self.usage.finish_reason:
+                self.complete = True
+        return event
