@@ -44,9 +44,10 @@ test-fast: venv lint typecheck  ## the inner loop: everything but the slow, real
 demo: venv local-model  ## the whole loop on a real local model
 	$(PY) scripts/demo.py
 
-bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, sidecar observe/enforce
+bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, sidecar observe/enforce; then the soak
 	bash scripts/litellm.sh >/dev/null
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 
 bench-validity: venv  ## the sweep's statistics against known truth (simulation study, ~10 min)
 	$(PY) benchmarks/validity.py $(VALIDITY_ARGS)
