@@ -81,20 +81,30 @@ def anthropic_body_usage(body: bytes) -> Usage:
     return u
 
 
-class OpenAIStreamTap:
+class _StreamState:
+    """What every stream tap tracks: the usage read so far, whether the protocol's last event
+    arrived (``complete``), and whether the upstream reported its own failure in the stream."""
+
+    __slots__ = ("complete", "upstream_error", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.complete = False
+        self.upstream_error = False
+
+
+class OpenAIStreamTap(_StreamState):
     """Reads usage from chat.completion.chunk events.
 
     When the sidecar injected ``stream_options.include_usage`` the client did not ask for it, so
     the extra usage-only chunk is dropped and the ``"usage":null`` field the option adds to every
     other chunk is removed again: the client sees the stream it would have seen without us."""
 
-    __slots__ = ("complete", "injected", "upstream_error", "usage")
+    __slots__ = ("injected",)
 
     def __init__(self, injected: bool) -> None:
+        super().__init__()  # complete: saw ``data: [DONE]``, the end of a whole stream
         self.injected = injected
-        self.usage = Usage()
-        self.complete = False  # saw ``data: [DONE]``: the protocol's end of a whole stream
-        self.upstream_error = False  # the upstream itself sent an error event
 
     @staticmethod
     def error_event(message: str) -> bytes:
@@ -158,15 +168,10 @@ class OpenAIStreamTap:
         return event
 
 
-class AnthropicStreamTap:
+class AnthropicStreamTap(_StreamState):
     """Reads usage from ``message_start`` and ``message_delta`` events; forwards all unchanged."""
 
-    __slots__ = ("complete", "upstream_error", "usage")
-
-    def __init__(self) -> None:
-        self.usage = Usage()
-        self.complete = False  # saw ``message_stop``
-        self.upstream_error = False  # the upstream sent ``event: error``
+    __slots__ = ()  # complete: saw ``message_stop``; upstream_error: saw ``event: error``
 
     @staticmethod
     def error_event(message: str) -> bytes:
@@ -246,17 +251,12 @@ def responses_count_usage(body: bytes) -> Usage:
     return u
 
 
-class ResponsesStreamTap:
+class ResponsesStreamTap(_StreamState):
     """Reads usage from the Responses API's ``response.completed`` (or ``.incomplete``) event;
     forwards every event unchanged. ``response.failed`` and ``error`` are the upstream's own
     failure."""
 
-    __slots__ = ("complete", "upstream_error", "usage")
-
-    def __init__(self) -> None:
-        self.usage = Usage()
-        self.complete = False
-        self.upstream_error = False
+    __slots__ = ()
 
     error_event = staticmethod(OpenAIStreamTap.error_event)
 
@@ -312,17 +312,12 @@ def gemini_body_usage(body: bytes) -> Usage:
     return u
 
 
-class GeminiStreamTap:
+class GeminiStreamTap(_StreamState):
     """``streamGenerateContent?alt=sse``: every event is a partial response; usage comes with
     the last ones, and the stream is whole once a candidate carries its ``finishReason`` (the
     API sends no end marker)."""
 
-    __slots__ = ("complete", "upstream_error", "usage")
-
-    def __init__(self) -> None:
-        self.usage = Usage()
-        self.complete = False
-        self.upstream_error = False
+    __slots__ = ()
 
     @staticmethod
     def error_event(message: str) -> bytes:

@@ -12,24 +12,11 @@ from hypothesis import strategies as st
 from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
 from ceiling.tokenizers import TiktokenCounter
 from sidecar.budget import MARKER, Policy, fit, input_budget
+from tests.agent_traffic import WORDS
 
 ENC = TiktokenCounter("o200k_base")
 CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
-WORDS = [
-    "contract",
-    "renewal",
-    "fee",
-    "EUR",
-    "notice",
-    "90",
-    "days",
-    "clause",
-    "Northwind",
-    "K-17",
-    "🚀",
-    "über",
-    "\n",
-]
+
 
 text = st.lists(st.sampled_from(WORDS), min_size=1, max_size=40).map(" ".join)
 big_text = st.lists(st.sampled_from(WORDS), min_size=20, max_size=400).map(" ".join)
