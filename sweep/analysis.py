@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sweep.grade import BUCKETS, grade
+from sweep.runner import sample_key
 from sweep.stats import MIN_ITEMS, accuracy_interval, difference_interval, difference_lower
 from sweep.taskset import Item
 
@@ -152,10 +153,6 @@ def item_means(rows: Iterable[dict[str, Any]]) -> dict[float, dict[str, float]]:
     return {lv: {k: mean(v) for k, v in d.items()} for lv, d in acc.items()}
 
 
-def _key(item: str, level: float | None, repeat: int) -> str:
-    return f"{item}@closed" if level is None else f"{item}@{level:.4f}#{repeat}"
-
-
 def analyse(
     records: Iterable[dict[str, Any]],
     items: Mapping[str, Item],
@@ -259,7 +256,7 @@ def _level(
     by_key: dict[str, dict[str, Any]],
     window: int,
 ) -> LevelStats:
-    keys = [_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats)]
+    keys = [sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats)]
     missing = sum(1 for k in keys if k not in by_key)
     errored = sum(1 for k in keys if k in by_key and by_key[k].get("status") != "ok")
     per_repeat: dict[int, list[int]] = defaultdict(list)
