@@ -3,10 +3,7 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY ceiling ./ceiling
-COPY sidecar ./sidecar
-COPY sweep ./sweep
-COPY dashboards ./dashboards
+COPY src ./src
 RUN pip install --no-cache-dir --upgrade pip build \
  && python -m build --wheel --outdir /wheels . \
  && pip wheel --no-cache-dir --wheel-dir /wheels /wheels/context_ceiling-*.whl
@@ -17,7 +14,7 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels context-ceiling \
  && rm -rf /wheels \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ceiling \
- && python -c "from ceiling.tokenizers import load_encoding as l; l('o200k_base'); l('cl100k_base')"
+ && python -c "from context_ceiling.core.tokenizers import load_encoding as l; l('o200k_base'); l('cl100k_base')"
 USER 10001:10001
 EXPOSE 8787
 ENTRYPOINT ["ceiling"]

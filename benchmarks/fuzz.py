@@ -24,8 +24,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sidecar.app import create_app  # noqa: E402
-from sidecar.config import Settings  # noqa: E402
+from context_ceiling.sidecar.app import create_app  # noqa: E402
+from context_ceiling.sidecar.config import Settings  # noqa: E402
 from tests.fault_provider_double import FaultyProviderDouble  # noqa: E402
 from tests.fuzz_bodies import ANTHROPIC_TEMPLATE, OPENAI_TEMPLATE, mutate, paths, random_json  # noqa: E402
 from tests.hosted_provider_double import serve  # noqa: E402

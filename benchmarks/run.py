@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import targets as tg  # noqa: E402
 from benchmarks.load import Load, fmt, hey, spread, wrk  # noqa: E402
-from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
-from ceiling.tokenizers import TiktokenCounter  # noqa: E402
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
+from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
 
 SENTENCE = (
     "Record {i}: the service contract between Northwind and client K{i:03d} renews on day "

@@ -35,7 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.llamacpp import free_port  # noqa: E402
+from devtools.llamacpp import free_port  # noqa: E402
 from tests.fault_provider_double import FaultyProviderDouble  # noqa: E402
 from tests.hosted_provider_double import serve  # noqa: E402
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         (Path(d) / "sidecar.yaml").write_text(yaml.safe_dump(cfg))
         env = os.environ | {"PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ceiling.cli", "serve", "--config", f"{d}/sidecar.yaml"],
+            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", f"{d}/sidecar.yaml"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -86,7 +86,7 @@ class Target:
 
 
 def free_port() -> int:
-    from ceiling.llamacpp import free_port as fp
+    from devtools.llamacpp import free_port as fp
 
     return fp()
 
@@ -173,7 +173,14 @@ def sidecar(up: str, workdir: Path, enforce: bool = False, cache: bool = False) 
         cfg["ceilings_persist"] = False
     (workdir / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
     proc = _spawn(
-        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(workdir / f"{name}.yaml")]
+        [
+            sys.executable,
+            "-m",
+            "context_ceiling.cli",
+            "serve",
+            "--config",
+            str(workdir / f"{name}.yaml"),
+        ]
     )
     _wait(f"http://127.0.0.1:{port}/healthz", proc, name)
     return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)

@@ -18,9 +18,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
-from ceiling.tokenizers import TiktokenCounter  # noqa: E402
-from sidecar.budget import Policy, fit  # noqa: E402
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
+from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
+from context_ceiling.core.trim import Policy, fit  # noqa: E402
 
 CLAUSE = "Clause {i}: the renewal fee of contract K-{i} is {f} EUR; notice {n} days; governed by the law of Ruritania. "
 

@@ -3,7 +3,7 @@
 Generated conversations of both APIs (``tests/agent_traffic.py``: agent loops with parallel tool
 calls, tool results plus text in one Anthropic user message, thinking, documents, search
 results, images, cache_control, prefill, RAG) are fitted at random budgets with
-``sidecar.budget.fit`` and judged by validators of the providers' published rules. Reported per
+``context_ceiling.core.trim.fit`` and judged by validators of the providers' published rules. Reported per
 API: requests the provider would reject, "fits" that are over budget, ``after`` against a recount,
 and, at 1% over budget, how much was removed against what was needed. For OpenAI-shaped traffic
 LiteLLM's ``trim_messages`` (its own venv, ``scripts/litellm.sh``) runs on the same conversations
@@ -29,15 +29,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.counting import (  # noqa: E402
+from context_ceiling.core.counting import (  # noqa: E402
     DEFAULT_CHUNK_PATTERN,
     Part,
     count_anthropic,
     count_openai,
 )
-from ceiling.tokenizers import TiktokenCounter  # noqa: E402
-from ceiling.utilization import Component  # noqa: E402
-from sidecar.budget import Policy, fit  # noqa: E402
+from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
+from context_ceiling.core.trim import Policy, fit  # noqa: E402
+from context_ceiling.core.utilization import Component  # noqa: E402
 from tests.agent_traffic import KINDS, generate, violations  # noqa: E402
 
 ENC = TiktokenCounter("o200k_base")

@@ -1,8 +1,8 @@
 """Validity of the sweep's number: a simulation study against known truth.
 
-It drives the sweep's own code (``sweep.analysis.analyse_graded``, ``sweep.design.next_step``,
-``sweep.regression.compare_means``, the level grid of ``sweep.run``, the sample size of
-``sweep.stats``) with outcomes drawn from accuracy curves that are known exactly:
+It drives the sweep's own code (``context_ceiling.sweep.analysis.analyse_graded``, ``context_ceiling.sweep.design.next_step``,
+``context_ceiling.sweep.regression.compare_means``, the level grid of ``context_ceiling.sweep.run``, the sample size of
+``context_ceiling.sweep.stats``) with outcomes drawn from accuracy curves that are known exactly:
 
 - a task set of 240 items whose difficulty varies (item effects on the logit scale, SD 1), 5%
   known to the model without documents (answered right closed-book and at every fill);
@@ -39,11 +39,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sweep.analysis import Analysis, Design, analyse_graded, item_means  # noqa: E402
-from sweep.design import batch_size, next_step  # noqa: E402
-from sweep.regression import compare_means, reduced_levels  # noqa: E402
-from sweep.run import _levels  # noqa: E402
-from sweep.stats import accuracy_interval, difference_interval, items_for  # noqa: E402
+from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded, item_means  # noqa: E402
+from context_ceiling.sweep.design import batch_size, next_step  # noqa: E402
+from context_ceiling.sweep.regression import compare_means, reduced_levels  # noqa: E402
+from context_ceiling.sweep.run import _levels  # noqa: E402
+from context_ceiling.sweep.stats import accuracy_interval, difference_interval, items_for  # noqa: E402
 
 WINDOW, RESERVATION, TOL, MARGIN, RESOLUTION, REPEATS = 8192, 100, 0.05, 0.1, 0.05, 3
 TASKSET, SIGMA, KNOWN, RHO = 960, 1.0, 0.05, 0.5

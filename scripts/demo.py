@@ -38,10 +38,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ceiling.ceilings import dump_document, load_document  # noqa: E402
-from ceiling.cli import main as ceiling_cli  # noqa: E402
-from ceiling.llamacpp import die_with_parent, free_port, llama_server  # noqa: E402
-from ceiling.push import push  # noqa: E402
+from context_ceiling.cli import main as ceiling_cli  # noqa: E402
+from context_ceiling.core.ceilings import dump_document, load_document  # noqa: E402
+from context_ceiling.core.push import push  # noqa: E402
+from devtools.llamacpp import die_with_parent, free_port, llama_server  # noqa: E402
 
 console = Console(width=max(120, Console().width))
 TOKEN = "demo-admin-token"
@@ -75,7 +75,14 @@ def sidecar(cfg: dict[str, Any], out: Path) -> Iterator[str]:
     log = open(out / "sidecar.log", "wb")  # noqa: SIM115
     env = os.environ | {"CEILING_ADMIN_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(tmp / "sidecar.yaml")],
+        [
+            sys.executable,
+            "-m",
+            "context_ceiling.cli",
+            "serve",
+            "--config",
+            str(tmp / "sidecar.yaml"),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -111,7 +118,9 @@ def replay(url: str, model: str, window: int, n: int, label: str) -> list[dict[s
     )
     docs = [
         json.loads(x)
-        for x in (ROOT / "sweep" / "tasksets" / "contracts" / "corpus.jsonl")
+        for x in (
+            ROOT / "src" / "context_ceiling" / "sweep" / "tasksets" / "contracts" / "corpus.jsonl"
+        )
         .read_text()
         .splitlines()
     ]
@@ -310,8 +319,8 @@ def main() -> int:
 
             console.rule("[bold]6. Summary")
             summary = json.loads((run_dir / "summary.json").read_text())["analysis"]
-            from sweep.analysis import Analysis, LevelStats
-            from sweep.report import ceiling_line, table
+            from context_ceiling.sweep.analysis import Analysis, LevelStats
+            from context_ceiling.sweep.report import ceiling_line, table
 
             a = Analysis(
                 **{k: v for k, v in summary.items() if k != "levels"},

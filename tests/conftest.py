@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from sidecar.app import create_app
-from sidecar.config import Settings
-from sidecar.metrics import Metrics
-from sidecar.state import State
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.metrics import Metrics
+from context_ceiling.sidecar.state import State
 from tests.hosted_provider_double import HostedProviderDouble, serve
 
 MODELS: list[dict[str, Any]] = [

@@ -21,9 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ceiling.counting import count_openai
-from ceiling.tokenizers import TiktokenCounter
-from sweep.taskset import ExactAnswer, Item, SetAnswer, TaskSet
+from context_ceiling.core.counting import count_openai
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.sweep.taskset import ExactAnswer, Item, SetAnswer, TaskSet
 
 _Q = re.compile(r"Question: (.*?)\nReply with JSON", re.S)
 

@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
-from ceiling.tokenizers import TiktokenCounter
-from sidecar.budget import MARKER, Policy, fit, input_budget
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.trim import MARKER, Policy, fit, input_budget
 from tests.agent_traffic import WORDS
 
 ENC = TiktokenCounter("o200k_base")

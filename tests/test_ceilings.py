@@ -17,8 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from ceiling.ceilings import CeilingsError, json_schema, load_document, parse_document
-from ceiling.llamacpp import free_port
+from context_ceiling.core.ceilings import CeilingsError, json_schema, load_document, parse_document
+from devtools.llamacpp import free_port
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
 
@@ -302,7 +302,14 @@ def test_bad_file_at_startup_is_a_one_line_exit_2(tmp_path: Path, double: Any) -
         )
     )
     r = subprocess.run(
-        [sys.executable, "-m", "ceiling.cli", "serve", "-c", str(tmp_path / "sidecar.yaml")],
+        [
+            sys.executable,
+            "-m",
+            "context_ceiling.cli",
+            "serve",
+            "-c",
+            str(tmp_path / "sidecar.yaml"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -329,7 +336,14 @@ def test_sighup_rereads_the_file(tmp_path: Path, double: Any) -> None:
         )
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ceiling.cli", "serve", "-c", str(tmp_path / "sidecar.yaml")],
+        [
+            sys.executable,
+            "-m",
+            "context_ceiling.cli",
+            "serve",
+            "-c",
+            str(tmp_path / "sidecar.yaml"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -364,7 +378,7 @@ def cli(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[st
     if token:
         env["CEILING_ADMIN_TOKEN"] = token
     return subprocess.run(
-        [sys.executable, "-m", "ceiling.cli", *args],
+        [sys.executable, "-m", "context_ceiling.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from benchmarks import targets
-from sidecar.app import create_app
-from sidecar.config import Settings
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
 from tests.hosted_provider_double import HostedProviderDouble, serve
 from tests.test_ceilings import wait_for
 

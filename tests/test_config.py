@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, load_settings
+from context_ceiling.sidecar.config import ConfigError, load_settings
 
 GOOD = """
 listen: {host: 127.0.0.1, port: 9100}
@@ -93,7 +93,7 @@ def test_env_error_names_the_variable(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     p = write(tmp_path, GOOD.replace("port: 9100", "port: -5"))
     r = subprocess.run(
-        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(p)],
+        [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(p)],
         capture_output=True,
         text=True,
     )
@@ -101,7 +101,14 @@ def test_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "listen.port" in lines[0] and str(p) in lines[0]
     r = subprocess.run(
-        [sys.executable, "-m", "ceiling.cli", "serve", "--config", str(tmp_path / "missing.yaml")],
+        [
+            sys.executable,
+            "-m",
+            "context_ceiling.cli",
+            "serve",
+            "--config",
+            str(tmp_path / "missing.yaml"),
+        ],
         capture_output=True,
         text=True,
     )

@@ -10,16 +10,16 @@ import zlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ceiling.counting import (
+from context_ceiling.core.counting import (
     ANTHROPIC_TOOL_SYSTEM_TOKENS,
     DEFAULT_CHUNK_PATTERN,
     count_anthropic,
     count_openai,
 )
-from ceiling.images import anthropic_image_tokens, image_size, openai_image_tokens
-from ceiling.models import ChatFormat
-from ceiling.tokenizers import TiktokenCounter
-from ceiling.utilization import Component
+from context_ceiling.core.images import anthropic_image_tokens, image_size, openai_image_tokens
+from context_ceiling.core.models import ChatFormat
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.utilization import Component
 
 ENC = TiktokenCounter("o200k_base")
 CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
@@ -229,7 +229,7 @@ def test_default_chunk_pattern_matches_the_plain_lazy_form(pieces: list[str]) ->
 
 
 def test_count_cache_is_exact_bounded_and_keyed_by_counter() -> None:
-    from ceiling.tokenizers import CountCache
+    from context_ceiling.core.tokenizers import CountCache
 
     cache = CountCache(max_bytes=3000, min_chars=100)
     o200k, cl100k = cache.wrap(ENC), cache.wrap(TiktokenCounter("cl100k_base"))
@@ -255,7 +255,7 @@ def test_count_cache_bound_is_in_bytes_for_any_script() -> None:
     """Non-Latin text takes 2-4 bytes a character: the bound is on memory, not characters."""
     import sys
 
-    from ceiling.tokenizers import CountCache
+    from context_ceiling.core.tokenizers import CountCache
 
     cache = CountCache(max_bytes=20_000, min_chars=100)
     counter = cache.wrap(ENC)

@@ -12,8 +12,8 @@ import openai
 import orjson
 import pytest
 
-from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
-from ceiling.tokenizers import CalibratedCounter, TiktokenCounter
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
+from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
 from tests.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
 

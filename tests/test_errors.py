@@ -181,7 +181,7 @@ def test_upstream_timeout_is_504(make_sidecar: Callable[..., Running], double: A
 
 
 def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> None:
-    from ceiling.llamacpp import free_port
+    from devtools.llamacpp import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     sc = make_sidecar(
@@ -214,8 +214,8 @@ def test_readyz_and_status_with_reachable_upstreams(sidecar: Running) -> None:
 def test_an_unexpected_error_in_the_proxy_path_is_a_500_in_the_clients_format(
     double: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sidecar.app import create_app
-    from sidecar.config import Settings
+    from context_ceiling.sidecar.app import create_app
+    from context_ceiling.sidecar.config import Settings
     from tests.hosted_provider_double import serve
 
     _, durl = double

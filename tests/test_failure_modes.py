@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.app import create_app
-from sidecar.config import Settings
-from sidecar.logs import JsonFormatter
-from sidecar.server import uvicorn_options
-from sidecar.state import State
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.logs import JsonFormatter
+from context_ceiling.sidecar.server import uvicorn_options
+from context_ceiling.sidecar.state import State
 from tests.conftest import MODELS
 from tests.fault_provider_double import FaultyProviderDouble
 from tests.fuzz_bodies import ANTHROPIC_TEMPLATE, OPENAI_TEMPLATE, mutate, paths
@@ -229,14 +229,14 @@ def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
 def test_an_internal_error_is_logged_counted_and_findable(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import sidecar.proxy as proxy
+    import context_ceiling.sidecar.proxy as proxy
 
     def boom(*a: Any, **k: Any) -> Any:
         raise KeyError("a bug")
 
     monkeypatch.setattr(proxy, "decide", boom)
     before = sidecar.outcome("openai_chat", "internal_error")
-    with caplog.at_level(logging.ERROR, logger="sidecar.proxy"):
+    with caplog.at_level(logging.ERROR, logger="context_ceiling.sidecar.proxy"):
         r = httpx.post(
             sidecar.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": MSG}
         )
@@ -244,7 +244,7 @@ def test_an_internal_error_is_logged_counted_and_findable(
     rid = r.headers["x-ceiling-request-id"]
     assert rid in r.json()["error"]["message"]
     assert sidecar.outcome("openai_chat", "internal_error") == before + 1
-    [rec] = [x for x in caplog.records if x.name == "sidecar.proxy" and x.exc_info]
+    [rec] = [x for x in caplog.records if x.name == "context_ceiling.sidecar.proxy" and x.exc_info]
     line = json.loads(JsonFormatter().format(rec))
     assert line["exc_type"] == "KeyError" and "boom" in line["traceback"]
     assert line["request_id"] == rid
@@ -287,7 +287,7 @@ def test_oversized_headers_are_a_431(sidecar: Sidecar) -> None:
 
 
 def test_hop_by_hop_headers_do_not_cross() -> None:
-    from sidecar.upstream import request_headers, response_headers
+    from context_ceiling.sidecar.upstream import request_headers, response_headers
 
     sent = dict(
         request_headers(
@@ -341,7 +341,7 @@ def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
 
     import yaml
 
-    from ceiling.llamacpp import free_port
+    from devtools.llamacpp import free_port
     from tests.hosted_provider_double import HostedProviderDouble
 
     with serve(HostedProviderDouble().app()) as durl:
@@ -358,7 +358,7 @@ def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
             [
                 sys.executable,
                 "-m",
-                "ceiling.cli",
+                "context_ceiling.cli",
                 "serve",
                 "--config",
                 str(tmp_path / "sidecar.yaml"),

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ceiling.counting import count_gemini
-from ceiling.tokenizers import CalibratedCounter, TiktokenCounter
-from sidecar.app import create_app
-from sidecar.config import Settings
+from context_ceiling.core.counting import count_gemini
+from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
 from tests.hosted_provider_double import serve
 
 COUNTER = CalibratedCounter(TiktokenCounter("o200k_base"), 1.1)

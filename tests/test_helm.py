@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ceiling.ceilings import parse_document
-from sidecar.config import load_settings
+from context_ceiling.core.ceilings import parse_document
+from context_ceiling.sidecar.config import load_settings
 
 pytestmark = [pytest.mark.helm]
 

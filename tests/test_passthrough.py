@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from benchmarks.asgi import lifespan, read_body
-from sidecar.app import create_app
-from sidecar.config import Settings
-from sidecar.state import State
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.state import State
 from tests.conftest import MODELS
 from tests.hosted_provider_double import serve
 

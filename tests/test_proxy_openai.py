@@ -10,8 +10,8 @@ import openai
 import orjson
 import pytest
 
-from ceiling.counting import count_openai
-from ceiling.tokenizers import TiktokenCounter
+from context_ceiling.core.counting import count_openai
+from context_ceiling.core.tokenizers import TiktokenCounter
 from tests.conftest import Running
 
 MESSAGES: list[Any] = [

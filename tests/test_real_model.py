@@ -14,9 +14,9 @@ from typing import Any
 import openai
 import pytest
 
-from ceiling.llamacpp import RunningServer, llama_server
-from sidecar.app import create_app
-from sidecar.config import Settings
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from devtools.llamacpp import RunningServer, llama_server
 from tests.hosted_provider_double import serve
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
@@ -155,9 +155,9 @@ def test_sweep_derive_push_enforce_on_the_real_model(
     """The whole loop on the real model: a small sweep through the sidecar's bypass, a derived
     ceiling pushed to the running sidecar, and enforced requests that fit it. Asserts the
     pipeline's contracts, not the model's accuracy."""
-    from ceiling.ceilings import load_document
-    from ceiling.cli import main as cli_main
-    from ceiling.push import push
+    from context_ceiling.cli import main as cli_main
+    from context_ceiling.core.ceilings import load_document
+    from context_ceiling.core.push import push
 
     token = "e2e-admin-token"
     monkeypatch.setenv("CEILING_ADMIN_TOKEN", token)
@@ -303,7 +303,7 @@ def test_the_server_never_outlives_its_parent(tmp_path: Any) -> None:
 
     script = tmp_path / "parent.py"
     script.write_text(
-        "import time\nfrom ceiling.llamacpp import llama_server\n"
+        "import time\nfrom devtools.llamacpp import llama_server\n"
         "with llama_server(512) as s:\n    print(s.process.pid, flush=True)\n    time.sleep(600)\n"
     )
     parent = subprocess.Popen(

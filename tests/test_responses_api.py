@@ -15,11 +15,11 @@ import openai
 import pytest
 
 from benchmarks.asgi import lifespan, read_body
-from ceiling.counting import count_responses
-from ceiling.tokenizers import TiktokenCounter
-from sidecar.app import create_app
-from sidecar.budget import Policy, fit
-from sidecar.config import Settings
+from context_ceiling.core.counting import count_responses
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.trim import Policy, fit
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
 from tests.hosted_provider_double import serve
 
 ENC = TiktokenCounter("o200k_base")

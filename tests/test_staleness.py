@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ceiling.ceilings import traffic_shape as shape
-from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_openai
-from ceiling.tokenizers import TiktokenCounter
+from context_ceiling.core.ceilings import traffic_shape as shape
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
+from context_ceiling.core.tokenizers import TiktokenCounter
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
 
@@ -103,7 +103,7 @@ def test_matching_traffic_is_not_stale(sc: Running) -> None:
 def test_shape_drift_fires_and_clears(
     sc: Running, reason: str, drift: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="sidecar.staleness")
+    caplog.set_level(logging.WARNING, logger="context_ceiling.sidecar.staleness")
     send(sc)
     assert stale(sc, reason) == 0
     send(sc, **drift)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ceiling.ceilings import load_document
-from ceiling.cli import main as cli_main
-from sweep.generate import generate
-from sweep.grade import grade
-from sweep.taskset import TaskSetError, bundled_path, load_taskset
+from context_ceiling.cli import main as cli_main
+from context_ceiling.core.ceilings import load_document
+from context_ceiling.sweep.grade import grade
+from context_ceiling.sweep.taskset import TaskSetError, bundled_path, load_taskset
+from devtools.generate_contracts import generate
 from tests.hosted_provider_double import serve
 from tests.scripted_model_double import ScriptedModelDouble
 
@@ -298,7 +298,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path
         args = [
             sys.executable,
             "-m",
-            "ceiling.cli",
+            "context_ceiling.cli",
             "sweep",
             *common(url + "/v1", out, "--items", "8", "--repeats", "2", "--no-refine"),
         ]
@@ -317,7 +317,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path
             [
                 sys.executable,
                 "-m",
-                "ceiling.cli",
+                "context_ceiling.cli",
                 "sweep",
                 "run",
                 "--resume",

@@ -14,13 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from ceiling.ceilings import load_document
-from sweep.analysis import Design, analyse_graded
-from sweep.context import Prompt
-from sweep.grade import grade
-from sweep.runner import Endpoint, request_of
-from sweep.stats import accuracy_interval, difference_interval, difference_lower, items_for
-from sweep.taskset import ExactAnswer, Item
+from context_ceiling.core.ceilings import load_document
+from context_ceiling.sweep.analysis import Design, analyse_graded
+from context_ceiling.sweep.context import Prompt
+from context_ceiling.sweep.grade import grade
+from context_ceiling.sweep.runner import Endpoint, request_of
+from context_ceiling.sweep.stats import (
+    accuracy_interval,
+    difference_interval,
+    difference_lower,
+    items_for,
+)
+from context_ceiling.sweep.taskset import ExactAnswer, Item
 from tests.hosted_provider_double import serve
 from tests.scripted_model_double import ScriptedModelDouble
 from tests.test_sweep import TS, WINDOW, common, run_cli

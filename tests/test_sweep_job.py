@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ceiling.ceilings import parse_document
-from ceiling.kube import Cluster, ConfigMaps, KubeError
-from sidecar.app import create_app
-from sidecar.config import Settings
-from sweep.taskset import load_taskset
+from context_ceiling.core.ceilings import parse_document
+from context_ceiling.core.kube import Cluster, ConfigMaps, KubeError
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sweep.taskset import load_taskset
 from tests.hosted_provider_double import serve
 from tests.kube_apiserver_double import KubeApiServerDouble
 from tests.scripted_model_double import ScriptedModelDouble
@@ -198,7 +198,7 @@ def test_chart_sweep_job_end_to_end(
 def test_configmap_updates_are_conditional_and_least_privilege(
     tmp_path: Path, cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ceiling.cli import main
+    from context_ceiling.cli import main
     from tests.ceiling_docs import doc, entry
 
     rules = [
@@ -244,7 +244,7 @@ def test_configmap_updates_are_conditional_and_least_privilege(
 
 
 def test_job_argument_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ceiling.cli import main
+    from context_ceiling.cli import main
 
     base = ["sweep", "job", "--root", str(tmp_path), "--run-id", "r", "--shards", "2"]
     base += ["--model-label", "m"]

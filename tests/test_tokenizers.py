@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from ceiling.tokenizers import (
+from context_ceiling.core.tokenizers import (
     DATA_DIR,
     ENCODING_SHA256,
     CalibratedCounter,
@@ -73,7 +73,7 @@ def test_loading_needs_no_network(tmp_path: Path) -> None:
         "HTTP_PROXY": "http://127.0.0.1:9",
         "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"),
     }
-    code = "from ceiling.tokenizers import TiktokenCounter as T; print(T('o200k_base').count('hello world'))"
+    code = "from context_ceiling.core.tokenizers import TiktokenCounter as T; print(T('o200k_base').count('hello world'))"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sidecar.app import create_app
-from sidecar.config import Settings
-from sidecar.tracing import Tracing, exporter_configured
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.tracing import Tracing, exporter_configured
 from tests.conftest import MODELS
 from tests.hosted_provider_double import HostedProviderDouble, serve
 

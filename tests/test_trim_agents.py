@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ceiling.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
-from ceiling.tokenizers import TiktokenCounter
-from sidecar.budget import PLACEHOLDER, Policy, fit
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.trim import PLACEHOLDER, Policy, fit
 from tests.agent_traffic import generate, violations
 
 ENC = TiktokenCounter("o200k_base")

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from sidecar.app import create_app
-from sidecar.config import ConfigError, Settings, load_settings
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import ConfigError, Settings, load_settings
 from tests.hosted_provider_double import HostedProviderDouble, serve
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -1,0 +1,261 @@
+"""The ceilings document: one schema, written by the sweep, read by every sidecar.
+
+A ceiling is data with a history. Each entry says, for one model and workload, how many input
+tokens requests may carry (and what fraction of the window that is), how it was derived
+(metric, tolerance, margin), where it came from (sweep run, task set, prompt skeleton, retrieval
+settings, corpus, the model version the upstream reported) and what the traffic it was measured
+on looked like, so a sidecar can tell when live traffic no longer resembles it.
+
+``model`` is the sidecar registry's label for the model (the ``model`` label of the metrics).
+Documents are JSON or YAML; ``version`` increases with every change so a stale push cannot
+overwrite a newer ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from context_ceiling.core.counting import RequestCount
+from context_ceiling.core.utilization import Component
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Provenance(_Doc):
+    """Where a ceiling came from; any change here is a reason to re-sweep."""
+
+    sweep_run_id: str | None = None
+    task_set: str | None = None
+    task_set_hash: str | None = None
+    prompt_skeleton_hash: str | None = None
+    retrieval: dict[str, Any] = Field(
+        default_factory=dict, description="retrieval depth, chunk size, ..."
+    )
+    corpus_hash: str | None = None
+    model_version: str | None = Field(
+        default=None, description="the model name the upstream reported"
+    )
+    note: str | None = None
+    decision: dict[str, Any] = Field(
+        default_factory=dict,
+        description="how firmly the sweep's number stands: resolved, deciding level and interval",
+    )
+
+
+class TrafficFingerprint(_Doc):
+    """The shape of the requests the ceiling was measured on (means per request)."""
+
+    system_tokens: float = Field(ge=0, default=0)
+    tool_definition_tokens: float = Field(ge=0, default=0)
+    retrieved_chunks: float = Field(ge=0, default=0)
+    retrieved_chunk_tokens: float = Field(
+        ge=0, default=0, description="mean tokens per retrieved chunk"
+    )
+
+
+def traffic_shape(count: RequestCount) -> dict[str, float]:
+    """The fingerprint features of one request. The sweep records them for the prompts it
+    measured; the sidecar compares live traffic against them."""
+    chunks = [p for p in count.parts if p.component is Component.RETRIEVED]
+    retrieved = sum(p.tokens for p in chunks)
+    return {
+        "system_tokens": float(count.components.get(Component.SYSTEM, 0)),
+        "tool_definition_tokens": float(count.components.get(Component.TOOL_DEFINITIONS, 0)),
+        "retrieved_chunks": float(len(chunks)),
+        "retrieved_chunk_tokens": retrieved / len(chunks) if chunks else 0.0,
+    }
+
+
+class CeilingEntry(_Doc):
+    model: str = Field(min_length=1)
+    workload: str = Field(default="default", min_length=1)
+    ceiling_tokens: int = Field(gt=0, description="the input cap enforced by the sidecar")
+    ceiling_utilization: float = Field(gt=0, le=1, description="ceiling_tokens / window")
+    window: int = Field(gt=0)
+    output_reservation: int = Field(ge=0, default=0)
+    metric: str = "accuracy"
+    tolerance: float = Field(ge=0, le=1, default=0.05)
+    margin: float = Field(ge=0, lt=1, default=0.1)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    provenance: Provenance = Field(default_factory=Provenance)
+    fingerprint: TrafficFingerprint | None = None
+    #: overrides the sidecar's configured mode for this model/workload: roll a new ceiling out in
+    #: observe, then push it again with enforce, with no restart
+    mode: Literal["off", "observe", "enforce"] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CeilingEntry:
+        if self.output_reservation >= self.window:
+            raise ValueError(
+                f"output_reservation {self.output_reservation} must be below window {self.window}"
+            )
+        if self.ceiling_tokens > self.window - self.output_reservation:
+            raise ValueError(
+                f"ceiling_tokens {self.ceiling_tokens} is above the window {self.window} minus the "
+                f"output reservation {self.output_reservation}"
+            )
+        implied = self.ceiling_tokens / self.window
+        if abs(implied - self.ceiling_utilization) > 0.005:
+            raise ValueError(
+                f"ceiling_utilization {self.ceiling_utilization} disagrees with ceiling_tokens / window = {implied:.4f}"
+            )
+        return self
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.model, self.workload)
+
+
+class CeilingsDocument(_Doc):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    version: int = Field(ge=0)
+    updated_at: datetime | None = None
+    entries: list[CeilingEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> CeilingsDocument:
+        seen: set[tuple[str, str]] = set()
+        for e in self.entries:
+            if e.key in seen:
+                raise ValueError(f"duplicate entry for model {e.model!r} workload {e.workload!r}")
+            seen.add(e.key)
+        return self
+
+    def lookup(self, model: str, workload: str) -> CeilingEntry | None:
+        """The entry for (model, workload), else the model's ``default`` workload entry."""
+        return self.index.get((model, workload)) or self.index.get((model, "default"))
+
+    @property
+    def index(self) -> dict[tuple[str, str], CeilingEntry]:
+        idx: dict[tuple[str, str], CeilingEntry] | None = self.__dict__.get("_index")
+        if idx is None:
+            idx = {e.key: e for e in self.entries}
+            object.__setattr__(self, "_index", idx)  # frozen model: computed once, cached
+        return idx
+
+
+EMPTY = CeilingsDocument(version=0)
+
+
+class CeilingsError(ValueError):
+    """A document that cannot be used; ``reasons`` lists every problem found."""
+
+    def __init__(self, where: str, reasons: list[str]) -> None:
+        self.where = where
+        self.reasons = reasons
+        super().__init__(f"{where}: " + "; ".join(reasons))
+
+
+class CeilingsPersistError(CeilingsError):
+    """A valid document that could not be written to its file (so it was not applied)."""
+
+
+def parse_document(data: bytes | str, where: str = "ceilings") -> CeilingsDocument:
+    """Parse JSON or YAML text into a validated document."""
+    try:
+        raw = yaml.safe_load(data)  # YAML is a superset of JSON
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        raise CeilingsError(
+            where, [f"{line}not valid JSON or YAML: {getattr(exc, 'problem', None) or exc}"]
+        ) from exc
+    if not isinstance(raw, dict):
+        raise CeilingsError(
+            where, ["the document must be a mapping with schema_version, version and entries"]
+        )
+    try:
+        return CeilingsDocument.model_validate(raw)
+    except ValidationError as exc:
+        reasons = [
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise CeilingsError(where, reasons) from exc
+
+
+def load_document(path: str | Path) -> CeilingsDocument:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise CeilingsError(str(p), [f"cannot read: {exc.strerror or exc}"]) from exc
+    return parse_document(data, str(p))
+
+
+def dump_document(doc: CeilingsDocument, fmt: Literal["yaml", "json"] = "yaml") -> str:
+    data = doc.model_dump(mode="json", exclude_none=True)
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Write via a temp file in the same directory and rename: readers never see half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema users validate their own tooling against."""
+    schema = CeilingsDocument.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "context-ceiling ceilings document"
+    return schema
+
+
+@dataclass(frozen=True)
+class Change:
+    model: str
+    workload: str
+    kind: Literal["added", "removed", "changed", "unchanged"]
+    old_tokens: int | None
+    new_tokens: int | None
+
+    def line(self) -> str:
+        key = f"{self.model}/{self.workload}"
+        if self.kind == "added":
+            return f"+ {key}: ceiling {self.new_tokens} tokens"
+        if self.kind == "removed":
+            return f"- {key}: ceiling {self.old_tokens} tokens removed"
+        if self.kind == "changed":
+            return f"~ {key}: ceiling {self.old_tokens} -> {self.new_tokens} tokens"
+        return f"  {key}: unchanged ({self.new_tokens} tokens)"
+
+
+def diff(old: CeilingsDocument, new: CeilingsDocument) -> list[Change]:
+    """Per model/workload differences between two documents, in a stable order."""
+    out: list[Change] = []
+    for key in sorted(old.index.keys() | new.index.keys()):
+        a, b = old.index.get(key), new.index.get(key)
+        if a is None and b is not None:
+            out.append(Change(*key, "added", None, b.ceiling_tokens))
+        elif b is None and a is not None:
+            out.append(Change(*key, "removed", a.ceiling_tokens, None))
+        elif a is not None and b is not None:
+            kind: Literal["changed", "unchanged"] = "unchanged" if a == b else "changed"
+            out.append(Change(*key, kind, a.ceiling_tokens, b.ceiling_tokens))
+    return out

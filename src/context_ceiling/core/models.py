@@ -1,0 +1,177 @@
+"""The model registry: which window, output limit and tokenizer a model name gets.
+
+Shared by the sidecar (to count and label live traffic) and the sweep (to fill a level to a
+target utilization with the same counter). A name resolves to the first entry whose exact name
+matches, else the first glob that matches, in file order; anything else is ``other`` and is
+never given a window it does not have.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from context_ceiling.core.tokenizers import (
+    CalibratedCounter,
+    CountCache,
+    HuggingFaceCounter,
+    TextCounter,
+    TiktokenCounter,
+)
+
+OTHER = "other"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TiktokenSpec(_Strict):
+    """Count with a shipped tiktoken encoding (OpenAI models)."""
+
+    kind: Literal["tiktoken"] = "tiktoken"
+    encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+
+
+class HuggingFaceSpec(_Strict):
+    """Count with a local Hugging Face ``tokenizer.json`` (open models)."""
+
+    kind: Literal["huggingface"]
+    path: str
+
+
+class CalibratedSpec(_Strict):
+    """A shipped encoding times a fitted factor, for models without a public tokenizer."""
+
+    kind: Literal["calibrated"]
+    encoding: Literal["o200k_base", "cl100k_base"] = "cl100k_base"
+    factor: float = Field(gt=0, default=1.0)
+
+
+class UpstreamSpec(_Strict):
+    """Ask the serving engine itself (llama.cpp ``/apply-template`` + ``/tokenize``, vLLM
+    ``/tokenize``): exact for the prompt the engine will see, at one extra loopback call.
+    Components are split in proportion to the ``fallback`` encoding's counts."""
+
+    kind: Literal["upstream"]
+    url: str
+    style: Literal["llamacpp", "vllm"] = "llamacpp"
+    fallback: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+    timeout_s: float = Field(gt=0, default=5.0)
+
+
+TokenizerSpec = Annotated[
+    TiktokenSpec | HuggingFaceSpec | CalibratedSpec | UpstreamSpec, Field(discriminator="kind")
+]
+
+
+class ChatFormat(_Strict):
+    """Per-message framing tokens the chat template adds around each message.
+
+    OpenAI's published rule is 3 per message, 1 per name and 3 to prime the reply; ChatML
+    models served by llama.cpp add 5 per message (``<|im_start|>role\\n ... <|im_end|>\\n``)."""
+
+    per_message: int = Field(ge=0, default=3)
+    per_name: int = Field(ge=0, default=1)
+    reply_priming: int = Field(ge=0, default=3)
+    #: tokens the template adds when the request has no system message (Qwen adds a default one)
+    default_system: int = Field(ge=0, default=0)
+
+
+class ModelSpec(_Strict):
+    """One registry entry."""
+
+    match: str = Field(min_length=1, description="exact model name or a glob such as 'gpt-4o*'")
+    label: str | None = Field(
+        default=None, description="metric label; defaults to the match string (bounded either way)"
+    )
+    window: int = Field(gt=0, description="context window in tokens")
+    max_output_tokens: int = Field(gt=0, default=4096)
+    #: tokens kept free for hidden reasoning on top of the requested output (reasoning models)
+    reasoning_reservation: int = Field(ge=0, default=0)
+    tokenizer: TokenizerSpec = Field(default_factory=TiktokenSpec)
+    chat_format: ChatFormat = Field(default_factory=ChatFormat)
+    upstream: str | None = Field(
+        default=None,
+        description="the named upstream this model is served by (default: the API's own)",
+    )
+    beta_windows: dict[str, int] = Field(
+        default_factory=dict,
+        description="the window when a request carries this anthropic-beta value, e.g. "
+        "{'context-1m-2025-08-07': 1000000} (Claude's 1M-context beta)",
+    )
+
+    def for_betas(self, header: str | None) -> ModelSpec:
+        """This entry as it applies to a request with this ``anthropic-beta`` header: a beta
+        that widens the window widens it (a valid 275k-token request to a 1M-context Claude is
+        not judged against 200k)."""
+        if not header or not self.beta_windows:
+            return self
+        wider = [
+            self.beta_windows[b.strip()]
+            for b in header.split(",")
+            if b.strip() in self.beta_windows
+        ]
+        return self.model_copy(update={"window": max(wider)}) if wider else self
+
+    @model_validator(mode="after")
+    def _output_fits(self) -> ModelSpec:
+        if self.max_output_tokens >= self.window:
+            raise ValueError(
+                f"max_output_tokens ({self.max_output_tokens}) must be below window ({self.window})"
+            )
+        return self
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.match for c in "*?[")
+
+    @property
+    def metric_label(self) -> str:
+        return self.label or self.match
+
+
+def build_counter(spec: TokenizerSpec) -> TextCounter:
+    """The local text counter for a tokenizer spec (for ``upstream`` its fallback encoding)."""
+    if isinstance(spec, TiktokenSpec):
+        return TiktokenCounter(spec.encoding)
+    if isinstance(spec, HuggingFaceSpec):
+        return HuggingFaceCounter(spec.path)
+    if isinstance(spec, CalibratedSpec):
+        return CalibratedCounter(TiktokenCounter(spec.encoding), spec.factor)
+    return TiktokenCounter(spec.fallback)
+
+
+class Registry:
+    """Resolves request model names to entries; counters are built once per entry."""
+
+    def __init__(self, specs: list[ModelSpec], cache: CountCache | None = None) -> None:
+        self.specs = list(specs)
+        self._exact = {s.match: s for s in reversed(self.specs) if not s.is_glob}
+        self._globs = [s for s in self.specs if s.is_glob]
+        self._counters: dict[str, TextCounter] = {}
+        self._memo: dict[str, ModelSpec | None] = {}
+        for s in self.specs:
+            counter = build_counter(s.tokenizer)
+            self._counters[s.match] = cache.wrap(counter) if cache is not None else counter
+
+    def resolve(self, model: str) -> ModelSpec | None:
+        try:
+            return self._memo[model]
+        except KeyError:
+            pass
+        found = self._exact.get(model)
+        if found is None:
+            found = next((s for s in self._globs if fnmatch.fnmatchcase(model, s.match)), None)
+        if len(self._memo) < 4096:  # bounded: model names come from clients
+            self._memo[model] = found
+        return found
+
+    def counter(self, spec: ModelSpec) -> TextCounter:
+        return self._counters[spec.match]
+
+    def label(self, model: str) -> str:
+        spec = self.resolve(model)
+        return spec.metric_label if spec else OTHER

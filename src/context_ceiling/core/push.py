@@ -1,0 +1,169 @@
+"""``ceiling push``: send a ceilings document to running sidecars or into a file.
+
+To sidecars, through their admin API (``PUT /admin/ceilings``, bearer token from
+``CEILING_ADMIN_TOKEN``); into a file (for example a ConfigMap checkout) by an atomic write. The
+document is validated locally first; ``--dry-run`` shows per model/workload what would change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+from context_ceiling.core.ceilings import (
+    EMPTY,
+    CeilingsDocument,
+    CeilingsError,
+    diff,
+    dump_document,
+    load_document,
+    parse_document,
+)
+
+
+class PushError(Exception):
+    """A target refused or could not be reached; the message says which and why."""
+
+
+def _token() -> str:
+    token = os.environ.get("CEILING_ADMIN_TOKEN", "")
+    if not token:
+        raise CeilingsError(
+            "CEILING_ADMIN_TOKEN", ["set it to the sidecars' admin token to push to --to targets"]
+        )
+    return token
+
+
+def _admin_url(base: str) -> str:
+    return base.rstrip("/") + "/admin/ceilings"
+
+
+def fetch_running(client: httpx.Client, base: str, token: str) -> CeilingsDocument:
+    r = client.get(_admin_url(base), headers={"authorization": f"Bearer {token}"})
+    if r.status_code != 200:
+        raise PushError(f"{base}: GET /admin/ceilings answered {r.status_code}: {_reason(r)}")
+    return parse_document(r.content, base)
+
+
+def _reason(r: httpx.Response) -> str:
+    try:
+        err = r.json()["error"]
+        reasons = err.get("reasons")
+        return str(err["message"]) + (": " + "; ".join(reasons) if reasons else "")
+    except (ValueError, KeyError, TypeError):
+        return r.text[:200]
+
+
+def push(
+    path: str | Path,
+    to: list[str],
+    file: str | Path | None = None,
+    *,
+    configmap: str | None = None,
+    namespace: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    timeout: float = 10.0,
+) -> list[str]:
+    """Push; returns the report lines. Raises CeilingsError for a bad document or token and
+    PushError (after trying every target) when any target failed.
+
+    ``configmap`` is ``NAME`` or ``NAME/KEY`` (key ``ceilings.yaml`` by default) in the pod's own
+    namespace (or ``namespace``), updated with the pod's service account: the source of truth that
+    every replica mounted from it reloads."""
+    doc = load_document(path)
+    lines: list[str] = []
+    failures: list[str] = []
+    if configmap is not None:
+        try:
+            lines += _to_configmap(doc, configmap, namespace, dry_run, force, timeout)
+        except PushError as exc:
+            failures.append(str(exc))
+    if file is not None:
+        target = Path(file)
+        old = load_document(target) if target.exists() else EMPTY
+        lines.append(f"{target}: version {old.version} -> {doc.version}")
+        lines += ["  " + c.line() for c in diff(old, doc)]
+        if not dry_run:
+            if not force and old is not EMPTY and doc.version <= old.version:
+                failures.append(
+                    f"{target}: version {doc.version} is not newer than {old.version} (use --force)"
+                )
+            else:
+                from context_ceiling.core.ceilings import write_atomically
+
+                write_atomically(target, dump_document(doc))
+                lines.append(f"{target}: written")
+    if to:
+        token = _token()
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            for base in to:
+                try:
+                    old = fetch_running(client, base, token)
+                    lines.append(f"{base}: version {old.version} -> {doc.version}")
+                    lines += ["  " + c.line() for c in diff(old, doc)]
+                    if dry_run:
+                        continue
+                    r = client.put(
+                        _admin_url(base),
+                        content=dump_document(doc, "json"),
+                        params={"force": "true"} if force else None,
+                        headers={
+                            "authorization": f"Bearer {token}",
+                            "content-type": "application/json",
+                        },
+                    )
+                    if r.status_code != 200:
+                        raise PushError(f"{base}: rejected ({r.status_code}): {_reason(r)}")
+                    lines.append(f"{base}: applied version {doc.version}")
+                except (PushError, CeilingsError) as exc:
+                    failures.append(str(exc))
+                except httpx.HTTPError as exc:
+                    failures.append(f"{base}: unreachable: {type(exc).__name__}")
+    if failures:
+        raise PushError("\n".join(lines + failures))
+    return lines
+
+
+def _to_configmap(
+    doc: CeilingsDocument,
+    target: str,
+    namespace: str | None,
+    dry_run: bool,
+    force: bool,
+    timeout: float,
+) -> list[str]:
+    from context_ceiling.core.kube import Cluster, ConfigMaps, KubeError, split_target
+
+    name, key = split_target(target)
+    try:
+        with ConfigMaps(Cluster.in_cluster(namespace), timeout) as cms:
+            where = f"configmap {cms.cluster.namespace}/{name}"
+            cm = cms.get(name)
+            text = cm.data.get(key, "")
+            try:
+                old = parse_document(text, f"{where}:{key}") if text.strip() else EMPTY
+            except CeilingsError:
+                if not force:
+                    raise PushError(
+                        f"{where}: the live {key} is not a valid ceilings document; "
+                        "--force replaces it"
+                    ) from None
+                old = EMPTY
+            lines = [f"{where}: version {old.version} -> {doc.version}"]
+            lines += ["  " + c.line() for c in diff(old, doc)]
+            if dry_run:
+                return lines
+            if not force and old is not EMPTY and doc.version <= old.version:
+                raise PushError(
+                    f"{where}: version {doc.version} is not newer than {old.version} (use --force)"
+                )
+            cms.put_key(cm, key, dump_document(doc))
+            lines.append(
+                f"{where}: written (every pod mounting it reloads within the kubelet sync)"
+            )
+            return lines
+    except KubeError as exc:
+        raise PushError(str(exc)) from exc

@@ -1,0 +1,75 @@
+"""The admin API: read and replace the running ceilings.
+
+Off (404) unless a token is configured (``CEILING_ADMIN_TOKEN`` or ``admin_token_file``).
+Requests need ``Authorization: Bearer <token>``: 401 without it, 403 with a wrong one; tokens
+are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from context_ceiling.core.ceilings import CeilingsError, CeilingsPersistError, parse_document
+from context_ceiling.sidecar.state import State
+
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
+
+
+def _error(status: int, kind: str, message: str, reasons: list[str] | None = None) -> JSONResponse:
+    body: dict[str, object] = {"type": kind, "message": message}
+    if reasons is not None:
+        body["reasons"] = reasons
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def check_token(state: State, header: str | None) -> Response | None:
+    """None when authorized, else the response to send."""
+    if state.admin_token is None:
+        return _error(404, "not_found", "the admin API is off: no admin token is configured")
+    if not header or not header.lower().startswith("bearer "):
+        return _error(
+            401, "authentication_error", "Authorization: Bearer <admin token> is required"
+        )
+    given = header[7:].strip().encode()
+    if not hmac.compare_digest(given, state.admin_token.encode()):
+        return _error(403, "permission_error", "the admin token is not valid")
+    return None
+
+
+class Admin:
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    async def ceilings(self, request: Request) -> Response:
+        denied = check_token(self.state, request.headers.get("authorization"))
+        if denied is not None:
+            return denied
+        store = self.state.ceilings
+        if request.method == "GET":
+            return Response(
+                store.current.model_dump_json(exclude_none=True), media_type="application/json"
+            )
+        raw = await request.body()
+        if len(raw) > MAX_DOCUMENT_BYTES:
+            return _error(413, "request_too_large", f"document exceeds {MAX_DOCUMENT_BYTES} bytes")
+        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
+        try:
+            doc = parse_document(raw, "request body")
+            store.apply(doc, "api", force=force)
+        except CeilingsPersistError as exc:
+            return _error(
+                503,
+                "persist_failed",
+                "the document could not be persisted; nothing changed",
+                exc.reasons,
+            )
+        except CeilingsError as exc:
+            if exc.where == "request body":
+                store.reloads.labels(source="api", result="failure").inc()
+            return _error(
+                422, "invalid_ceilings", "the document was rejected; nothing changed", exc.reasons
+            )
+        return JSONResponse({"applied": True, "version": doc.version, "entries": len(doc.entries)})

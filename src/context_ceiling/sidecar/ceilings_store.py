@@ -1,0 +1,250 @@
+"""The running ceilings: validated, swapped atomically, persisted, reloaded without restarts.
+
+Sources: the ceilings file (watched, including Kubernetes' ConfigMap symlink swap), SIGHUP, and
+``PUT /admin/ceilings``. Every change goes validate -> persist (temp file + rename, when the
+file is the source of truth and persisting is on) -> swap. The swap is a single reference
+assignment on the event loop, so a request that started with the old document finishes with it,
+and a document that fails any step leaves the running one untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import anyio
+from prometheus_client import Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from context_ceiling.core.ceilings import (
+    EMPTY,
+    CeilingsDocument,
+    CeilingsError,
+    CeilingsPersistError,
+    dump_document,
+    parse_document,
+    write_atomically,
+)
+from context_ceiling.core.models import Registry
+from context_ceiling.sidecar.metrics import Metrics
+from context_ceiling.sidecar.staleness import StalenessTracker
+
+log = logging.getLogger("sidecar.ceilings")
+
+Source = Literal["startup", "file", "sighup", "api"]
+
+
+class CeilingStore:
+    def __init__(
+        self,
+        registry: Registry,
+        metrics: Metrics,
+        staleness: StalenessTracker,
+        path: Path | None = None,
+        persist: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.path = path
+        self.persist = persist
+        self.staleness = staleness
+        self.current: CeilingsDocument = EMPTY
+        self._digest: bytes | None = None
+        r = metrics.registry
+        self.reloads = Counter(
+            "llm_context_config_reloads",
+            "Ceilings reload attempts by source and result.",
+            ["source", "result"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "llm_context_config_last_reload_success_timestamp_seconds",
+            "When the ceilings were last applied successfully.",
+            registry=r,
+        )
+        self.version = Gauge(
+            "llm_context_config_version", "Version of the running ceilings document.", registry=r
+        )
+        r.register(_CeilingCollector(self))
+
+    # -- validation and apply --------------------------------------------------------------
+
+    def problems(self, doc: CeilingsDocument, force: bool = False) -> list[str]:
+        """Why ``doc`` cannot replace the running document (empty: it can)."""
+        reasons: list[str] = []
+        if not force and self.current is not EMPTY and doc.version <= self.current.version:
+            reasons.append(
+                f"version {doc.version} is not newer than the running version {self.current.version} "
+                "(increase it, or force)"
+            )
+        windows = {s.metric_label: s.window for s in self.registry.specs}
+        for e in doc.entries:
+            window = windows.get(e.model)
+            if window is None:
+                continue  # a ceiling for a model this sidecar does not register is kept, unused
+            if e.window != window:
+                reasons.append(
+                    f"{e.model}/{e.workload}: window {e.window} differs from the registry's {window}"
+                )
+            if e.ceiling_tokens > window:
+                reasons.append(
+                    f"{e.model}/{e.workload}: ceiling {e.ceiling_tokens} is above the window {window}"
+                )
+        return reasons
+
+    def apply(
+        self, doc: CeilingsDocument, source: Source, *, force: bool = False, persist: bool = True
+    ) -> None:
+        """Validate, persist, swap; raises :class:`CeilingsError` and changes nothing on failure."""
+        reasons = self.problems(doc, force)
+        if reasons:
+            self.reloads.labels(source=source, result="failure").inc()
+            log.warning(
+                "ceilings rejected", extra={"fields": {"source": source, "reasons": reasons}}
+            )
+            raise CeilingsError(source, reasons)
+        if persist and self.persist and self.path is not None:
+            text = dump_document(doc)
+            try:
+                write_atomically(self.path, text)
+            except OSError as exc:
+                self.reloads.labels(source=source, result="failure").inc()
+                raise CeilingsPersistError(
+                    source, [f"cannot persist to {self.path}: {exc.strerror or exc}"]
+                ) from exc
+            self._digest = hashlib.sha256(text.encode()).digest()
+        old = self.current
+        self.current = doc  # the swap: one reference, read once per request
+        self.reloads.labels(source=source, result="success").inc()
+        self.last_success.set(time.time())
+        self.version.set(doc.version)
+        log.info(
+            "ceilings applied",
+            extra={
+                "fields": {
+                    "source": source,
+                    "version": doc.version,
+                    "previous_version": old.version,
+                    "entries": len(doc.entries),
+                }
+            },
+        )
+
+    def reload_file(self, source: Source) -> str:
+        """Re-read the file; returns ``success``, ``unchanged``, ``missing`` or ``failure``."""
+        if self.path is None:
+            return "missing"
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return "missing"
+        except OSError as exc:
+            self.reloads.labels(source=source, result="failure").inc()
+            log.warning(
+                "ceilings file unreadable",
+                extra={"fields": {"path": str(self.path), "error": str(exc)}},
+            )
+            return "failure"
+        digest = hashlib.sha256(data).digest()
+        if digest == self._digest and source != "sighup":  # SIGHUP always re-reads
+            return "unchanged"
+        self._digest = digest  # success or not, the same bytes are not retried on every event
+        try:
+            doc = parse_document(data, str(self.path))
+        except CeilingsError as exc:
+            self.reloads.labels(source=source, result="failure").inc()
+            log.warning(
+                "ceilings file rejected",
+                extra={"fields": {"path": str(self.path), "reasons": exc.reasons}},
+            )
+            if source == "startup":
+                raise
+            return "failure"
+        if self.current is not EMPTY and doc == self.current:
+            self.reloads.labels(source=source, result="unchanged").inc()
+            return "unchanged"
+        if self.current is not EMPTY and doc.version < self.current.version:
+            # a push through the admin API with persisting off: the file is simply behind the
+            # running document, which is not a failed reload (the alert would fire on a healthy
+            # sidecar)
+            self.reloads.labels(source=source, result="unchanged").inc()
+            log.info(
+                "ceilings file is older than the running document; keeping the running one",
+                extra={
+                    "fields": {"file_version": doc.version, "running_version": self.current.version}
+                },
+            )
+            return "unchanged"
+        try:
+            self.apply(doc, source, persist=False)
+        except CeilingsError:
+            if source == "startup":
+                raise
+            return "failure"
+        return "success"
+
+    async def watch(self, poll_interval: float = 1.0) -> None:
+        """Follow the file: any change in its directory (writes, renames, the ConfigMap ``..data``
+        symlink swap) triggers a re-read; content hashing makes spurious events free."""
+        if self.path is None:
+            return
+        from watchfiles import awatch
+
+        directory = self.path.parent
+        while True:
+            if not directory.exists():
+                await anyio.sleep(poll_interval)
+                continue
+            with contextlib.suppress(FileNotFoundError, RuntimeError):
+                async for _ in awatch(
+                    directory,
+                    debounce=100,
+                    step=50,
+                    rust_timeout=int(poll_interval * 1000),
+                    yield_on_timeout=True,
+                    recursive=False,
+                    force_polling=None,
+                ):
+                    self.reload_file("file")
+            await anyio.sleep(poll_interval)
+
+
+class _CeilingCollector(Collector):
+    """Gauges computed at scrape time from the running document, so they are always current."""
+
+    def __init__(self, store: CeilingStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        doc = self.store.current
+        tokens = GaugeMetricFamily(
+            "llm_context_ceiling_tokens", "The running input ceiling.", labels=["model", "workload"]
+        )
+        age = GaugeMetricFamily(
+            "llm_context_ceiling_age_seconds",
+            "Seconds since the running ceiling was derived.",
+            labels=["model", "workload"],
+        )
+        now = datetime.now(UTC)
+        for e in doc.entries:
+            tokens.add_metric([e.model, e.workload], e.ceiling_tokens)
+            created = e.created_at if e.created_at.tzinfo else e.created_at.replace(tzinfo=UTC)
+            age.add_metric([e.model, e.workload], (now - created).total_seconds())
+        stale = GaugeMetricFamily(
+            "llm_context_ceiling_stale",
+            "1 while live traffic no longer looks like what the ceiling was measured on, by reason.",
+            labels=["model", "workload", "reason"],
+        )
+        for (model, workload), reasons in self.store.staleness.states(doc):
+            for reason, active in reasons.items():
+                stale.add_metric([model, workload, reason], 1.0 if active else 0.0)
+        return [tokens, age, stale]
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []

@@ -1,0 +1,318 @@
+"""Sidecar configuration: one YAML file, every option overridable from the environment.
+
+Precedence: environment (``CEILING_`` prefix, ``__`` between nested keys, JSON for lists and
+objects, e.g. ``CEILING_LISTEN__PORT=9000`` or ``CEILING_MODELS='[...]'``) over the YAML file
+over the defaults. A bad value is reported with the file (or variable), the field and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
+from context_ceiling.core.models import ModelSpec
+from context_ceiling.core.trim import Policy
+
+ENV_PREFIX = "CEILING_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, already phrased as one line for the operator."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Listen(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+
+
+class Timeouts(_Section):
+    """Seconds. ``read`` is per chunk (a long generation keeps streaming); ``total`` caps the
+    whole exchange including a stream."""
+
+    connect: float = Field(default=5.0, gt=0)
+    read: float = Field(default=300.0, gt=0)
+    total: float = Field(default=900.0, gt=0)
+
+
+class Upstream(_Section):
+    """Where requests go. ``base_url`` is what you would give the provider's SDK: for OpenAI it
+    includes ``/v1`` (``https://api.openai.com/v1``), for Anthropic it does not
+    (``https://api.anthropic.com``)."""
+
+    base_url: str
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    pool_size: int = Field(default=100, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+
+class NamedUpstream(Upstream):
+    """One more upstream, of either API style, that models are routed to by name (a local vLLM
+    beside hosted OpenAI, a second Anthropic account, ...)."""
+
+    api: Literal["openai", "anthropic", "gemini"]
+    #: an Azure OpenAI resource (``https://NAME.openai.azure.com``, no /v1): clients call it on
+    #: ``/openai/deployments/{deployment}/...?api-version=...`` with an ``api-key`` header, and
+    #: those paths are forwarded as they are
+    azure: bool = False
+
+
+class Upstreams(_Section):
+    """``openai`` and ``anthropic``: where each API's requests go by default. ``named``: any
+    number of further upstreams; a model entry's ``upstream`` sends its requests to one."""
+
+    openai: Upstream | None = None
+    anthropic: Upstream | None = None
+    #: Google's Gemini API (``https://generativelanguage.googleapis.com``) or Vertex AI
+    #: (``https://REGION-aiplatform.googleapis.com``)
+    gemini: Upstream | None = None
+    named: dict[str, NamedUpstream] = Field(default_factory=dict)
+
+    @field_validator("named")
+    @classmethod
+    def _names(cls, v: dict[str, NamedUpstream]) -> dict[str, NamedUpstream]:
+        for name in v:
+            if name in ("openai", "anthropic", "gemini") or not re.fullmatch(
+                r"[a-z0-9][a-z0-9_.-]{0,62}", name
+            ):
+                raise ValueError(
+                    f"{name!r}: upstream names are lowercase [a-z0-9_.-] and not openai/anthropic"
+                )
+        return v
+
+
+class Limits(_Section):
+    """Bounds on what one client or one upstream can make the sidecar hold or wait for."""
+
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    #: a non-stream upstream response larger than this is a 502 (it is held to read its usage)
+    max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    #: one server-sent event larger than this ends the stream as failed
+    max_event_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    #: request headers larger than this in all are a 431
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    #: a connection whose request headers have not arrived whole within this many seconds is
+    #: closed (slow-loris clients)
+    header_read_timeout: float = Field(default=10.0, gt=0)
+    #: a request body that has not arrived whole within this many seconds is a 408
+    body_read_timeout: float = Field(default=60.0, gt=0)
+    #: connections served at once; beyond it new ones get a 503 (uvicorn limit_concurrency)
+    max_connections: int = Field(default=2048, ge=1)
+    #: on SIGTERM: stop accepting, then let in-flight requests and streams finish this long
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+
+
+class Counting(_Section):
+    """Token counting. ``cache_mib``: remember the counts of long texts (system prompts, tool
+    schemas, resent history, recurring documents) up to this much text, in memory only; 0 = off."""
+
+    cache_mib: float = Field(default=64, ge=0)
+
+
+class Retrieval(_Section):
+    """How retrieved chunks inlined as text are recognised (Anthropic ``document`` and
+    ``search_result`` blocks are always recognised)."""
+
+    chunk_pattern: str | None = DEFAULT_CHUNK_PATTERN
+
+    @field_validator("chunk_pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return v or None
+
+
+Mode = Literal["off", "observe", "enforce"]
+
+
+class WorkloadEnforcement(_Section):
+    """Overrides for one workload; unset fields inherit the defaults."""
+
+    mode: Mode | None = None
+    policy: Policy | None = None
+
+
+class Enforcement(_Section):
+    """Trimming to the ceiling. ``off``: forward unchanged; ``observe``: compute what would be
+    trimmed, record it, forward unchanged; ``enforce``: trim (or reject) to fit."""
+
+    mode: Mode = "off"
+    policy: Policy = Field(default_factory=Policy)
+    #: output reservation for requests that do not say max_tokens / max_completion_tokens
+    default_output_reservation: int = Field(default=4096, ge=0)
+    workloads: dict[str, WorkloadEnforcement] = Field(default_factory=dict)
+
+    def for_workload(self, workload: str) -> tuple[Mode, Policy]:
+        o = self.workloads.get(workload)
+        if o is None:
+            return self.mode, self.policy
+        return o.mode or self.mode, o.policy or self.policy
+
+
+class Staleness(_Section):
+    """When live traffic stops resembling the traffic a ceiling was measured on."""
+
+    tolerance: float = Field(default=0.25, gt=0, description="relative change that counts as drift")
+    window: int = Field(default=50, ge=2, description="requests in the moving average")
+    min_requests: int = Field(
+        default=20, ge=1, description="requests seen before judging the shape"
+    )
+
+
+class Settings(BaseSettings):
+    """The whole sidecar configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    listen: Listen = Field(default_factory=Listen)
+    upstreams: Upstreams = Field(default_factory=Upstreams)
+    models: list[ModelSpec] = Field(default_factory=list)
+    workloads: list[str] = Field(default_factory=lambda: ["default"])
+    ceilings_file: Path | None = None
+    #: write accepted admin-API pushes to ceilings_file (off when it is a read-only ConfigMap)
+    ceilings_persist: bool = True
+    #: follow ceilings_file for changes (off: only SIGHUP and the admin API reload)
+    ceilings_watch: bool = True
+    #: the admin API's bearer token (env CEILING_ADMIN_TOKEN) or a file holding it; neither: API off
+    admin_token: SecretStr | None = None
+    admin_token_file: Path | None = None
+    staleness: Staleness = Field(default_factory=Staleness)
+    retrieval: Retrieval = Field(default_factory=Retrieval)
+    counting: Counting = Field(default_factory=Counting)
+    enforcement: Enforcement = Field(default_factory=Enforcement)
+    limits: Limits = Field(default_factory=Limits)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("workloads")
+    @classmethod
+    def _workload_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+                raise ValueError(f"workload name {name!r} must match [a-z0-9][a-z0-9_.-]*")
+        return v if "default" in v else ["default", *v]
+
+    @model_validator(mode="after")
+    def _model_upstreams(self) -> Settings:
+        known = {"openai", "anthropic", "gemini", *self.upstreams.named}
+        for spec in self.models:
+            if spec.upstream is not None and spec.upstream not in known:
+                raise ValueError(
+                    f"models[{spec.match}].upstream: {spec.upstream!r} is not an upstream "
+                    f"(known: {', '.join(sorted(known))})"
+                )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init kwargs carry the YAML document; the environment wins over it.
+        return (env_settings, init_settings)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    return data
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        env = ENV_PREFIX + "__".join(str(p) for p in err["loc"][:2]).upper()
+        source = f"env {env}" if env in os.environ else (str(path) if path else "config")
+        problems.append(f"{source}: {loc}: {err['msg']}")
+    return "; ".join(problems)
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load and validate; raises :class:`ConfigError` with a one-line description."""
+    p = Path(path) if path else None
+    if p is None and os.environ.get(ENV_PREFIX + "CONFIG"):
+        p = Path(os.environ[ENV_PREFIX + "CONFIG"])
+    data = _read_yaml(p) if p else {}
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, p)) from exc
+    if settings.upstreams.openai is None and settings.upstreams.anthropic is None:
+        raise ConfigError(
+            f"{p or 'config'}: upstreams: configure at least one of upstreams.openai, upstreams.anthropic"
+        )
+    if p is not None:
+        for name in ("ceilings_file", "admin_token_file"):
+            value = getattr(settings, name)
+            if value is not None and not value.is_absolute():
+                setattr(settings, name, p.parent / value)
+    return settings
+
+
+def admin_token(settings: Settings) -> str | None:
+    """The admin API token, or None when the admin API is off."""
+    if settings.admin_token is not None and settings.admin_token.get_secret_value():
+        return settings.admin_token.get_secret_value()
+    if settings.admin_token_file is not None:
+        try:
+            token = settings.admin_token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"admin_token_file: cannot read {settings.admin_token_file}: {exc.strerror}"
+            ) from exc
+        return token or None
+    return None

@@ -1,0 +1,131 @@
+"""Decide, per request, what the ceiling means for it: forward, trim, or reject.
+
+Input budget = min(ceiling tokens, window - reservation), where the reservation is the request's
+own output limit (or the configured default) plus the model's reasoning reservation: the ceiling
+caps the input, the reservation sits on top. Without a ceiling the window still applies.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument
+from context_ceiling.core.counting import RequestCount
+from context_ceiling.core.models import ModelSpec
+from context_ceiling.core.tokenizers import TextCounter
+from context_ceiling.core.trim import Api, FitReport, fit, input_budget, requested_output
+from context_ceiling.sidecar.config import Enforcement, Mode
+
+
+@dataclass
+class Decision:
+    mode: Mode
+    entry: CeilingEntry | None = None
+    reservation: int = 0
+    budget: int | None = None
+    report: FitReport | None = None
+    #: the body to forward instead of the original (enforce mode, trimmed)
+    body: dict[str, Any] | None = None
+    reject: bool = False
+
+    @property
+    def over(self) -> bool:
+        return self.report is not None and self.report.before > (self.budget or 0)
+
+
+def decide(
+    obj: dict[str, Any],
+    api: Api,
+    count: RequestCount,
+    spec: ModelSpec | None,
+    label: str,
+    workload: str,
+    doc: CeilingsDocument,
+    cfg: Enforcement,
+    counter: TextCounter,
+    chunk_pattern: re.Pattern[str] | None,
+    bypass: bool = False,
+) -> Decision:
+    mode, policy = cfg.for_workload(workload)
+    entry = doc.lookup(label, workload)
+    if entry is not None and entry.mode is not None:
+        mode = entry.mode
+    if bypass:
+        mode = "off"
+    d = Decision(mode=mode, entry=entry)
+    if mode == "off" or spec is None:
+        return d
+    asked = requested_output(obj, api)
+    d.reservation = (
+        asked if asked is not None else cfg.default_output_reservation
+    ) + spec.reasoning_reservation
+    d.reservation = min(d.reservation, spec.window - 1)
+    d.budget = input_budget(spec.window, d.reservation, entry.ceiling_tokens if entry else None)
+    if count.total <= d.budget:
+        return d
+    # The trimmer works in the units of the per-part counts. When the engine counted the total
+    # exactly, the parts are the fallback encoding's: scale the budget into their units.
+    parts_total = sum(p.tokens for p in count.parts)
+    scale = parts_total / count.total if count.exact and count.total and parts_total else 1.0
+    local = (
+        count
+        if scale == 1.0
+        else RequestCount(parts_total, count.components, count.parts, count.counter)
+    )
+    fitted, report = fit(
+        obj,
+        api=api,
+        budget=math.floor(d.budget * scale),
+        counter=counter,
+        count=local,
+        policy=policy,
+        chat_format=spec.chat_format,
+        chunk_pattern=chunk_pattern,
+    )
+    if scale != 1.0:
+        report.budget = d.budget
+        report.before = count.total
+        report.after = math.ceil(report.after / scale)
+        report.removed = {k: round(v / scale) for k, v in report.removed.items()}
+    d.report = report
+    if mode == "enforce":
+        if report.fits:
+            d.body = fitted
+        else:
+            d.reject = True
+    return d
+
+
+def context_error(
+    api: Literal["openai", "anthropic", "gemini"],
+    label: str,
+    workload: str,
+    d: Decision,
+    window: int,
+) -> str:
+    """The message of a rejection, in the words each provider uses, naming the counts."""
+    assert d.report is not None and d.budget is not None
+    r = d.report
+    ceiling = (
+        f"the context ceiling for {label}/{workload} is {d.entry.ceiling_tokens} tokens; "
+        if d.entry
+        else ""
+    )
+    detail = (
+        f"{ceiling}window {window}, output reservation {d.reservation}, so the input budget is "
+        f"{d.budget} tokens; trimming (tool results, retrieved chunks, older turns) reached only {r.after} tokens"
+    )
+    if api == "anthropic":
+        return f"prompt is too long: {r.before} tokens > {d.budget} maximum ({detail})"
+    if api == "gemini":
+        return (
+            f"The input token count ({r.before}) exceeds the maximum number of tokens allowed "
+            f"({d.budget}) ({detail})."
+        )
+    return (
+        f"This request has {r.before} input tokens, more than this model's usable context allows "
+        f"({detail}). Please reduce the length of the messages."
+    )

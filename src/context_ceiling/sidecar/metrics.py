@@ -1,0 +1,296 @@
+"""Prometheus metrics on an app-owned registry.
+
+The names are a contract: the dashboards, alert rules and Helm chart query them. Every label is
+bounded: ``model`` is a registry label or ``other``, ``workload`` a configured name or
+``default``, ``api`` and ``outcome`` fixed vocabularies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from context_ceiling.core.tokenizers import CountCache
+from context_ceiling.core.utilization import COMPONENTS, Component
+
+UTILIZATION_BUCKETS = (
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+    0.98,
+    1.0,
+)
+TOKEN_BUCKETS = (
+    0,
+    64,
+    256,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+)
+ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+
+OTHER_ROUTE = "other"
+APIS = (
+    "openai_chat",
+    "azure_chat",
+    "openai_responses",
+    "openai_responses_input_tokens",
+    "anthropic_messages",
+    "anthropic_count_tokens",
+    "gemini_generate",
+    "gemini_count_tokens",
+    "models",
+    "passthrough",
+)
+#: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
+#: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
+#: rejected: over the ceiling and could not be trimmed to fit (enforce mode).
+#: upstream_truncated: a stream that ended without its last event, or mid-event (the client got
+#: an error event and an aborted body); internal_error: a bug in the sidecar (500, logged with
+#: its traceback).
+OUTCOMES = (
+    "ok",
+    "upstream_4xx",
+    "upstream_5xx",
+    "invalid",
+    "rejected",
+    "timeout",
+    "unreachable",
+    "cancelled",
+    "upstream_truncated",
+    "internal_error",
+)
+GENAI_TOKEN_BUCKETS = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
+GENAI_DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+CEILING_RATIO_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    0.6,
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+    1.0,
+    1.05,
+    1.1,
+    1.25,
+    1.5,
+)
+
+
+class Metrics:
+    """All sidecar metric families, registered on one registry the app owns."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "llm_context_requests",
+            "Proxied requests by outcome.",
+            ["model", "workload", "api", "outcome"],
+            registry=r,
+        )
+        self.utilization = Histogram(
+            "llm_context_utilization_ratio",
+            "Input tokens / model context window, per request, before forwarding.",
+            ["model", "workload"],
+            buckets=UTILIZATION_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Histogram(
+            "llm_context_input_tokens",
+            "Input tokens per request by component (estimated before forwarding).",
+            ["model", "workload", "component"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.window = Gauge(
+            "llm_context_window_tokens",
+            "Context window of each registered model.",
+            ["model"],
+            registry=r,
+        )
+        self.estimate_error = Histogram(
+            "llm_context_token_estimate_error_ratio",
+            "(estimated - upstream-reported input tokens) / reported.",
+            ["model"],
+            buckets=ERROR_BUCKETS,
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "llm_context_upstream_duration_seconds",
+            "Time from forwarding to the last byte of the upstream response.",
+            ["model", "api"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Histogram(
+            "llm_context_output_tokens",
+            "Output tokens per request as reported by the upstream.",
+            ["model", "workload"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+
+        self.ceiling_utilization = Histogram(
+            "llm_context_ceiling_utilization_ratio",
+            "Input tokens / ceiling per request, before trimming: how close traffic runs to the ceiling.",
+            ["model", "workload"],
+            buckets=CEILING_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.trimmed_tokens = Counter(
+            "llm_context_trimmed_tokens",
+            "Tokens removed by trimming (enforce mode), by what was removed.",
+            ["model", "workload", "kind"],
+            registry=r,
+        )
+        self.would_trim_tokens = Counter(
+            "llm_context_would_trim_tokens",
+            "Tokens trimming would have removed (observe mode), by what would be removed.",
+            ["model", "workload", "kind"],
+            registry=r,
+        )
+        self.over_ceiling = Counter(
+            "llm_context_over_ceiling",
+            "Requests over their input budget, by what was done: trimmed, rejected or observed.",
+            ["model", "workload", "action"],
+            registry=r,
+        )
+        self.cache_loss_tokens = Counter(
+            "llm_context_cache_loss_tokens",
+            "Tokens of an Anthropic cache_control prefix invalidated because trimming had to cut inside it.",
+            ["model", "workload"],
+            registry=r,
+        )
+
+        self.passthrough = Counter(
+            "llm_context_passthrough_requests",
+            "Requests on routes the sidecar does not measure, passed through, by upstream API, "
+            "known route (anything else: other) and outcome.",
+            ["upstream", "route", "outcome"],
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "llm_context_upstream_up",
+            "1 when the upstream accepted a TCP connection at the last probe, else 0.",
+            ["upstream"],
+            registry=r,
+        )
+
+        # OpenTelemetry GenAI semantic-convention client metrics, with the spec's bucket boundaries
+        self.genai_tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "gen_ai.client.token.usage: tokens used per operation, by token type (input/output).",
+            [
+                "gen_ai_operation_name",
+                "gen_ai_provider_name",
+                "gen_ai_request_model",
+                "gen_ai_token_type",
+            ],
+            buckets=GENAI_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.genai_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "gen_ai.client.operation.duration: seconds per GenAI operation.",
+            ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"],
+            buckets=GENAI_DURATION_BUCKETS,
+            registry=r,
+        )
+
+    def watch_count_cache(self, cache: CountCache) -> None:
+        """Expose the count cache's hit/miss counts, read at scrape time (nothing on the hot path)."""
+        self.registry.register(_CountCacheCollector(cache))
+
+    def declare_model(self, label: str, window: int) -> None:
+        self.window.labels(model=label).set(window)
+
+    def observe_input(
+        self,
+        model: str,
+        workload: str,
+        utilization: float | None,
+        components: Mapping[Component, int],
+    ) -> None:
+        if utilization is not None:
+            self.utilization.labels(model=model, workload=workload).observe(utilization)
+        for comp in COMPONENTS:
+            self.input_tokens.labels(model=model, workload=workload, component=comp.value).observe(
+                components.get(comp, 0)
+            )
+
+
+class _CountCacheCollector(Collector):
+    def __init__(self, cache: CountCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.cache
+        lookups = CounterMetricFamily(
+            "llm_context_count_cache_lookups",
+            "Counts of long texts looked up in the token-count cache, by result.",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], c.hits)
+        lookups.add_metric(["miss"], c.misses)
+        yield lookups
+        yield GaugeMetricFamily(
+            "llm_context_count_cache_bytes", "Text held by the token-count cache.", value=c.bytes
+        )

@@ -1,0 +1,268 @@
+"""Every route the sidecar does not measure, passed through to the upstream it belongs to.
+
+A drop-in proxy must not break the calls it has no opinion on: embeddings, legacy completions,
+files, batches, stored chat completions (``GET /v1/chat/completions``), Anthropic message
+batches, and whatever a provider adds next. Method, path, query, headers (less the hop-by-hop
+ones) and body go upstream unchanged and the answer comes back unchanged; both bodies are
+streamed (nothing is held beyond the read in progress), under the same body limit and timeouts
+as the measured routes. Each request is counted (``llm_context_requests_total{api="passthrough"}``
+and ``llm_context_passthrough_requests_total{upstream,route,outcome}``, ``route`` a known route
+name or ``other``: never the raw path) and logged in one line, without its path beyond the route
+name.
+
+Which upstream: an Anthropic client always sends ``anthropic-version`` (and usually
+``x-api-key``); anything else goes to the OpenAI-style upstream. A sidecar with one upstream sends
+everything there. A request that names no upstream this sidecar has is a 404 in the client's
+error shape, never an empty body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from context_ceiling.sidecar.bodies import BodyTooLarge, capped, check_declared
+from context_ceiling.sidecar.errors import Api, error_response
+from context_ceiling.sidecar.logs import log_request
+from context_ceiling.sidecar.metrics import OTHER_ROUTE
+from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.upstream import request_headers, response_headers
+
+log = logging.getLogger("context_ceiling.sidecar.passthrough")
+
+#: first path segments (after /v1) of the providers' documented routes -> the route label
+KNOWN_ROUTES = {
+    "openai": {
+        "embeddings": "embeddings",
+        "completions": "completions",
+        "responses": "responses",
+        "files": "files",
+        "uploads": "uploads",
+        "batches": "batches",
+        "models": "models",
+        "moderations": "moderations",
+        "images": "images",
+        "audio": "audio",
+        "fine_tuning": "fine_tuning",
+        "vector_stores": "vector_stores",
+        "assistants": "assistants",
+        "threads": "threads",
+        "chat": "chat_completions",
+        "conversations": "conversations",
+        "evals": "evals",
+        "containers": "containers",
+        "realtime": "realtime",
+    },
+    "gemini": {
+        "models": "models",
+        "files": "files",
+        "cachedContents": "cached_contents",
+        "tunedModels": "tuned_models",
+        "projects": "vertex",
+    },
+    "anthropic": {
+        "messages": "message_batches",
+        "models": "models",
+        "files": "files",
+        "complete": "complete",
+        "skills": "skills",
+    },
+}
+
+
+def route_label(api: Api, path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] and parts[0] in ("v1", "v1beta", "v1alpha"):
+        parts = parts[1:]
+    return KNOWN_ROUTES[api].get(parts[0], OTHER_ROUTE) if parts else OTHER_ROUTE
+
+
+def client_api(request: Request) -> Api:
+    """The API a client speaks, from the headers its SDK always sends."""
+    h = request.headers
+    if "anthropic-version" in h or "x-api-key" in h:
+        return "anthropic"
+    path = request.url.path
+    if "x-goog-api-key" in h or path.startswith(
+        ("/v1beta/", "/v1alpha/", "/v1/projects/", "/upload/")
+    ):
+        return "gemini"
+    return "openai"
+
+
+def pick_upstream(state: State, request: Request) -> tuple[Api, str] | None:
+    """(API, upstream name) the request belongs to: an Anthropic client's goes to an Anthropic
+    upstream (the default one, else the first named one; none: no upstream), anything else to
+    the OpenAI-style one likewise, or to the only upstream there is."""
+    api = client_api(request)
+    azure = state.azure_upstream() if request.url.path.startswith("/openai/") else None
+    if api == "openai" and azure is not None:
+        return api, azure  # an Azure OpenAI client's deployment path
+    if api in state.clients:
+        return api, api
+    named = next((n for n, (a, _, _) in state.named.items() if a == api), None)
+    if named is not None:
+        return api, named
+    if api == "openai" and len(state.clients) == 1 and not state.named:
+        only = next(iter(state.clients))
+        return only, only
+    return None
+
+
+def upstream_path(api: Api, base_url: httpx.URL, path: str) -> str:
+    """The client's path relative to the upstream's base URL: an OpenAI base URL ends in /v1
+    (what the SDK is given), so the client's /v1 prefix is the base's."""
+    base = base_url.path.rstrip("/")
+    if api == "openai" and base.endswith("/v1") and (path == "/v1" or path.startswith("/v1/")):
+        return path[3:] or "/"
+    return path
+
+
+class Passthrough:
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            return await self._forward(request)
+        except Exception:
+            log.exception("internal error in the pass-through")
+            return error_response(
+                client_api(request), 500, "internal error in the context-ceiling pass-through"
+            )
+
+    async def _forward(self, request: Request) -> Response:
+        st = self.state
+        started = time.perf_counter()
+        picked = pick_upstream(st, request)
+        rid = uuid.uuid4().hex
+        target = st.route(*picked) if picked else None
+        if picked is None or target is None:
+            asked = client_api(request)
+            return error_response(
+                asked,
+                404,
+                f"this sidecar has no {asked} upstream for the route "
+                f"{route_label(asked, request.url.path)!r} (configure upstreams.{asked})",
+                headers={"x-ceiling-request-id": rid},
+            )
+        api = picked[0]
+        route = route_label(api, request.url.path)
+        limits = st.settings.limits
+
+        def fail(status: int, outcome: str, message: str) -> Response:
+            self._record(api, route, request, rid, started, status, outcome)
+            return error_response(api, status, message, headers={"x-ceiling-request-id": rid})
+
+        too_large = f"request body exceeds the limit of {limits.max_body_bytes} bytes"
+        declared = request.headers.get("content-length")
+        _, client, cfg = target
+        has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
+        try:
+            check_declared(declared, limits.max_body_bytes, BodyTooLarge)
+            req = client.build_request(
+                request.method,
+                upstream_path(api, client.base_url, request.url.path),
+                params=list(request.query_params.multi_items()),
+                headers=request_headers(request.headers.items()),
+                content=capped(request.stream(), limits.max_body_bytes, BodyTooLarge)
+                if has_body
+                else None,
+            )
+            async with asyncio.timeout(cfg.timeouts.total):
+                resp = await client.send(req, stream=True)
+        except BodyTooLarge:
+            return fail(413, "invalid", too_large)
+        except (httpx.TimeoutException, TimeoutError):
+            return fail(504, "timeout", "upstream timed out")
+        except httpx.TransportError as exc:
+            return fail(502, "unreachable", f"upstream unreachable: {type(exc).__name__}")
+        deadline = time.monotonic() + cfg.timeouts.total
+        return _Relay(
+            resp,
+            deadline,
+            lambda outcome: self._record(
+                api, route, request, rid, started, resp.status_code, outcome
+            ),
+            rid,
+        )
+
+    def _record(
+        self,
+        api: Api,
+        route: str,
+        request: Request,
+        rid: str,
+        started: float,
+        status: int,
+        outcome: str,
+    ) -> None:
+        m = self.state.metrics
+        m.passthrough.labels(upstream=api, route=route, outcome=outcome).inc()
+        m.requests.labels(
+            model="other", workload="default", api="passthrough", outcome=outcome
+        ).inc()
+        log_request(
+            {
+                "request_id": rid,
+                "api": "passthrough",
+                "upstream": api,
+                "route": route,
+                "method": request.method if request.method.isalpha() else "other",
+                "status": status,
+                "outcome": outcome,
+                "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+            }
+        )
+
+
+def outcome_of(status: int) -> str:
+    return "ok" if status < 400 else "upstream_4xx" if status < 500 else "upstream_5xx"
+
+
+class _Relay(Response):
+    """The upstream's answer as it arrives (pure ASGI): status and headers, then the body read
+    by read; a failure after the headers aborts the connection (no clean end for a cut body)."""
+
+    def __init__(self, resp: httpx.Response, deadline: float, record: Any, rid: str) -> None:
+        self.resp, self.deadline, self.record = resp, deadline, record
+        self.status_code = resp.status_code
+        self.background = None
+        headers = response_headers(resp.headers) | {"x-ceiling-request-id": rid}
+        self.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome = outcome_of(self.resp.status_code)
+        failed = False
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                async for chunk in self.resp.aiter_bytes():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (TimeoutError, httpx.TimeoutException):
+            outcome, failed = "timeout", True
+        except httpx.TransportError:
+            outcome, failed = "unreachable", True
+        except OSError:
+            outcome, failed = "cancelled", True
+        finally:
+            await self.resp.aclose()
+            self.record(outcome)
+        if not failed:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

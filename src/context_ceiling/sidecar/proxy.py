@@ -1,0 +1,450 @@
+"""The proxy path: measure a chat request, forward it, pass the answer back, record the result.
+
+Every request is parsed and counted once before forwarding; its body goes upstream byte for byte
+unless the sidecar must change it (OpenAI streams get ``stream_options.include_usage`` so usage
+can be recorded). Responses come back unchanged: bodies as the upstream sent them, streams event
+by event as they arrive, errors with the upstream's own status and body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from context_ceiling.core.counting import RequestCount
+from context_ceiling.core.engine import EngineCountError, count_chat
+from context_ceiling.core.models import OTHER, UpstreamSpec
+from context_ceiling.core.shape import RequestShapeError
+from context_ceiling.core.trim import requested_output
+from context_ceiling.core.utilization import Component, utilization
+from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, collect
+from context_ceiling.sidecar.enforce import context_error, decide
+from context_ceiling.sidecar.errors import Api, error_response
+from context_ceiling.sidecar.exchange import (
+    ANTHROPIC_COUNT,
+    ANTHROPIC_MESSAGES,
+    AZURE_CHAT,
+    GEMINI_COUNT,
+    GEMINI_GENERATE,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    RESPONSES_COUNT,
+    Exchange,
+    Recorder,
+    Route,
+)
+from context_ceiling.sidecar.logs import bounded
+from context_ceiling.sidecar.relay import SSERelay, Tap
+from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.upstream import request_headers, response_headers
+from context_ceiling.sidecar.usage import (
+    Usage,
+)
+
+log = logging.getLogger("context_ceiling.sidecar.proxy")
+
+WORKLOAD_HEADER = "x-ceiling-workload"
+#: With the admin token as its value, the request is never trimmed (the sweep measures with it).
+BYPASS_HEADER = "x-ceiling-bypass"
+_KIND_COMPONENT = {
+    "tool_results": Component.TOOL_RESULTS,
+    "retrieved": Component.RETRIEVED,
+    "history": Component.HISTORY,
+}
+
+
+async def read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
+    its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
+    return await collect(
+        resp.aiter_bytes(), resp.headers.get("content-length"), cap, ResponseTooLarge
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
+    part of its body and then nothing must not hold a connection and its buffer forever)."""
+    return await collect(
+        request.stream(), request.headers.get("content-length"), limit, BodyTooLarge
+    )
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+def gemini_model(path: str) -> str:
+    """``/v1beta/models/gemini-2.5-flash:generateContent`` (or a Vertex AI
+    ``.../publishers/google/models/{model}:...`` path) -> the model name."""
+    tail = path.rsplit("/models/", 1)[-1]
+    return tail.split(":", 1)[0] if "/models/" in path else ""
+
+
+def azure_deployment(path: str) -> str:
+    """``/openai/deployments/{deployment}/chat/completions`` -> the deployment name."""
+    parts = path.split("/")
+    return parts[3] if len(parts) > 4 and parts[1:3] == ["openai", "deployments"] else ""
+
+
+def request_id(header: str | None) -> str:
+    """The client's ``x-request-id`` when it is a plausible id, else a new one (it is logged and
+    echoed: an unbounded or control-character header must not become a 100 kB log line)."""
+    if header and _REQUEST_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
+
+
+class Proxy:
+    """Request handlers bound to the sidecar's live state."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.rec = Recorder(state)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _workload(self, request: Request) -> str:
+        name = request.headers.get(WORKLOAD_HEADER)
+        return name if name and name in self.state.workloads else "default"
+
+    def _fail(
+        self, ex: Exchange, status: int, outcome: str, message: str, code: str | None = None
+    ) -> Response:
+        ex.status, ex.outcome = status, outcome
+        self.rec.finish(ex)
+        return error_response(ex.route.api, status, message, code, headers=self.rec.headers(ex))
+
+    async def _exact_count(
+        self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
+    ) -> RequestCount:
+        if route not in (OPENAI_CHAT, AZURE_CHAT):  # the engine's template counts chat only
+            return est
+        try:
+            total = await count_chat(
+                self.state.engine_client, spec, obj["messages"], obj.get("tools"), obj.get("model")
+            )
+        except EngineCountError as exc:
+            log.warning(
+                "engine tokenize failed; using the estimate", extra={"fields": {"reason": str(exc)}}
+            )
+            return est
+        return est.scaled_to(total, exact=True, counter=f"upstream:{spec.style}")
+
+    # -- handlers --------------------------------------------------------------------------
+
+    async def openai_chat(self, request: Request) -> Response:
+        return await self._handle(request, OPENAI_CHAT)
+
+    async def openai_responses(self, request: Request) -> Response:
+        return await self._handle(request, OPENAI_RESPONSES)
+
+    async def openai_responses_input_tokens(self, request: Request) -> Response:
+        return await self._handle(request, RESPONSES_COUNT)
+
+    async def gemini(self, request: Request) -> Response:
+        """Gemini and Vertex AI: ``.../models/{model}:generateContent``,
+        ``:streamGenerateContent`` (measured, judged against the ceiling, never trimmed) and
+        ``:countTokens`` (passed through; feeds the estimate-error metric). The path and query
+        (``alt=sse``, ``key``) go as the client sent them."""
+        method = request.url.path.rsplit(":", 1)[-1]
+        return await self._handle(
+            request, GEMINI_COUNT if method == "countTokens" else GEMINI_GENERATE
+        )
+
+    async def azure_chat(self, request: Request) -> Response:
+        """Azure OpenAI's ``/openai/deployments/{deployment}/chat/completions``: measured like
+        chat completions, forwarded on the same path and query to an Azure upstream."""
+        return await self._handle(request, AZURE_CHAT)
+
+    async def anthropic_messages(self, request: Request) -> Response:
+        return await self._handle(request, ANTHROPIC_MESSAGES)
+
+    async def anthropic_count_tokens(self, request: Request) -> Response:
+        return await self._handle(request, ANTHROPIC_COUNT)
+
+    async def _handle(self, request: Request, route: Route) -> Response:
+        ex = Exchange(
+            route=route,
+            request_id=request_id(request.headers.get("x-request-id")),
+            workload=self._workload(request),
+            started=time.perf_counter(),
+        )
+        try:
+            return await self._measure_and_forward(request, route, ex)
+        except Exception:
+            # a bug, not bad input (bad input is a 4xx before this): logged with its type and
+            # traceback, counted as internal_error, its span ended, answered in the client's
+            # error shape with the request id, so it can be found
+            log.exception(
+                "internal error",
+                extra={"fields": {"request_id": ex.request_id, "api": route.metric_api}},
+            )
+            try:
+                return self._fail(
+                    ex,
+                    500,
+                    "internal_error",
+                    f"internal error in context-ceiling (request id {ex.request_id})",
+                )
+            except Exception:
+                log.exception("recording an internal error failed")
+                return error_response(
+                    route.api,
+                    500,
+                    f"internal error in context-ceiling (request id {ex.request_id})",
+                    headers={"x-ceiling-request-id": ex.request_id},
+                )
+
+    async def _measure_and_forward(self, request: Request, route: Route, ex: Exchange) -> Response:
+        st = self.state
+        if route.api not in st.clients and not any(a == route.api for a, _, _ in st.named.values()):
+            return self._fail(
+                ex, 404, "invalid", f"no {route.api} upstream is configured on this sidecar"
+            )
+        limits = st.settings.limits
+        if sum(len(k) + len(v) for k, v in request.headers.raw) > limits.max_header_bytes:
+            return self._fail(
+                ex, 431, "invalid", f"request headers exceed {limits.max_header_bytes} bytes"
+            )
+        try:
+            async with asyncio.timeout(limits.body_read_timeout):
+                raw = await read_body(request, limits.max_body_bytes)
+        except TimeoutError:
+            return self._fail(
+                ex,
+                408,
+                "invalid",
+                f"the request body did not arrive within {limits.body_read_timeout:g} seconds",
+            )
+        except BodyTooLarge:
+            return self._fail(
+                ex,
+                413,
+                "invalid",
+                f"request body exceeds the limit of {st.settings.limits.max_body_bytes} bytes",
+            )
+        except ClientDisconnect:
+            ex.outcome = "cancelled"
+            self.rec.finish(ex)
+            return Response(status_code=499)
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return self._fail(ex, 400, "invalid", f"request body is not valid JSON: {exc}")
+        if not isinstance(obj, dict):
+            return self._fail(ex, 400, "invalid", "request body must be a JSON object")
+        model = obj.get("model")
+        if route.api == "gemini":  # the model is in the path: .../models/{model}:method
+            model = gemini_model(request.url.path)
+        if route is AZURE_CHAT and not (isinstance(model, str) and model):
+            model = azure_deployment(request.url.path)  # Azure names the model in the path
+        if not isinstance(model, str) or not model:
+            return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
+        ex.model = model
+        ex.ceilings = st.ceilings.current
+        asked = requested_output(obj, route.shape)
+        ex.max_tokens = asked
+        if not route.count_only:
+            ex.span = st.tracing.start("chat", model, route.api, request.headers)
+        spec = st.registry.resolve(model)
+        if spec is not None:
+            if route.api == "anthropic":
+                spec = spec.for_betas(request.headers.get("anthropic-beta"))
+            ex.spec, ex.label = spec, spec.metric_label
+        counter = st.registry.counter(spec) if spec else st.default_counter
+        fmt = spec.chat_format if spec else None
+        try:
+            # On the event loop, deliberately: tiktoken holds the GIL while it encodes, so a
+            # worker thread buys no parallelism and costs a GIL hand-off (measured: +5 ms at 64k).
+            ex.count = route.count(obj, counter, fmt, st.chunk_pattern)
+        except RequestShapeError as exc:
+            return self._fail(ex, 400, "invalid", str(exc))
+        if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
+            ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
+        wanted = spec.upstream if spec else None
+        if route is AZURE_CHAT and wanted is None:
+            wanted = st.azure_upstream()
+        target = st.route(route.api, wanted)
+        if target is None:
+            served = f"the {spec.upstream!r} upstream" if spec and spec.upstream else "no upstream"
+            return self._fail(
+                ex,
+                404 if not (spec and spec.upstream) else 400,
+                "invalid",
+                f"model {bounded(model)!r} is served by {served}, which does not take "
+                f"{route.api} requests on this sidecar",
+            )
+        ex.upstream, client, upstream_cfg = target
+        bypass_token = request.headers.get(BYPASS_HEADER)
+        if bypass_token is not None:
+            if st.admin_token is None or not hmac.compare_digest(
+                bypass_token.encode(), st.admin_token.encode()
+            ):
+                return self._fail(
+                    ex, 403, "invalid", f"{BYPASS_HEADER} needs this sidecar's admin token"
+                )
+            ex.bypass = True
+        body = raw
+        if not route.count_only:
+            d = decide(
+                obj,
+                route.shape,
+                ex.count,
+                spec,
+                ex.label,
+                ex.workload,
+                ex.ceilings,
+                st.settings.enforcement,
+                counter,
+                st.chunk_pattern,
+                ex.bypass,
+            )
+            ex.decision = d
+            self.rec.record_decision(ex, d)
+            if d.reject:
+                assert spec is not None
+                message = context_error(route.api, ex.label, ex.workload, d, spec.window)
+                return self._fail(ex, 400, "rejected", message, code="context_length_exceeded")
+            if d.body is not None:
+                obj = d.body
+                body = orjson.dumps(obj)
+            if spec is not None:
+                ex.util = utilization(ex.forwarded_tokens, spec.window)
+            if not ex.count.partial:  # partial: observed from the reported usage at the end
+                st.metrics.observe_input(
+                    ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
+                )
+
+        ex.stream = not route.count_only and (
+            obj.get("stream") is True
+            or (route.api == "gemini" and request.url.path.endswith(":streamGenerateContent"))
+        )
+        injected = False
+        if ex.stream and route in (OPENAI_CHAT, AZURE_CHAT):
+            opts = obj.get("stream_options")
+            if not (isinstance(opts, dict) and opts.get("include_usage")):
+                obj["stream_options"] = {
+                    **(opts if isinstance(opts, dict) else {}),
+                    "include_usage": True,
+                }
+                body = orjson.dumps(obj)
+                injected = True
+        headers = request_headers(request.headers.items())
+        if ex.span is not None:
+            carrier: dict[str, str] = {}
+            st.tracing.propagate(ex.span, carrier)
+            headers = [(k, v) for k, v in headers if k.lower() not in carrier] + list(
+                carrier.items()
+            )
+        deadline = time.monotonic() + upstream_cfg.timeouts.total
+        ex.upstream_started = time.perf_counter()
+        if route is AZURE_CHAT or route.api == "gemini":  # path and query as the client sent them
+            req = client.build_request(
+                "POST",
+                request.url.path,
+                params=list(request.query_params.multi_items()),
+                content=body,
+                headers=headers,
+            )
+        else:
+            req = client.build_request("POST", route.path, content=body, headers=headers)
+        try:
+            # asyncio's own timeout: the proxy runs on asyncio only, and anyio's cancel scope
+            # costs ~3x more per use on this path (measured with py-spy under load)
+            async with asyncio.timeout(upstream_cfg.timeouts.total):
+                resp = await client.send(req, stream=True)
+        except (httpx.TimeoutException, TimeoutError):
+            return self._fail(ex, 504, "timeout", "upstream timed out")
+        except httpx.TransportError as exc:
+            return self._fail(ex, 502, "unreachable", f"upstream unreachable: {type(exc).__name__}")
+        ex.status = resp.status_code
+        if not ex.stream or resp.status_code != 200:
+            return await self._unary(ex, resp, deadline)
+        return self._relay(ex, resp, route.tap(injected), deadline)
+
+    async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:
+        cap = self.state.settings.limits.max_response_bytes
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                content = await read_capped(resp, cap)
+        except ResponseTooLarge:
+            await resp.aclose()
+            return self._fail(
+                ex,
+                502,
+                "upstream_5xx",
+                f"the upstream response exceeds limits.max_response_bytes ({cap} bytes)",
+            )
+        except (httpx.TimeoutException, TimeoutError):
+            return self._fail(ex, 504, "timeout", "upstream timed out")
+        except httpx.TransportError as exc:
+            return self._fail(
+                ex, 502, "unreachable", f"upstream connection failed: {type(exc).__name__}"
+            )
+        finally:
+            await resp.aclose()
+        status = resp.status_code
+        if status < 300:
+            ex.usage = ex.route.body_usage(content)
+            ex.outcome = "ok"
+        else:
+            ex.outcome = "upstream_4xx" if status < 500 else "upstream_5xx"
+        self.rec.finish(ex)
+        return Response(
+            content,
+            status_code=status,
+            headers=response_headers(resp.headers) | self.rec.headers(ex),
+        )
+
+    def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> SSERelay:
+        def done(outcome: str, usage: Usage) -> None:
+            ex.outcome, ex.usage = outcome, usage
+            self.rec.finish(ex)
+
+        headers = response_headers(resp.headers) | self.rec.headers(ex)
+        return SSERelay(
+            resp, tap, deadline, headers, done, self.state.settings.limits.max_event_bytes
+        )
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models`` passed through to the upstream the client's headers point at."""
+        st = self.state
+        api: Api = (
+            "anthropic"
+            if ("x-api-key" in request.headers or "anthropic-version" in request.headers)
+            else "openai"
+        )
+        client = st.clients.get(api) or next(iter(st.clients.values()))
+        api = "openai" if client is st.clients.get("openai") else "anthropic"
+        path = "/models" if api == "openai" else "/v1/models"
+        try:
+            resp = await client.get(
+                path,
+                headers=request_headers(request.headers.items()),
+                params=list(request.query_params.multi_items()),
+            )
+        except httpx.TimeoutException:
+            return error_response(api, 504, "upstream timed out")
+        except httpx.TransportError as exc:
+            return error_response(api, 502, f"upstream unreachable: {type(exc).__name__}")
+        st.metrics.requests.labels(
+            model=OTHER,
+            workload="default",
+            api="models",
+            outcome="ok"
+            if resp.status_code < 300
+            else ("upstream_4xx" if resp.status_code < 500 else "upstream_5xx"),
+        ).inc()
+        return Response(
+            resp.content, status_code=resp.status_code, headers=response_headers(resp.headers)
+        )

@@ -1,0 +1,159 @@
+"""Relay an upstream event stream to the client as it arrives (pure ASGI)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
+from context_ceiling.sidecar.usage import Usage
+
+
+class Tap(Protocol):
+    """Reads usage from events and decides what each forwarded event looks like."""
+
+    usage: Usage
+    complete: bool  # the protocol's end of a whole stream was seen
+    upstream_error: bool  # the upstream reported its own failure in the stream
+
+    def on_event(self, event: bytes) -> bytes | None: ...
+
+    def error_event(self, message: str) -> bytes: ...
+
+
+class StreamFailed(Exception):
+    """Raised after the error event to abort the connection without the final chunk: the
+    client's HTTP library then sees an incomplete body and raises, instead of taking a truncated
+    answer for a whole one."""
+
+
+class SSERelay(Response):
+    """A pure ASGI response that relays an upstream event stream as it arrives.
+
+    Each complete SSE event is sent as soon as it is whole (the events of one upstream read in
+    one send); an incomplete event is all that is ever held back (up to ``max_event_bytes``). A
+    client disconnect cancels the pump and closes the upstream response, which cancels the
+    upstream request; the exchange is recorded exactly once, whatever ended it.
+
+    A stream that fails after the headers (a reset, a read or total timeout, an event cut off, an
+    event over the size cap, or an end without the protocol's last event: ``[DONE]``,
+    ``message_stop``) ends the way the protocol says a failure ends: a provider-shaped error
+    event, then the connection is aborted without the final chunk, and the exchange is recorded
+    with that outcome. A stream in which the upstream itself reported an error ends as the
+    upstream ended it."""
+
+    def __init__(
+        self,
+        resp: httpx.Response,
+        tap: Tap,
+        deadline: float,
+        headers: dict[str, str],
+        on_done: Callable[[str, Usage], None],
+        max_event_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self.resp, self.tap, self.deadline, self.on_done = resp, tap, deadline, on_done
+        self.max_event_bytes = max_event_bytes
+        self.outcome = "cancelled"
+        self.status_code = resp.status_code
+        self.background = None
+        self._closed = False
+        self.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failed = False
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
+                try:
+                    await self._pump(send)
+                except OSError:  # the client went away while we were sending
+                    self.outcome = "cancelled"
+                except StreamFailed:
+                    failed = True
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+        if failed:
+            # returning without the final body makes the server close the connection mid-body
+            # (uvicorn logs one line, "ASGI callable returned without completing response")
+            return
+
+    async def _close(self) -> None:
+        """Close the upstream response and record the exchange, exactly once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.resp.aclose()
+        if self.outcome == "cancelled" and self.tap.complete:
+            # the client hung up after the protocol's last event (SDKs stop reading at
+            # [DONE]): the exchange was complete, not cancelled
+            self.outcome = "ok"
+        self.on_done(self.outcome, self.tap.usage)
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel()
+                return
+
+    async def _pump(self, send: Send) -> None:
+        tap = self.tap
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.resp.status_code,
+                "headers": self.raw_headers,
+            }
+        )
+        splitter = EventSplitter(self.max_event_bytes)
+        failure = ""
+        try:
+            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                async for chunk in self.resp.aiter_bytes():
+                    # the events that arrived together leave together: one send per upstream
+                    # read, not per event (each send is a syscall and an ASGI round trip)
+                    outs = [out for event in splitter.feed(chunk) if (out := tap.on_event(event))]
+                    if outs:
+                        body = outs[0] if len(outs) == 1 else b"".join(outs)
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+            if splitter.flush():
+                self.outcome, failure = "upstream_truncated", "the upstream closed mid-event"
+            elif tap.complete or tap.upstream_error:
+                self.outcome = "ok" if tap.complete else "upstream_5xx"
+            else:
+                self.outcome = "upstream_truncated"
+                failure = "the upstream ended the stream before its last event"
+        except EventTooLarge:
+            self.outcome, failure = "upstream_truncated", "an upstream event exceeded the size cap"
+        except (TimeoutError, httpx.TimeoutException):
+            self.outcome, failure = "timeout", "the upstream timed out mid-stream"
+        except httpx.TransportError as exc:
+            self.outcome = "unreachable"
+            failure = f"the upstream connection failed mid-stream ({type(exc).__name__})"
+        # recorded before the client sees the end, so metrics are complete when it does
+        with anyio.CancelScope(shield=True):
+            await self._close()
+        if failure:
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": tap.error_event(
+                        f"context-ceiling: {failure}; the answer is incomplete"
+                    ),
+                    "more_body": True,
+                }
+            )
+            raise StreamFailed(failure)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

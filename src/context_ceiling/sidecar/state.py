@@ -1,0 +1,129 @@
+"""The sidecar's live state: configuration, registry, metrics and upstream connections.
+
+Built once at startup; the ceilings (reload issue) are swapped atomically on top of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import httpx
+
+from context_ceiling.core.models import Registry
+from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
+from context_ceiling.sidecar.ceilings_store import CeilingStore
+from context_ceiling.sidecar.config import Settings, Upstream, admin_token
+from context_ceiling.sidecar.errors import Api
+from context_ceiling.sidecar.metrics import Metrics
+from context_ceiling.sidecar.staleness import StalenessTracker
+from context_ceiling.sidecar.tracing import Tracing
+from context_ceiling.sidecar.upstream import build_client
+
+
+@dataclass
+class State:
+    settings: Settings
+    registry: Registry
+    metrics: Metrics
+    clients: dict[Api, httpx.AsyncClient]
+    engine_client: httpx.AsyncClient
+    chunk_pattern: re.Pattern[str] | None
+    workloads: frozenset[str]
+    ceilings: CeilingStore
+    staleness: StalenessTracker
+    admin_token: str | None
+    tracing: Tracing = field(default_factory=Tracing)
+    default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
+    #: named upstreams: name -> (its API, its client, its settings)
+    named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
+    ) -> State:
+        cache = (
+            CountCache(int(settings.counting.cache_mib * 2**20))
+            if settings.counting.cache_mib
+            else None
+        )
+        registry = Registry(settings.models, cache)
+        metrics = metrics or Metrics()
+        if cache is not None:
+            metrics.watch_count_cache(cache)
+        for spec in settings.models:
+            metrics.declare_model(spec.metric_label, spec.window)
+        clients: dict[Api, httpx.AsyncClient] = {}
+        if settings.upstreams.openai:
+            clients["openai"] = build_client(settings.upstreams.openai, transport)
+        if settings.upstreams.anthropic:
+            clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
+        if settings.upstreams.gemini:
+            clients["gemini"] = build_client(settings.upstreams.gemini, transport)
+        named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = {
+            name: (up.api, build_client(up, transport), up)
+            for name, up in settings.upstreams.named.items()
+        }
+        fallback = TiktokenCounter("o200k_base")
+        pattern = settings.retrieval.chunk_pattern
+        st = settings.staleness
+        staleness = StalenessTracker(st.tolerance, st.window, st.min_requests)
+        store = CeilingStore(
+            registry, metrics, staleness, settings.ceilings_file, settings.ceilings_persist
+        )
+        return cls(
+            settings=settings,
+            registry=registry,
+            metrics=metrics,
+            clients=clients,
+            named=named,
+            engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
+            chunk_pattern=re.compile(pattern) if pattern else None,
+            workloads=frozenset(settings.workloads),
+            ceilings=store,
+            staleness=staleness,
+            admin_token=admin_token(settings),
+            tracing=tracing or Tracing(),
+            default_counter=(cache.wrap(fallback) if cache is not None else fallback),
+        )
+
+    def route(
+        self, api: Api, upstream: str | None
+    ) -> tuple[str, httpx.AsyncClient, Upstream] | None:
+        """Where a request of this API for a model served by ``upstream`` (None: the API's
+        default) goes: (name, client, settings), or None when this sidecar has no such upstream
+        (or the named one speaks the other API)."""
+        if upstream is None or upstream == api:
+            client = self.clients.get(api)
+            return (api, client, self.upstream_settings(api)) if client is not None else None
+        found = self.named.get(upstream)
+        if found is None or found[0] != api:
+            return None
+        return upstream, found[1], found[2]
+
+    def azure_upstream(self) -> str | None:
+        """The first named upstream that is an Azure OpenAI resource."""
+        return next(
+            (n for n, (_, _, up) in self.named.items() if getattr(up, "azure", False)), None
+        )
+
+    def all_clients(self) -> dict[str, httpx.AsyncClient]:
+        """Every upstream by name (the defaults under their API's name)."""
+        out: dict[str, httpx.AsyncClient] = {str(k): c for k, c in self.clients.items()}
+        out.update({name: c for name, (_, c, _) in self.named.items()})
+        return out
+
+    def upstream_settings(self, api: Api) -> Upstream:
+        up: Upstream | None = getattr(self.settings.upstreams, api)
+        assert up is not None  # only called for configured upstreams
+        return up
+
+    async def aclose(self) -> None:
+        for client in self.all_clients().values():
+            await client.aclose()
+        await self.engine_client.aclose()
+        self.tracing.shutdown()

@@ -1,0 +1,413 @@
+"""Turn graded calls into a curve, and the curve into a ceiling, or a reason there is none.
+
+Per level: mean accuracy with a studentized 95% interval over items (``context_ceiling.sweep.stats``: items are
+the unit, their repeats stay with them), the min-max of accuracy across repeats, the failure
+bucket shares, the planned, logged and errored calls, and how far the sweep's own token count
+was from what the upstream reported. Each level above the reference is compared with the
+reference paired by item.
+
+What is measured comes from the plan, not from the log: a planned level with missing or errored
+calls is incomplete, it cannot pass, and everything above it fails with it (missing data never
+raises a ceiling). Items the model answers with no documents (the closed-book control) are left
+out of the decision by default and reported apart. Levels below the reference (the low-fill
+control) are measured but not in the chain: they show a drop that starts before the reference.
+
+Ceiling rule: the highest level whose paired difference to the reference has a one-sided 95%
+lower bound above ``-tolerance`` (a non-inferiority test at 5%; the fixed-sequence chain keeps
+the chance of passing any level that really dropped at 5%), with every lower level passing too. The enforced ceiling is that level's measured utilization times ``(1 - margin)``. Levels
+are never interpolated: refinement measures new levels where the drop is.
+
+``refusals`` lists every reason the number must not be used (``ceiling sweep derive`` refuses
+with exit status 1): a reference below the accuracy floor or not clearly above the closed-book
+control, an incomplete level, an unresolved decision (the deciding interval wider than the
+tolerance, or a level scored on fewer than ``MIN_ITEMS`` items), a drop before the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from context_ceiling.sweep.grade import BUCKETS, grade
+from context_ceiling.sweep.runner import sample_key
+from context_ceiling.sweep.stats import (
+    MIN_ITEMS,
+    accuracy_interval,
+    difference_interval,
+    difference_lower,
+)
+from context_ceiling.sweep.taskset import Item
+
+
+def mean(values: Iterable[float]) -> float:
+    """The arithmetic mean (``statistics.mean`` is exact with fractions, and 20x slower here)."""
+    xs = list(values)
+    return sum(xs) / len(xs)
+
+
+DEFAULT_FLOOR = 0.5
+COUNTER_WARN = 0.02
+UNRESOLVED = "unresolved"
+
+
+@dataclass(frozen=True)
+class Design:
+    """What the plan says was to be measured: item ids per level, repeats, control items."""
+
+    levels: dict[float, list[str]]
+    repeats: int
+    control: list[str]
+    reference: float
+
+    @classmethod
+    def full(
+        cls, levels: Iterable[float], items: list[str], repeats: int, control: bool = True
+    ) -> Design:
+        lv = sorted(levels)
+        return cls({x: list(items) for x in lv}, repeats, list(items) if control else [], lv[0])
+
+
+@dataclass
+class LevelStats:
+    level: float
+    utilization: float
+    n_items: int
+    n_calls: int
+    accuracy: float
+    ci: tuple[float, float]
+    repeat_min: float
+    repeat_max: float
+    buckets: dict[str, float]
+    diff: float = 0.0
+    diff_ci: tuple[float, float] = (0.0, 0.0)
+    diff_lower: float = 0.0  # one-sided 95% lower bound: what the pass is tested on
+    passes: bool = True
+    mean_prompt_tokens: float = 0.0
+    gold_position_accuracy: dict[str, float] = field(default_factory=dict)
+    role: str = "level"  # "low_fill" | "reference" | "level"
+    planned_calls: int = 0
+    missing_calls: int = 0
+    errored_calls: int = 0
+    counter_error: float | None = None  # mean (ours - reported) / reported
+    half_width: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return self.missing_calls == 0 and self.errored_calls == 0
+
+
+@dataclass
+class Analysis:
+    levels: list[LevelStats]
+    tolerance: float
+    margin: float
+    window: int
+    ceiling_level: float | None
+    ceiling_utilization: float | None
+    ceiling_tokens: int | None
+    closed_book_flagged: list[str]
+    errors: int
+    warnings: list[str]
+    refusals: list[str] = field(default_factory=list)
+    reference_level: float | None = None
+    deciding_level: float | None = None
+    resolved: bool = False
+    closed_book_accuracy: float | None = None
+    closed_book_excluded: bool = True
+    floor: float = DEFAULT_FLOOR
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def level(self, lv: float | None) -> LevelStats | None:
+        return next((s for s in self.levels if s.level == lv), None)
+
+    @property
+    def chain(self) -> list[LevelStats]:
+        return [s for s in self.levels if s.role != "low_fill"]
+
+    def blocking(self, accept_unresolved: bool = False) -> list[str]:
+        """The refusals that stand (``--accept-unresolved`` waives only the unresolved one)."""
+        return [r for r in self.refusals if not (accept_unresolved and r.startswith(UNRESOLVED))]
+
+
+def graded(
+    records: Iterable[dict[str, Any]],
+    items: Mapping[str, Item],
+    docs: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Each ok record with its grade (the scorer applied to the log; re-grading is free)."""
+    out = []
+    for r in records:
+        if r.get("status") != "ok" or r["item"] not in items:
+            continue
+        g = grade(items[r["item"]], r.get("text"), r.get("finish_reason"), r.get("shown"), docs)
+        out.append(r | {"correct": g.correct, "bucket": g.bucket})
+    return out
+
+
+def item_means(rows: Iterable[dict[str, Any]]) -> dict[float, dict[str, float]]:
+    """level -> item -> mean correctness over its repeats (controls left out)."""
+    acc: dict[float, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if not r["control"]:
+            acc[float(r["level"])][r["item"]].append(int(r["correct"]))
+    return {lv: {k: mean(v) for k, v in d.items()} for lv, d in acc.items()}
+
+
+def analyse(
+    records: Iterable[dict[str, Any]],
+    items: Mapping[str, Item],
+    window: int,
+    tolerance: float = 0.05,
+    margin: float = 0.1,
+    seed: int = 0,
+    bootstrap: int = 0,
+    *,
+    design: Design | None = None,
+    docs: Mapping[str, str] | None = None,
+    floor: float = DEFAULT_FLOOR,
+    include_closed_book: bool = False,
+) -> Analysis:
+    """``seed`` and ``bootstrap`` are kept for callers of the first release; the intervals are
+    analytic now and need neither."""
+    del seed, bootstrap
+    all_records = list(records)
+    return analyse_graded(
+        all_records,
+        graded(all_records, items, docs),
+        window,
+        tolerance,
+        margin,
+        design=design,
+        floor=floor,
+        include_closed_book=include_closed_book,
+    )
+
+
+def analyse_graded(
+    all_records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    window: int,
+    tolerance: float,
+    margin: float,
+    *,
+    design: Design | None = None,
+    floor: float = DEFAULT_FLOOR,
+    include_closed_book: bool = False,
+) -> Analysis:
+    """The analysis of records already graded (``rows``: the ok ones, with ``correct`` and
+    ``bucket``); the validity benchmark drives this with simulated outcomes."""
+    by_key = {r["key"]: r for r in all_records if "key" in r}
+    if design is None:
+        lv = sorted({float(r["level"]) for r in rows if not r["control"]})
+        ids = sorted({r["item"] for r in rows})
+        reps = max((int(r["repeat"]) + 1 for r in rows if not r["control"]), default=1)
+        design = Design.full(lv or [0.2], ids, reps, any(r["control"] for r in rows))
+    controls = {r["item"]: bool(r["correct"]) for r in rows if r["control"]}
+    flagged = sorted(k for k, ok in controls.items() if ok)
+    excluded = set() if include_closed_book else set(flagged)
+    means = item_means(r for r in rows if r["item"] not in excluded)
+    by_level: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if not r["control"] and r["item"] not in excluded:
+            by_level[float(r["level"])].append(r)
+    errors = sum(1 for r in all_records if r.get("status") != "ok")
+    stats = [
+        _level(lv, by_level.get(lv, []), means.get(lv, {}), design, by_key, window)
+        for lv in sorted(design.levels)
+    ]
+    ref = next((s for s in stats if s.level == design.reference), None)
+    ref_means = means.get(design.reference, {})
+    for s in stats:
+        if s is ref:
+            s.role, s.diff_ci = "reference", (0.0, 0.0)
+            continue
+        s.role = "low_fill" if s.level < design.reference else "level"
+        common = [k for k in ref_means if k in means.get(s.level, {})]
+        diffs = [means[s.level][k] - ref_means[k] for k in common]
+        s.diff = mean(diffs) if diffs else 0.0
+        s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
+        s.diff_lower = difference_lower(diffs) if diffs else -1.0
+        s.half_width = round((s.diff_ci[1] - s.diff_ci[0]) / 2, 6)
+    a = Analysis(
+        stats,
+        tolerance,
+        margin,
+        window,
+        None,
+        None,
+        None,
+        flagged,
+        errors,
+        [],
+        reference_level=design.reference,
+        closed_book_excluded=not include_closed_book,
+        floor=floor,
+    )
+    _decide(a, ref, tolerance)
+    _judge(a, ref, rows, controls, tolerance)
+    return a
+
+
+def _level(
+    lv: float,
+    rs: list[dict[str, Any]],
+    im: dict[str, float],
+    design: Design,
+    by_key: dict[str, dict[str, Any]],
+    window: int,
+) -> LevelStats:
+    keys = [sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats)]
+    missing = sum(1 for k in keys if k not in by_key)
+    errored = sum(1 for k in keys if k in by_key and by_key[k].get("status") != "ok")
+    per_repeat: dict[int, list[int]] = defaultdict(list)
+    pos: dict[str, list[int]] = defaultdict(list)
+    for r in rs:
+        per_repeat[int(r["repeat"])].append(int(r["correct"]))
+        p = r.get("gold_position")
+        if p is not None:
+            pos["front" if p < 1 / 3 else "middle" if p < 2 / 3 else "back"].append(
+                int(r["correct"])
+            )
+    reps = [mean(v) for v in per_repeat.values()] or [0.0]
+    counts = Counter(r["bucket"] for r in rs)
+    ratios = [
+        (r["prompt_tokens"] - r["usage_prompt"]) / r["usage_prompt"]
+        for r in rs
+        if isinstance(r.get("usage_prompt"), int | float) and r["usage_prompt"] > 0
+    ]
+    acc = mean(int(r["correct"]) for r in rs) if rs else 0.0
+    return LevelStats(
+        level=lv,
+        utilization=round(mean(r["utilization"] for r in rs), 4) if rs else lv,
+        n_items=len(im),
+        n_calls=len(rs),
+        accuracy=acc,
+        ci=accuracy_interval(list(im.values())),
+        repeat_min=min(reps),
+        repeat_max=max(reps),
+        buckets={b: counts.get(b, 0) / len(rs) if rs else 0.0 for b in BUCKETS},
+        mean_prompt_tokens=round(mean(r["prompt_tokens"] for r in rs), 1) if rs else 0.0,
+        gold_position_accuracy={k: round(mean(v), 3) for k, v in sorted(pos.items())},
+        planned_calls=len(keys),
+        missing_calls=missing,
+        errored_calls=errored,
+        counter_error=round(mean(ratios), 5) if ratios else None,
+    )
+
+
+def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
+    """The fixed-sequence chain from the reference up; sets the ceiling and the deciding level."""
+    ok = ref is not None and ref.complete and ref.n_items > 0
+    if ref is not None:
+        ref.passes = ok
+    for s in a.chain:
+        if s is ref:
+            continue
+        s.passes = ok and s.complete and s.diff_lower > -tolerance
+        ok = s.passes
+    for s in a.levels:
+        if s.role == "low_fill":
+            s.passes = s.complete
+    passing = [s for s in a.chain if s.passes]
+    if passing:
+        top = passing[-1]
+        a.ceiling_level = top.level
+        a.ceiling_utilization = round(top.utilization * (1 - a.margin), 4)
+        a.ceiling_tokens = math.floor(a.ceiling_utilization * a.window)
+    above = [s for s in a.chain if not s.passes]
+    a.deciding_level = above[0].level if above else None
+    d = a.level(a.deciding_level)
+    few = any(s.n_items < MIN_ITEMS for s in a.chain if d is None or s.level <= d.level)
+    a.resolved = bool(passing) and not few and (d is None or decided(d, tolerance))
+
+
+def decided(s: LevelStats, tolerance: float) -> bool:
+    """A failing level is decided when its interval lies wholly below ``-tolerance`` (a clear
+    drop) or is no wider than the tolerance (as precise as asked)."""
+    return s.complete and (s.diff_ci[1] < -tolerance or s.half_width <= tolerance)
+
+
+def _judge(
+    a: Analysis,
+    ref: LevelStats | None,
+    rows: list[dict[str, Any]],
+    controls: dict[str, bool],
+    tolerance: float,
+) -> None:
+    """Warnings (worth reading) and refusals (the number must not be used)."""
+    w, no = a.warnings, a.refusals
+    for s in a.levels:
+        if s.missing_calls or s.errored_calls:
+            no.append(
+                f"level {s.level:g} is incomplete: {s.missing_calls} of {s.planned_calls} planned "
+                f"call(s) missing and {s.errored_calls} errored (ceiling sweep run --resume finishes it)"
+            )
+        if s.counter_error is not None and abs(s.counter_error) > COUNTER_WARN:
+            w.append(
+                f"level {s.level:g}: the sweep's token count is {s.counter_error:+.1%} off the "
+                "prompt tokens the upstream reported (check --tokenizer / --tokenize-url): every "
+                "level's utilization is off by as much"
+            )
+    if ref is None:
+        no.append("the reference level was not measured")
+        return
+    if ref.accuracy < a.floor:
+        no.append(
+            f"the reference accuracy ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
+            f"floor ({a.floor:.0%}): the model does not do this task even with little context, "
+            "so no fill is safe (--min-accuracy sets the floor)"
+        )
+    if controls:
+        ref_items: dict[str, list[int]] = defaultdict(list)
+        for r in rows:
+            if not r["control"] and float(r["level"]) == ref.level:
+                ref_items[r["item"]].append(int(r["correct"]))
+        diffs = [mean(v) - float(controls[k]) for k, v in ref_items.items() if k in controls]
+        a.closed_book_accuracy = round(mean(controls.values()), 4)
+        if diffs:
+            lo = difference_interval(diffs)[0]
+            if lo <= 0:
+                no.append(
+                    f"the reference accuracy is not clearly above the closed-book control "
+                    f"({a.closed_book_accuracy:.0%} with no documents; paired 95% lower bound "
+                    f"{lo:+.0%}): the answers do not come from the context"
+                )
+    else:
+        w.append("no closed-book control was run: answers known without documents are scored")
+    if a.closed_book_flagged:
+        what = "left out of the decision" if a.closed_book_excluded else "scored"
+        w.append(
+            f"{len(a.closed_book_flagged)} item(s) answered correctly with no documents "
+            f"(closed-book), {what}: {', '.join(a.closed_book_flagged[:10])}"
+        )
+    for s in a.levels:
+        if s.role == "low_fill" and s.n_items and s.diff_ci[0] > tolerance:
+            no.append(
+                f"accuracy already falls before the reference: {s.accuracy:.0%} at level "
+                f"{s.level:g} against {ref.accuracy:.0%} at {ref.level:g} (paired difference "
+                f"{s.diff:+.0%}, 95% CI {s.diff_ci[0]:+.0%}..{s.diff_ci[1]:+.0%}); lower the reference"
+            )
+    if a.ceiling_level is None and not no:
+        no.append("no level passed: the reference level could not be scored")
+    if a.ceiling_level is not None and not a.resolved:
+        d = a.level(a.deciding_level)
+        fewest = min(s.n_items for s in a.chain)
+        why = (
+            f"a level was scored on {fewest} item(s), fewer than the {MIN_ITEMS} a decision needs"
+            if fewest < MIN_ITEMS
+            else f"the interval that decides the ceiling (level {d.level:g}) is "
+            f"±{d.half_width:.1%} wide, wider than the tolerance ({tolerance:.0%})"
+            if d
+            else "the decision is open"
+        )
+        no.append(
+            f"{UNRESOLVED}: {why}; add items (a larger --items or --max-calls, then "
+            "ceiling sweep run --resume) or accept it with --accept-unresolved"
+        )
+    if a.errors:
+        w.append(f"{a.errors} call(s) failed after retries; --resume retries them")

@@ -1,0 +1,93 @@
+"""Where the next calls go (the experimental design): refinement and adaptive allocation.
+
+A sweep starts with a grid (low-fill control, reference, 0.5, 0.8, the practical limit) on half
+the items its tolerance needs, then, one step at a time, until nothing is open or the budget or
+the task set runs out:
+
+1. while the level that decides the ceiling failed but not clearly (its paired interval still
+   contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
+   never at levels already decided, up to every item of the task set;
+2. once it is decided, measure the geometric midpoint of the deciding bracket (the highest
+   passing level and the first failing one) while the bracket is wider than the resolution.
+
+``run.py`` and ``benchmarks/validity.py`` (the simulation study) both call :func:`next_step`, so
+the study measures the code that runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from context_ceiling.sweep.analysis import Analysis, LevelStats
+from context_ceiling.sweep.stats import MIN_ITEMS
+
+
+@dataclass(frozen=True)
+class Step:
+    """Add ``new_items`` items at ``levels`` (kind ``items``), or measure the new ``levels`` on
+    the reference's items (kind ``levels``)."""
+
+    kind: str
+    levels: tuple[float, ...]
+    new_items: int = 0
+
+
+def refinements(
+    stats: list[LevelStats], tolerance: float, resolution: float, measured: set[float]
+) -> list[float]:
+    """The geometric midpoint of the bracket that decides the ceiling (the highest passing level
+    and the first failing one) while it is wider than the resolution asked for. A gentle drop
+    (less than the tolerance across the bracket) is refined too: it is where a gradual curve
+    crosses the tolerance. Drops between two failing levels cannot move the ceiling and are left
+    alone."""
+    del tolerance
+    chain = [s for s in stats if s.role != "low_fill"]
+    for a, b in itertools.pairwise(chain):
+        if a.passes and not b.passes:
+            if not b.complete:
+                return []
+            if b.level - a.level > resolution:
+                mid = round(math.sqrt(a.level * b.level), 4)
+                if mid not in measured:
+                    return [mid]
+            return []
+    return []
+
+
+def open_levels(a: Analysis) -> list[float]:
+    """The deciding level while more items could still change its decision: its paired interval
+    still reaches ``-tolerance`` (it failed, but not clearly)."""
+    s = a.level(a.deciding_level)
+    if s is None or s.role != "level" or not s.complete:
+        return []
+    return [s.level] if s.diff_lower <= -a.tolerance <= s.diff_ci[1] else []
+
+
+def batch_size(planned_items: int) -> int:
+    """Items added per adaptive step: a quarter of the planned sample (small steps stop close to
+    the number the decision needed)."""
+    return max(MIN_ITEMS // 2, planned_items // 4)
+
+
+def next_step(
+    a: Analysis,
+    *,
+    drawn: int,
+    target_items: int,
+    refine: bool,
+    adaptive: bool,
+    resolution: float,
+    batch: int,
+) -> Step | None:
+    """What to measure next, or None when the sweep is done."""
+    open_ = open_levels(a) if adaptive else []
+    if open_ and drawn < target_items and a.reference_level is not None:
+        n = min(batch, target_items - drawn)
+        return Step("items", (a.reference_level, *open_), n)
+    if refine:
+        new = refinements(a.levels, a.tolerance, resolution, {s.level for s in a.levels})
+        if new:
+            return Step("levels", tuple(new))
+    return None

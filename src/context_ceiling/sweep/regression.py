@@ -1,0 +1,178 @@
+"""The reduced regression sweep: is a stored ceiling still right after a change?
+
+Three levels (the reference, the baseline's ceiling level and the first level above it), three
+repeats, the baseline's items (as many as the tolerance needs), paired item by item against the
+baseline run. What is compared is the *drop relative to the reference*, now against then (a
+difference in differences per item): a change that lowers every level alike (a new skeleton, a
+weaker model) moves no ceiling, and one that steepens the drop does, even where absolute
+accuracy at a level barely moved.
+
+The burden of proof is on "holds": the verdict is ``holds`` only when the stored ceiling level
+passes again by the sweep's own rule (its drop from the reference *now* has a one-sided 95% lower
+bound above ``-tolerance``: if it has really become unsafe, that happens in at most 5% of checks)
+and no level's change in drop is beyond ``±tolerance``; ``moved`` when at any level the 95%
+interval of the change in drop lies wholly outside ``±tolerance`` (a real drop, or a real gain
+that would allow a higher ceiling); otherwise ``inconclusive``: re-sweep (too few items, or a
+change near the tolerance). Exit status 0, 1, 3. (Requiring the change itself to be shown inside
+``±tolerance``, an equivalence test, was measured too strict to be useful: a difference in
+differences has twice the variance, and on unchanged curves it said "holds" in 1.3% of checks.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from context_ceiling.sweep.analysis import Analysis, graded, item_means, mean
+from context_ceiling.sweep.stats import difference_interval, difference_lower
+from context_ceiling.sweep.taskset import Item
+
+EXIT = {"holds": 0, "moved": 1, "inconclusive": 3}
+
+
+def reduced_levels(baseline: Analysis) -> list[float]:
+    levels = [s.level for s in baseline.chain] or [s.level for s in baseline.levels]
+    if baseline.ceiling_level is None:
+        return levels[:3]
+    above = [lv for lv in levels if lv > baseline.ceiling_level]
+    chosen = {levels[0], baseline.ceiling_level, *(above[:1] or levels[-1:])}
+    return sorted(chosen)
+
+
+@dataclass
+class LevelEvidence:
+    level: float
+    baseline_accuracy: float
+    accuracy: float
+    change: float  # change of the drop relative to the reference (now - then)
+    change_ci: tuple[float, float]
+    n_items: int = 0  # paired with the baseline
+    n_items_now: int = 0  # measured now at this level and the reference
+    drop_lower: float = 0.0  # one-sided 95% lower bound of the drop now (the sweep's rule)
+    baseline_drop: float = 0.0
+    drop: float = 0.0
+
+
+@dataclass
+class Verdict:
+    outcome: str  # holds | moved | inconclusive
+    baseline_ceiling_level: float | None
+    ceiling_level: float | None
+    levels: list[LevelEvidence]
+    tolerance: float = 0.05
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return self.outcome == "holds"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.outcome]
+
+    def moved(self) -> list[LevelEvidence]:
+        t = self.tolerance
+        return [e for e in self.levels if e.change_ci[1] < -t or e.change_ci[0] > t]
+
+    @property
+    def text(self) -> str:
+        if self.outcome == "holds":
+            return (
+                f"ceiling holds: at the stored ceiling level ({self.baseline_ceiling_level}) and "
+                f"above it, the drop from the reference changed by less than the tolerance "
+                f"({self.tolerance:.0%}), with 95% confidence"
+            )
+        if self.outcome == "moved":
+            what = "; ".join(
+                f"level {e.level:g}: drop {e.baseline_drop:+.0%} -> {e.drop:+.0%}"
+                for e in self.moved()
+            )
+            return f"ceiling moved: {what}; re-sweep before trusting the stored ceiling"
+        return "inconclusive: re-sweep (" + "; ".join(self.reasons) + ")"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"verdict": self.text, "holds": self.holds}
+
+
+def compare(
+    baseline: Analysis,
+    reduced: Analysis,
+    base_records: list[dict[str, Any]],
+    new_records: list[dict[str, Any]],
+    items: dict[str, Item],
+    seed: int = 0,
+    tolerance: float | None = None,
+    docs: dict[str, str] | None = None,
+) -> Verdict:
+    del seed
+    then = item_means(graded(base_records, items, docs))
+    now = item_means(graded(new_records, items, docs))
+    return compare_means(baseline, reduced, then, now, tolerance)
+
+
+def compare_means(
+    baseline: Analysis,
+    reduced: Analysis,
+    then: dict[float, dict[str, float]],
+    now: dict[float, dict[str, float]],
+    tolerance: float | None = None,
+) -> Verdict:
+    """The verdict from per-item mean correctness by level, then and now."""
+    tol = baseline.tolerance if tolerance is None else tolerance
+    ref = baseline.reference_level if baseline.reference_level is not None else min(now, default=0)
+    evidence = []
+    for lv in sorted(now):
+        if lv == ref:
+            continue
+        common = [
+            k
+            for k in now[lv]
+            if k in then.get(lv, {}) and k in now.get(ref, {}) and k in then.get(ref, {})
+        ]
+        if not common:
+            continue
+        drop_then = {k: then[lv][k] - then[ref][k] for k in common}
+        drop_now = {k: now[lv][k] - now[ref][k] for k in common}
+        dd = [drop_now[k] - drop_then[k] for k in common]
+        # the drop now is tested on every item measured now, paired or not with the baseline
+        now_all = [now[lv][k] - now[ref][k] for k in now[lv] if k in now.get(ref, {})]
+        evidence.append(
+            LevelEvidence(
+                level=lv,
+                baseline_accuracy=mean(then[lv][k] for k in common),
+                accuracy=mean(now[lv][k] for k in common),
+                change=mean(dd),
+                change_ci=difference_interval(dd),
+                drop_lower=difference_lower(now_all),
+                n_items=len(common),
+                n_items_now=len(now_all),
+                baseline_drop=mean(drop_then.values()),
+                drop=mean(drop_now.values()),
+            )
+        )
+    deciding = [
+        e for e in evidence if baseline.ceiling_level is None or e.level >= baseline.ceiling_level
+    ]
+    v = Verdict("inconclusive", baseline.ceiling_level, reduced.ceiling_level, evidence, tol)
+    incomplete = [s.level for s in reduced.levels if not s.complete]
+    if incomplete:
+        v.reasons.append(
+            "incomplete level(s) " + ", ".join(f"{x:g}" for x in incomplete) + ": --resume"
+        )
+    if not deciding:
+        v.reasons.append(
+            "no level at or above the stored ceiling could be paired with the baseline"
+        )
+    at = [e for e in deciding if e.level == baseline.ceiling_level] or deciding[:1]
+    if v.moved():
+        v.outcome = "moved"
+    elif at and not incomplete and all(e.drop_lower > -tol for e in at):
+        v.outcome = "holds"
+    elif not v.reasons:
+        worst = min(at, key=lambda e: e.drop_lower)
+        v.reasons.append(
+            f"at the stored ceiling level {worst.level:g} the drop from the reference is now "
+            f"{worst.drop:+.0%} (one-sided 95% bound {worst.drop_lower:+.0%}) on "
+            f"{worst.n_items_now} items: not shown to be within the tolerance ({tol:.0%})"
+        )
+    return v

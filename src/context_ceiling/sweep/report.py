@@ -1,0 +1,205 @@
+"""The sweep's report: a PNG plot, a self-contained HTML page, a JSON summary, a terminal table."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from context_ceiling.sweep.analysis import Analysis
+from context_ceiling.sweep.grade import BUCKETS
+
+COLORS = {
+    "correct": "#2e7d32",
+    "missed": "#9e9e9e",
+    "decoyed": "#e65100",
+    "reasoned_wrongly": "#6a1b9a",
+    "truncated_refused": "#c62828",
+}
+
+
+def plot(a: Analysis, title: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 7), height_ratios=[3, 2], sharex=True)
+    # measured points with their intervals, never joined: a line between two levels would draw
+    # the interpolation the method warns against at a cliff
+    xs = [s.utilization for s in a.levels]
+    ys = [s.accuracy for s in a.levels]
+    ax.errorbar(
+        xs,
+        ys,
+        yerr=[
+            [y - s.ci[0] for y, s in zip(ys, a.levels, strict=True)],
+            [s.ci[1] - y for y, s in zip(ys, a.levels, strict=True)],
+        ],
+        fmt="o",
+        color="#1565c0",
+        ecolor="#1565c0",
+        elinewidth=2,
+        capsize=5,
+        label="accuracy, 95% CI (items as the unit)",
+    )
+    ax.errorbar(
+        [x + 0.006 for x in xs],
+        ys,
+        yerr=[
+            [s.accuracy - s.repeat_min for s in a.levels],
+            [s.repeat_max - s.accuracy for s in a.levels],
+        ],
+        fmt="none",
+        ecolor="#90a4ae",
+        capsize=3,
+        label="min-max across repeats",
+    )
+    for s in a.levels:
+        ax.annotate(
+            f"{s.mean_prompt_tokens:,.0f} tok" + (" (ref)" if s.role == "reference" else ""),
+            (s.utilization, s.accuracy),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=7,
+            color="#37474f",
+        )
+    if a.ceiling_utilization is not None and a.ceiling_level is not None:
+        lv = next(s.utilization for s in a.levels if s.level == a.ceiling_level)
+        ax.axvspan(
+            a.ceiling_utilization, lv, color="#ffb300", alpha=0.25, label=f"margin {a.margin:.0%}"
+        )
+        ax.axvline(
+            a.ceiling_utilization,
+            color="#e65100",
+            lw=2,
+            label=f"ceiling {a.ceiling_utilization:.0%} = {a.ceiling_tokens:,} tokens"
+            + ("" if a.resolved and not a.refusals else " (derive refuses it)"),
+        )
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    width = min([b - a_ for a_, b in itertools.pairwise(xs)] or [0.1]) * 0.6
+    bottom = [0.0] * len(xs)
+    for b in BUCKETS:
+        vals = [s.buckets.get(b, 0.0) for s in a.levels]
+        bx.bar(xs, vals, width=width, bottom=bottom, color=COLORS[b], label=b.replace("_", " "))
+        bottom = [x + y for x, y in zip(bottom, vals, strict=True)]
+    bx.set_ylabel("share of calls")
+    bx.set_xlabel("utilization (input tokens / window)")
+    bx.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    bx.set_xlim(0, 1)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def table(a: Analysis) -> Table:
+    t = Table(title="accuracy by context utilization")
+    for col in (
+        "level",
+        "utilization",
+        "tokens",
+        "items",
+        "calls",
+        "accuracy",
+        "95% CI",
+        "repeats min-max",
+        "vs ref (95% CI)",
+        "pass",
+        "count err",
+        "decoyed",
+        "missed",
+        "wrong",
+        "trunc",
+    ):
+        t.add_column(col, justify="right")
+    for s in a.levels:
+        t.add_row(
+            f"{s.level:.3f}",
+            f"{s.utilization:.3f}",
+            f"{s.mean_prompt_tokens:,.0f}",
+            str(s.n_items),
+            str(s.n_calls),
+            f"{s.accuracy:.0%}",
+            f"{s.ci[0]:.0%}-{s.ci[1]:.0%}",
+            f"{s.repeat_min:.0%}-{s.repeat_max:.0%}",
+            f"{s.diff:+.0%} ({s.diff_ci[0]:+.0%}..{s.diff_ci[1]:+.0%})",
+            ("yes" if s.passes else "no") + ("" if s.complete else " (incomplete)"),
+            "-" if s.counter_error is None else f"{s.counter_error:+.1%}",
+            f"{s.buckets['decoyed']:.0%}",
+            f"{s.buckets['missed']:.0%}",
+            f"{s.buckets['reasoned_wrongly']:.0%}",
+            f"{s.buckets['truncated_refused']:.0%}",
+        )
+    return t
+
+
+def ceiling_line(a: Analysis) -> str:
+    if a.ceiling_tokens is None:
+        return "no ceiling: " + (a.refusals[0] if a.refusals else "no level passed")
+    head = "UNRESOLVED " if not a.resolved else ""
+    return head + (
+        f"ceiling: level {a.ceiling_level} passes (tolerance {a.tolerance:.0%}); enforced at "
+        f"{a.ceiling_utilization:.1%} of the {a.window:,}-token window = {a.ceiling_tokens:,} input tokens "
+        f"(margin {a.margin:.0%})"
+    )
+
+
+def write(
+    out: Path, a: Analysis, plan: dict[str, Any], console: Console | None = None
+) -> dict[str, Path]:
+    title = f"{plan['endpoint']['model']} on {plan['taskset']['name']} (window {a.window:,})"
+    png = plot(a, title)
+    (out / "curve.png").write_bytes(png)
+    summary = {
+        "run_id": plan["run_id"],
+        "model": plan["endpoint"]["model"],
+        "taskset": plan["taskset"],
+        "analysis": a.to_json(),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    rows = "".join(
+        f"<tr><td>{s.level:.3f}</td><td>{s.utilization:.3f}</td><td>{s.mean_prompt_tokens:,.0f}</td><td>{s.n_calls}</td>"
+        f"<td>{s.accuracy:.1%}</td><td>{s.ci[0]:.1%} - {s.ci[1]:.1%}</td><td>{s.repeat_min:.1%} - {s.repeat_max:.1%}</td>"
+        f"<td>{s.diff:+.1%} ({s.diff_ci[0]:+.1%} .. {s.diff_ci[1]:+.1%})</td><td>{'yes' if s.passes else 'no'}</td>"
+        + "".join(f"<td>{s.buckets[b]:.0%}</td>" for b in BUCKETS[1:])
+        + "</tr>"
+        for s in a.levels
+    )
+    warn = "".join(f"<li><b>refused:</b> {html.escape(w)}</li>" for w in a.refusals) + "".join(
+        f"<li>{html.escape(w)}</li>" for w in a.warnings
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;color:#222}}
+table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;padding:.25rem .5rem;text-align:right}}
+.ceiling{{font-size:1.2rem;background:#fff3e0;padding:.75rem;border-left:4px solid #e65100}}</style></head><body>
+<h1>Usable context: {html.escape(title)}</h1>
+<p class="ceiling">{html.escape(ceiling_line(a))}</p>
+<img alt="accuracy vs utilization" src="data:image/png;base64,{base64.b64encode(png).decode()}" width="720">
+<h2>Levels</h2><table><tr><th>level</th><th>utilization</th><th>tokens</th><th>calls</th><th>accuracy</th><th>95% CI</th>
+<th>repeats</th><th>vs reference</th><th>pass</th><th>missed</th><th>decoyed</th><th>reasoned wrongly</th><th>truncated/refused</th></tr>
+{rows}</table>
+<h2>Notes</h2><ul>{warn or "<li>none</li>"}</ul>
+<h2>Provenance</h2><pre>{html.escape(json.dumps({k: plan[k] for k in ("run_id", "created_at", "taskset", "endpoint", "levels", "repeats", "seed", "counter", "shared_haystack")}, indent=2, default=str))}</pre>
+</body></html>"""
+    (out / "report.html").write_text(page)
+    if console is not None:
+        console.print(table(a))
+        console.print(ceiling_line(a))
+        for w in a.refusals:
+            console.print(f"[bold red]derive would refuse:[/] {w}")
+        for w in a.warnings:
+            console.print(f"[yellow]note:[/] {w}")
+    return {"png": out / "curve.png", "html": out / "report.html", "json": out / "summary.json"}

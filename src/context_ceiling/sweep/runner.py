@@ -1,0 +1,384 @@
+"""Run a sweep's calls (the solver): bounded concurrency, retries, a budget, an append-only log.
+
+Every call is keyed ``item@level#repeat`` (``item@closed`` for the closed-book control) and
+appended to ``calls.jsonl`` as soon as it completes, with its stop reason, flushed and fsynced:
+a crash or SIGKILL loses only calls in flight, and ``--resume`` skips every key already logged,
+so nothing is lost and nothing runs twice. A call that still fails after its retries is logged
+as an error and retried on the next resume (the last record of a key wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from context_ceiling.sweep.context import ContextBuilder, Prompt
+from context_ceiling.sweep.taskset import Item
+
+RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504, 529}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where calls go, and the sampling used at every level."""
+
+    base_url: str
+    api: Literal["openai", "anthropic"] = "openai"
+    model: str = "model"
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    max_tokens: int = 100
+    temperature: float = 0.0
+    json_mode: bool = True
+    reasoning: Literal["auto", "off", "openai", "anthropic"] = "auto"
+    reasoning_tokens: int = 0
+    timeout_s: float = 900.0
+    max_attempts: int = 5
+    backoff_s: float = 1.0
+    backoff_cap_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    key: str
+    item: Item
+    group: tuple[Item, ...]
+    level: float | None  # None: closed-book control
+    repeat: int
+    target: int
+
+
+def sample_key(item_id: str, level: float | None, repeat: int) -> str:
+    return f"{item_id}@closed" if level is None else f"{item_id}@{level:.4f}#{repeat}"
+
+
+class CallLog:
+    """``calls.jsonl``: append-only, one JSON record per completed call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+
+    def _repair(self) -> None:
+        """A kill mid-write leaves a partial last line: drop it before appending again."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """The last record of every key."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    out[rec["key"]] = rec
+        return out
+
+    def done(self) -> set[str]:
+        return {k for k, r in self.records().items() if r.get("status") == "ok"}
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+_REASONING_400 = re.compile(
+    r"max_completion_tokens|max_tokens.{0,80}not supported|unsupported.{0,40}(max_tokens|temperature)"
+    r"|temperature.{0,80}(not supported|does not support|only the default)",
+    re.I | re.S,
+)
+
+
+def request_of(ep: Endpoint, prompt: Prompt) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """URL, headers and body of one call. Reasoning models get what they accept: OpenAI's
+    ``max_completion_tokens`` (output plus the reasoning reservation) and no ``temperature`` or
+    ``seed``; Anthropic's extended thinking with its budget on top of ``max_tokens`` and no
+    ``temperature`` (thinking refuses one)."""
+    headers = dict(ep.headers)
+    if ep.api == "anthropic":
+        url = ep.base_url.rstrip("/") + "/v1/messages"
+        headers |= {"anthropic-version": "2023-06-01"} | (
+            {"x-api-key": ep.api_key} if ep.api_key else {}
+        )
+        payload: dict[str, Any] = {
+            "model": ep.model,
+            "max_tokens": ep.max_tokens,
+            "temperature": ep.temperature,
+            "messages": [{"role": "user", "content": prompt.user}],
+        }
+        if ep.reasoning == "anthropic":
+            budget = max(1024, ep.reasoning_tokens)
+            del payload["temperature"]
+            payload |= {
+                "max_tokens": ep.max_tokens + budget,
+                "thinking": {"type": "enabled", "budget_tokens": budget},
+            }
+        if prompt.system:
+            payload["system"] = prompt.system
+        return url, headers, payload
+    url = ep.base_url.rstrip("/") + "/chat/completions"
+    if ep.api_key:
+        headers["authorization"] = f"Bearer {ep.api_key}"
+    payload = {"model": ep.model, "messages": prompt.messages}
+    if ep.reasoning == "openai":
+        payload["max_completion_tokens"] = ep.max_tokens + ep.reasoning_tokens
+    else:
+        payload |= {"max_tokens": ep.max_tokens, "temperature": ep.temperature, "seed": 0}
+    if ep.json_mode:
+        payload["response_format"] = {"type": "json_object"}
+    return url, headers, payload
+
+
+async def call_model(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) -> dict[str, Any]:
+    """One call with retries: 429 waits for Retry-After, 5xx and timeouts back off exponentially.
+    With ``reasoning="auto"``, a 400 that refuses ``max_tokens`` or ``temperature`` (OpenAI's
+    reasoning models) is answered by resending in the reasoning form; the record says so
+    (``reasoning_mode``) and the runner keeps that form for later calls."""
+    url, headers, payload = request_of(ep, prompt)
+    error = ""
+    for attempt in range(1, ep.max_attempts + 1):
+        t0 = time.perf_counter()
+        wait: float | None = None
+        try:
+            resp = await client.post(url, json=payload, headers=headers, timeout=ep.timeout_s)
+            if resp.status_code == 200:
+                return _result(ep, resp.json(), time.perf_counter() - t0, attempt)
+            error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+            if (
+                resp.status_code == 400
+                and ep.reasoning == "auto"
+                and ep.api == "openai"
+                and _REASONING_400.search(resp.text[:2000])
+            ):
+                result = await call_model(client, replace(ep, reasoning="openai"), prompt)
+                return result | {"reasoning_mode": "openai"}
+            if resp.status_code not in RETRYABLE:
+                return {
+                    "status": "error",
+                    "error": error,
+                    "attempts": attempt,
+                    "http_status": resp.status_code,
+                }
+            wait = _retry_after(resp) if resp.status_code == 429 else None
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            error = f"{type(exc).__name__}"
+        if attempt < ep.max_attempts:
+            backoff = min(ep.backoff_cap_s, ep.backoff_s * 2 ** (attempt - 1)) * (
+                0.5 + random.random() / 2
+            )
+            await asyncio.sleep(wait if wait is not None else backoff)
+    return {"status": "error", "error": error, "attempts": ep.max_attempts}
+
+
+def _result(ep: Endpoint, body: dict[str, Any], latency: float, attempts: int) -> dict[str, Any]:
+    if ep.api == "anthropic":
+        text = "".join(
+            b.get("text", "") for b in body.get("content", []) if b.get("type") == "text"
+        )
+        usage = body.get("usage") or {}
+        prompt_tokens = sum(
+            int(usage.get(k) or 0)
+            for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        )
+        return {
+            "status": "ok",
+            "text": text,
+            "finish_reason": body.get("stop_reason"),
+            "model_reported": body.get("model"),
+            "usage_prompt": prompt_tokens,
+            "usage_completion": usage.get("output_tokens"),
+            "latency_s": round(latency, 3),
+            "attempts": attempts,
+        }
+    choice = (body.get("choices") or [{}])[0]
+    usage = body.get("usage") or {}
+    return {
+        "status": "ok",
+        "text": (choice.get("message") or {}).get("content") or "",
+        "finish_reason": choice.get("finish_reason"),
+        "model_reported": body.get("model"),
+        "usage_prompt": usage.get("prompt_tokens"),
+        "usage_completion": usage.get("completion_tokens"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "latency_s": round(latency, 3),
+        "attempts": attempts,
+    }
+
+
+class Budget:
+    """Caps on calls and tokens; the runner stops starting calls once either is reached."""
+
+    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None) -> None:
+        self.max_calls, self.max_tokens = max_calls, max_tokens
+        self.calls = 0
+        self.tokens = 0
+
+    def allows(self, tokens: int) -> bool:
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return False
+        return self.max_tokens is None or self.tokens + tokens <= self.max_tokens
+
+    def spend(self, tokens: int) -> None:
+        self.calls += 1
+        self.tokens += tokens
+
+
+class Runner:
+    def __init__(
+        self,
+        builder: ContextBuilder,
+        endpoint: Endpoint,
+        log: CallLog,
+        window: int,
+        concurrency: int = 1,
+        budget: Budget | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.builder, self.ep, self.log, self.window = builder, endpoint, log, window
+        self.concurrency = max(1, concurrency)
+        self.budget = budget or Budget()
+        self.progress = progress
+        self.errors = 0
+        self.exhausted = False
+
+    def plan(
+        self, groups: list[list[Item]], levels: Iterable[float], repeats: int, controls: bool = True
+    ) -> list[Sample]:
+        """Samples in execution order: level, repeat, haystack, question (cache-friendly)."""
+        out: list[Sample] = []
+        if controls:
+            out += [
+                Sample(sample_key(it.id, None, 0), it, (it,), None, 0, 0)
+                for g in groups
+                for it in g
+            ]
+        for level in levels:
+            target = round(level * self.window)
+            for r in range(repeats):
+                for g in groups:
+                    out += [
+                        Sample(sample_key(it.id, level, r), it, tuple(g), level, r, target)
+                        for it in g
+                    ]
+        return out
+
+    def estimate(self, samples: list[Sample]) -> tuple[int, int]:
+        """(calls, input tokens) the samples would cost: for --dry-run, before spending anything."""
+        tokens = 0
+        for s in samples:
+            tokens += (
+                self.builder.base_tokens(s.item.question) if s.level is None else s.target
+            ) + self.ep.max_tokens
+        return len(samples), tokens
+
+    async def run(self, samples: list[Sample]) -> None:
+        done = self.log.done()
+        todo = [s for s in samples if s.key not in done]
+        if not todo:
+            return
+        # one worker per haystack group keeps each group's questions in order (prefix cache)
+        queues: dict[tuple[str, ...], list[Sample]] = {}
+        for s in todo:
+            queues.setdefault((f"{s.level}#{s.repeat}", *(i.id for i in s.group)), []).append(s)
+        sem = asyncio.Semaphore(self.concurrency)
+        limits = httpx.Limits(
+            max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+        )
+        with self._progress(len(todo)) as (bar, task), contextlib.ExitStack():
+            async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+
+                async def worker(batch: list[Sample]) -> None:
+                    async with sem:
+                        for s in batch:
+                            if self.exhausted:
+                                return
+                            await self._one(client, s)
+                            if bar is not None:
+                                bar.update(
+                                    task, advance=1, tokens=self.budget.tokens, errors=self.errors
+                                )
+
+                await asyncio.gather(*(worker(b) for b in queues.values()))
+
+    async def _one(self, client: httpx.AsyncClient, s: Sample) -> None:
+        if s.level is None:
+            prompt = self.builder.build([s.item], 0, 0, closed_book=True)
+        else:
+            prompt = self.builder.build(list(s.group), s.target, s.repeat, question_item=s.item)
+        cost = prompt.tokens + self.ep.max_tokens
+        if not self.budget.allows(cost):
+            self.exhausted = True
+            return
+        result = await call_model(client, self.ep, prompt)
+        if result.get("reasoning_mode") and self.ep.reasoning == "auto":
+            self.ep = replace(self.ep, reasoning=result["reasoning_mode"])
+        self.budget.spend(cost)
+        if result["status"] != "ok":
+            self.errors += 1
+        record = {
+            "key": s.key,
+            "item": s.item.id,
+            "level": s.level,
+            "repeat": s.repeat,
+            "control": s.level is None,
+            "target_tokens": s.target,
+            "prompt_tokens": prompt.tokens,
+            "utilization": round(prompt.tokens / self.window, 5),
+            "window": self.window,
+            "gold_position": prompt.gold_positions.get(s.item.id),
+            "n_docs": len(prompt.doc_ids),
+            "shown": prompt.doc_ids,
+            "group_size": len(s.group),
+            "counter": self.builder.meter.name,
+            "ts": time.time(),
+            **result,
+        }
+        self.log.append(record)
+
+    @contextlib.contextmanager
+    def _progress(self, total: int) -> Iterator[tuple[Progress | None, Any]]:
+        if not self.progress:
+            yield None, None
+            return
+        bar = Progress(
+            TextColumn("[bold]sweep"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} calls"),
+            TextColumn("{task.fields[tokens]:,} tokens"),
+            TextColumn("{task.fields[errors]} errors"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        with bar:
+            task = bar.add_task("calls", total=total, tokens=0, errors=0)
+            yield bar, task

@@ -1,0 +1,206 @@
+"""Task sets: items, a corpus and one prompt skeleton (the dataset, kept apart from the solver).
+
+A task set is a directory:
+
+- ``taskset.json``: name, format version, description, licence;
+- ``items.jsonl``: one item per line: ``id``, ``question``, ``gold`` (evidence document ids),
+  ``answer`` (kind ``exact`` with a ``value``, ``set`` with ``values``, or ``json`` with a
+  ``value`` object and a JSON ``schema``), optional ``decoy_values`` and ``decoy_docs``;
+- ``corpus.jsonl``: one document per line: ``id``, ``text``, optional ``title``;
+- ``skeleton.txt``: the prompt template, with ``{documents}`` and ``{question}``, and a
+  ``---`` line separating the system part from the user part.
+
+Loading validates everything and names the file, line and field of the first problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FORMAT_VERSION: Literal[1] = 1
+BUNDLED = ("contracts", "spdx")
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExactAnswer(_M):
+    kind: Literal["exact"]
+    value: str
+
+
+class SetAnswer(_M):
+    kind: Literal["set"]
+    values: list[str] = Field(min_length=1)
+
+
+class JsonAnswer(_M):
+    kind: Literal["json"]
+    value: dict[str, Any]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+Answer = Annotated[ExactAnswer | SetAnswer | JsonAnswer, Field(discriminator="kind")]
+
+
+class Item(_M):
+    id: str = Field(min_length=1)
+    question: str = Field(min_length=1)
+    gold: list[str] = Field(min_length=1, description="evidence document ids")
+    answer: Answer
+    decoy_values: list[str] = Field(default_factory=list)
+    decoy_docs: list[str] = Field(default_factory=list)
+
+
+class Doc(_M):
+    id: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    title: str | None = None
+
+
+class Meta(_M):
+    name: str
+    format_version: Literal[1] = FORMAT_VERSION
+    description: str = ""
+    licence: str = ""
+    seed: int | None = None
+
+
+class TaskSetError(ValueError):
+    """A malformed task set; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    system: str
+    user: str
+    text: str
+
+    def render(self, documents: str, question: str) -> tuple[str, str]:
+        return self.system, self.user.replace("{documents}", documents).replace(
+            "{question}", question
+        )
+
+    @property
+    def hash(self) -> str:
+        return "sha256:" + hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    meta: Meta
+    items: list[Item]
+    docs: dict[str, Doc]
+    skeleton: Skeleton
+    hash: str
+    corpus_hash: str
+
+
+def _jsonl(path: Path, model: type[_M]) -> list[Any]:
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise TaskSetError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskSetError(f"{path}:{n}: not valid JSON: {exc.msg}") from exc
+        try:
+            out.append(model.model_validate(raw))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "(line)"
+            raise TaskSetError(f"{path}:{n}: {field}: {err['msg']}") from exc
+    return out
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return "sha256:" + h.hexdigest()
+
+
+def bundled_path(name: str) -> Path:
+    return Path(str(resources.files("context_ceiling.sweep") / "tasksets" / name))
+
+
+def load_taskset(path_or_name: str | Path) -> TaskSet:
+    """Load a task set directory, or a bundled one by name (``contracts``)."""
+    root = bundled_path(str(path_or_name)) if str(path_or_name) in BUNDLED else Path(path_or_name)
+    if not root.is_dir():
+        raise TaskSetError(f"{root}: not a task set directory (bundled: {', '.join(BUNDLED)})")
+    meta_path = root / "taskset.json"
+    try:
+        meta = Meta.model_validate_json(meta_path.read_text())
+    except OSError as exc:
+        raise TaskSetError(f"{meta_path}: cannot read: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise TaskSetError(
+            f"{meta_path}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+        ) from exc
+    items: list[Item] = _jsonl(root / "items.jsonl", Item)
+    docs_list: list[Doc] = _jsonl(root / "corpus.jsonl", Doc)
+    docs: dict[str, Doc] = {}
+    for n, d in enumerate(docs_list, 1):
+        if d.id in docs:
+            raise TaskSetError(f"{root / 'corpus.jsonl'}: document {n}: id: duplicate id {d.id!r}")
+        docs[d.id] = d
+    seen: set[str] = set()
+    for n, it in enumerate(items, 1):
+        if it.id in seen:
+            raise TaskSetError(f"{root / 'items.jsonl'}:{n}: id: duplicate id {it.id!r}")
+        seen.add(it.id)
+        for g in it.gold + it.decoy_docs:
+            if g not in docs:
+                raise TaskSetError(
+                    f"{root / 'items.jsonl'}:{n}: gold: document {g!r} is not in the corpus"
+                )
+    sk_path = root / "skeleton.txt"
+    try:
+        text = sk_path.read_text()
+    except OSError as exc:
+        raise TaskSetError(f"{sk_path}: cannot read: {exc.strerror or exc}") from exc
+    if "{documents}" not in text or "{question}" not in text:
+        raise TaskSetError(f"{sk_path}: the skeleton needs both {{documents}} and {{question}}")
+    system, sep, user = text.partition("\n---\n")
+    if not sep:
+        system, user = "", text
+    skeleton = Skeleton(system.strip(), user.strip(), text)
+    return TaskSet(
+        meta=meta,
+        items=items,
+        docs=docs,
+        skeleton=skeleton,
+        hash=_digest(meta_path, root / "items.jsonl", root / "corpus.jsonl", sk_path),
+        corpus_hash=_digest(root / "corpus.jsonl"),
+    )
+
+
+def write_taskset(
+    out: Path,
+    meta: dict[str, Any],
+    items: list[dict[str, Any]],
+    docs: list[dict[str, Any]],
+    skeleton: str,
+) -> None:
+    """Write a task set directory in the format :func:`load_taskset` reads (stable, diffable)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "taskset.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "items.jsonl").write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
+    (out / "corpus.jsonl").write_text("".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
+    (out / "skeleton.txt").write_text(skeleton + "\n")
