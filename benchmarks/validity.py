@@ -2,7 +2,7 @@
 
 It drives the sweep's own code (``context_ceiling.sweep.analysis.analyse_graded``, ``context_ceiling.sweep.design.next_step``,
 ``context_ceiling.sweep.regression.compare_means``, the level grid of ``context_ceiling.sweep.run``, the sample size of
-``context_ceiling.sweep.stats``) with outcomes drawn from accuracy curves that are known exactly:
+``context_ceiling.sweep.statistics``) with outcomes drawn from accuracy curves that are known exactly:
 
 - a task set of 240 items whose difficulty varies (item effects on the logit scale, SD 1), 5%
   known to the model without documents (answered right closed-book and at every fill);
@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded, item_means  # noqa: E402
 from context_ceiling.sweep.design import batch_size, next_step  # noqa: E402
+from context_ceiling.sweep.plan import levels_for  # noqa: E402
 from context_ceiling.sweep.regression import compare_means, reduced_levels  # noqa: E402
-from context_ceiling.sweep.run import _levels  # noqa: E402
-from context_ceiling.sweep.stats import accuracy_interval, difference_interval, items_for  # noqa: E402
+from context_ceiling.sweep.statistics import accuracy_interval, difference_interval, items_for  # noqa: E402
 
 WINDOW, RESERVATION, TOL, MARGIN, RESOLUTION, REPEATS = 8192, 100, 0.05, 0.1, 0.05, 3
 TASKSET, SIGMA, KNOWN, RHO = 960, 1.0, 0.05, 0.5
@@ -118,7 +118,7 @@ class SimRun:
     def __init__(self, model: Model, order: list[int]) -> None:
         self.m, self.order = model, order
         self.records: list[dict[str, Any]] = []
-        self.levels = _levels("0.2,0.5,0.8,max", WINDOW, RESERVATION, 0.1)
+        self.levels = levels_for("0.2,0.5,0.8,max", WINDOW, RESERVATION, 0.1)
         self.reference = 0.2
         self.planned = min(TASKSET, items_for(TOL, REPEATS))
         self.target = TASKSET

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from dashboards import mixin
 
+from dashboards import mixin
 from devtools.llamacpp import free_port
 from tests.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from dashboards import mixin
 
+from dashboards import mixin
 from tests.conftest import Running
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ import yaml
 
 from context_ceiling.cli import main as cli_main
 from context_ceiling.core.ceilings import load_document
-from context_ceiling.sweep.grade import grade
+from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.taskset import TaskSetError, bundled_path, load_taskset
 from devtools.generate_contracts import generate
 from tests.hosted_provider_double import serve

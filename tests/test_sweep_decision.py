@@ -17,9 +17,9 @@ import pytest
 from context_ceiling.core.ceilings import load_document
 from context_ceiling.sweep.analysis import Design, analyse_graded
 from context_ceiling.sweep.context import Prompt
-from context_ceiling.sweep.grade import grade
-from context_ceiling.sweep.runner import Endpoint, request_of
-from context_ceiling.sweep.stats import (
+from context_ceiling.sweep.scorer import grade
+from context_ceiling.sweep.solver import Endpoint, request_of
+from context_ceiling.sweep.statistics import (
     accuracy_interval,
     difference_interval,
     difference_lower,

@@ -1,125 +1,30 @@
-"""``ceiling sweep run | derive | merge | report | job``: the arguments, and dispatch."""
+"""``ceiling sweep run | derive | merge | report | job``: the arguments, and dispatch to the
+sweep's functions with typed options (the defaults are the options classes' own)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from context_ceiling.sweep.job import JobError
-from context_ceiling.sweep.results import SweepUsageError, derive, merge, report
-from context_ceiling.sweep.run import run
-from context_ceiling.sweep.taskset import TaskSetError
+from context_ceiling.cli import Parser, options
+from context_ceiling.core.wire import MODES
+from context_ceiling.sweep.derive import DeriveOptions, derive
+from context_ceiling.sweep.job import JobOptions, run_job
+from context_ceiling.sweep.merge import merge
+from context_ceiling.sweep.report import report
+from context_ceiling.sweep.run import RunOptions, run
 
 
-def add_parsers(sub: Any, cli: Callable[[Sequence[str]], int]) -> None:
-    """``cli``: the ``ceiling`` entry point, which the Kubernetes sweep job runs its steps with
-    (passed in by the command line that assembles the product: the sweep never imports it)."""
+def add_parser(sub: Any) -> None:
     sw = sub.add_parser("sweep", help="measure the usable context of a model on a workload")
     s = sw.add_subparsers(dest="action", required=True)
-    r = s.add_parser("run", help="run (or --resume) a sweep")
-    r.add_argument("--base-url", help="OpenAI-style base URL (with /v1) or Anthropic base URL")
-    r.add_argument("--api", choices=["openai", "anthropic"], default="openai")
-    r.add_argument("--model", help="model name sent upstream")
-    r.add_argument(
-        "--api-key-env",
-        help="env var holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY)",
-    )
-    r.add_argument("--taskset", default="contracts", help="bundled name or a task set directory")
-    r.add_argument(
-        "--items",
-        type=int,
-        help="items drawn (seeded) from the task set (default: as many as --tolerance needs, "
-        "started at half and added adaptively where the decision is open)",
-    )
-    r.add_argument(
-        "--levels",
-        default="0.2,0.5,0.8,max",
-        help="utilization levels; 'max' = the practical limit",
-    )
-    r.add_argument("--repeats", type=int, default=3)
-    r.add_argument(
-        "--window", default="auto", help="context window in tokens, or auto (llama.cpp /props)"
-    )
-    r.add_argument(
-        "--tokenizer", default="auto", choices=["auto", "engine", "o200k_base", "cl100k_base"]
-    )
-    r.add_argument(
-        "--tokenize-url",
-        help="the engine's root URL for /tokenize when --base-url is a sidecar or proxy",
-    )
-    r.add_argument("--max-tokens", type=int, default=100, help="output reservation per call")
-    r.add_argument("--concurrency", type=int, default=1)
-    r.add_argument(
-        "--shared-haystack",
-        action="store_true",
-        help="many items' evidence in one haystack per level",
-    )
-    r.add_argument("--no-control", action="store_true", help="skip the closed-book control calls")
-    r.add_argument("--max-calls", type=int)
-    r.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
-    r.add_argument(
-        "--refine",
-        action=argparse.BooleanOptionalAction,
-        help="measure midpoints where accuracy drops (default on, except per shard)",
-    )
-    r.add_argument(
-        "--adaptive",
-        action=argparse.BooleanOptionalAction,
-        help="add items where the decision is still open (default on, except per shard)",
-    )
-    r.add_argument(
-        "--low-fill",
-        type=float,
-        default=0.1,
-        help="a control level below the reference, to see a drop that starts before it (0: none)",
-    )
-    r.add_argument(
-        "--reasoning",
-        choices=["auto", "off", "openai", "anthropic"],
-        default="auto",
-        help="reasoning models: openai = max_completion_tokens and no temperature, anthropic = "
-        "extended thinking; auto switches to the openai form when the upstream refuses max_tokens "
-        "or temperature",
-    )
-    r.add_argument(
-        "--reasoning-tokens",
-        type=int,
-        default=0,
-        help="reasoning reservation on top of --max-tokens (thinking budget for anthropic)",
-    )
-    r.add_argument("--tolerance", type=float, default=0.05)
-    r.add_argument("--margin", type=float, default=0.1)
-    r.add_argument("--resolution", type=float, default=0.05)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument(
-        "--bypass",
-        action="store_true",
-        help="going through a sidecar: send x-ceiling-bypass (CEILING_ADMIN_TOKEN)",
-    )
-    r.add_argument(
-        "--no-json-mode", action="store_true", help="do not ask for response_format json_object"
-    )
-    r.add_argument("--out", help="run directory (default runs/<run id>)")
-    r.add_argument(
-        "--resume", action="store_true", help="continue the run in --out, skipping logged calls"
-    )
-    r.add_argument("--dry-run", action="store_true", help="print calls and tokens, spend nothing")
-    r.add_argument(
-        "--reduced",
-        action="store_true",
-        help="regression check against --baseline (its items, as many as the tolerance needs; 3 levels, 3 repeats)",
-    )
-    r.add_argument("--baseline", help="the stored run a --reduced sweep is paired against")
-    r.add_argument(
-        "--shard",
-        help="i/n: run only haystack groups with index %% n == i (Kubernetes Indexed Job)",
-    )
-    r.add_argument("--no-progress", action="store_true")
+    add_run_arguments(s.add_parser("run", help="run (or --resume) a sweep"))
     d = s.add_parser("derive", help="turn a run into a ceilings document entry")
     d.add_argument("run", help="run directory")
     d.add_argument("--model", required=True, help="the sidecar registry label of the model")
@@ -154,34 +59,170 @@ def add_parsers(sub: Any, cli: Callable[[Sequence[str]], int]) -> None:
     d.add_argument("--out", help="where to write the document (default RUN/ceilings.yaml)")
     d.add_argument(
         "--mode",
-        choices=["off", "observe", "enforce"],
+        choices=MODES,
         help="the entry's mode (overrides the sidecar's)",
     )
     m = s.add_parser("merge", help="merge shard runs into one run directory and report it")
     m.add_argument("out", help="the merged run directory")
     m.add_argument("shards", nargs="+", help="shard run directories")
-    from context_ceiling.sweep import job
-
-    job.add_parser(s)
+    _add_job_parser(s)
     p = s.add_parser("report", help="(re)write a run's report")
     p.add_argument("run")
-    sw.set_defaults(func=main, cli=cli)
+    sw.set_defaults(func=sweep_command)
 
 
-def main(args: argparse.Namespace) -> int:
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sweep run`` (the job parses its run arguments with them too)."""
+    p.add_argument("--base-url", help="OpenAI-style base URL (with /v1) or Anthropic base URL")
+    p.add_argument("--api", choices=["openai", "anthropic"])
+    p.add_argument("--model", help="model name sent upstream")
+    p.add_argument(
+        "--api-key-env",
+        help="env var holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY)",
+    )
+    p.add_argument("--taskset", help="bundled name or a task set directory")
+    p.add_argument(
+        "--items",
+        type=int,
+        help="items drawn (seeded) from the task set (default: as many as --tolerance needs, "
+        "started at half and added adaptively where the decision is open)",
+    )
+    p.add_argument(
+        "--levels",
+        help="utilization levels; 'max' = the practical limit",
+    )
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--window", help="context window in tokens, or auto (llama.cpp /props)")
+    p.add_argument("--tokenizer", choices=["auto", "engine", "o200k_base", "cl100k_base"])
+    p.add_argument(
+        "--tokenize-url",
+        help="the engine's root URL for /tokenize when --base-url is a sidecar or proxy",
+    )
+    p.add_argument("--max-tokens", type=int, help="output reservation per call")
+    p.add_argument("--concurrency", type=int)
+    p.add_argument(
+        "--shared-haystack",
+        action="store_true",
+        help="many items' evidence in one haystack per level",
+    )
+    p.add_argument("--no-control", action="store_true", help="skip the closed-book control calls")
+    p.add_argument("--max-calls", type=int)
+    p.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
+    p.add_argument(
+        "--refine",
+        action=argparse.BooleanOptionalAction,
+        help="measure midpoints where accuracy drops (default on, except per shard)",
+    )
+    p.add_argument(
+        "--adaptive",
+        action=argparse.BooleanOptionalAction,
+        help="add items where the decision is still open (default on, except per shard)",
+    )
+    p.add_argument(
+        "--low-fill",
+        type=float,
+        help="a control level below the reference, to see a drop that starts before it (0: none)",
+    )
+    p.add_argument(
+        "--reasoning",
+        choices=["auto", "off", "openai", "anthropic"],
+        help="reasoning models: openai = max_completion_tokens and no temperature, anthropic = "
+        "extended thinking; auto switches to the openai form when the upstream refuses max_tokens "
+        "or temperature",
+    )
+    p.add_argument(
+        "--reasoning-tokens",
+        type=int,
+        help="reasoning reservation on top of --max-tokens (thinking budget for anthropic)",
+    )
+    p.add_argument("--tolerance", type=float)
+    p.add_argument("--margin", type=float)
+    p.add_argument("--resolution", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--bypass",
+        action="store_true",
+        help="going through a sidecar: send x-ceiling-bypass (CEILING_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--no-json-mode", action="store_true", help="do not ask for response_format json_object"
+    )
+    p.add_argument("--out", help="run directory (default runs/<run id>)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out, skipping logged calls"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print calls and tokens, spend nothing")
+    p.add_argument(
+        "--reduced",
+        action="store_true",
+        help="regression check against --baseline (its items, as many as the tolerance needs; 3 levels, 3 repeats)",
+    )
+    p.add_argument("--baseline", help="the stored run a --reduced sweep is paired against")
+    p.add_argument(
+        "--shard",
+        help="i/n: run only haystack groups with index %% n == i (Kubernetes Indexed Job)",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(RunOptions)})
+
+
+def _add_job_parser(s: Any) -> None:
+    j = s.add_parser(
+        "job",
+        help="one pod of an Indexed Job: run a shard; the last to finish merges, derives, updates",
+        description="Run after '--' the same arguments as 'ceiling sweep run' (without --out, "
+        "--shard, --resume).",
+    )
+    j.add_argument("--root", required=True, help="the volume every shard pod mounts")
+    j.add_argument(
+        "--run-id",
+        default=os.environ.get("JOB_NAME"),
+        help="one directory per sweep under --root (default $JOB_NAME: the Job's name)",
+    )
+    j.add_argument(
+        "--index",
+        type=int,
+        default=_env_int("JOB_COMPLETION_INDEX"),
+        help="this pod's shard (default $JOB_COMPLETION_INDEX)",
+    )
+    j.add_argument("--shards", type=int, required=True, help="the Job's completions")
+    j.add_argument("--model-label", required=True, help="the sidecar registry label to derive for")
+    j.add_argument("--workload", default="default")
+    j.add_argument("--mode", choices=MODES)
+    j.add_argument(
+        "--configmap",
+        metavar="NAME[/KEY]",
+        help="update this ceilings ConfigMap (service account: get + patch on it)",
+    )
+    j.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
+    j.add_argument(
+        "--accept-unresolved",
+        action="store_true",
+        help="derive even when the deciding interval is wider than the tolerance",
+    )
+    j.add_argument("run_args", nargs=argparse.REMAINDER, help="-- then 'sweep run' arguments")
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    return int(v) if v and v.isdigit() else None
+
+
+def sweep_command(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 160)
-    try:
-        if args.action == "run":
-            return run(args, console)
-        if args.action == "derive":
-            return derive(args, console)
-        if args.action == "merge":
-            return merge(args, console)
-        if args.action == "job":
-            from context_ceiling.sweep import job
-
-            return job.run(args, console, args.cli)
-        return report(Path(args.run), console)
-    except (SweepUsageError, TaskSetError, JobError) as exc:
-        print(f"ceiling sweep {args.action}: {exc}", file=sys.stderr)
-        return 2
+    if args.action == "run":
+        return run(options(RunOptions, args), console)
+    if args.action == "derive":
+        return derive(options(DeriveOptions, args), console)
+    if args.action == "merge":
+        return merge(Path(args.out), [Path(d) for d in args.shards], console)
+    if args.action == "job":
+        run_parser = Parser(prog="ceiling sweep job -- (sweep run arguments)")
+        add_run_arguments(run_parser)
+        run_args = run_parser.parse_args([a for a in args.run_args or [] if a != "--"])
+        return run_job(
+            options(JobOptions, args),
+            options(RunOptions, run_args),
+            console,
+        )
+    return report(Path(args.run), console)

@@ -22,19 +22,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from context_ceiling.core.counting import RequestCount
+from context_ceiling.core.errors import UserError
+from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import Component
+from context_ceiling.core.wire import Mode
 
 SCHEMA_VERSION: Literal[1] = 1
 
 
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Provenance(_Doc):
+class Provenance(Strict):
     """Where a ceiling came from; any change here is a reason to re-sweep."""
 
     sweep_run_id: str | None = None
@@ -55,7 +54,7 @@ class Provenance(_Doc):
     )
 
 
-class TrafficFingerprint(_Doc):
+class TrafficFingerprint(Strict):
     """The shape of the requests the ceiling was measured on (means per request)."""
 
     system_tokens: float = Field(ge=0, default=0)
@@ -79,7 +78,7 @@ def traffic_shape(count: RequestCount) -> dict[str, float]:
     }
 
 
-class CeilingEntry(_Doc):
+class CeilingEntry(Strict):
     model: str = Field(min_length=1)
     workload: str = Field(default="default", min_length=1)
     ceiling_tokens: int = Field(gt=0, description="the input cap enforced by the sidecar")
@@ -94,7 +93,7 @@ class CeilingEntry(_Doc):
     fingerprint: TrafficFingerprint | None = None
     #: overrides the sidecar's configured mode for this model/workload: roll a new ceiling out in
     #: observe, then push it again with enforce, with no restart
-    mode: Literal["off", "observe", "enforce"] | None = None
+    mode: Mode | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> CeilingEntry:
@@ -119,7 +118,7 @@ class CeilingEntry(_Doc):
         return (self.model, self.workload)
 
 
-class CeilingsDocument(_Doc):
+class CeilingsDocument(Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
     version: int = Field(ge=0)
     updated_at: datetime | None = None
@@ -150,7 +149,7 @@ class CeilingsDocument(_Doc):
 EMPTY = CeilingsDocument(version=0)
 
 
-class CeilingsError(ValueError):
+class CeilingsError(UserError, ValueError):
     """A document that cannot be used; ``reasons`` lists every problem found."""
 
     def __init__(self, where: str, reasons: list[str]) -> None:

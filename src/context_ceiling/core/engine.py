@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 
+from context_ceiling.core.errors import CeilingError
 from context_ceiling.core.models import UpstreamSpec
 
 
-class EngineCountError(RuntimeError):
+class EngineCountError(CeilingError, RuntimeError):
     """The engine did not answer a tokenize call usefully."""
 
 

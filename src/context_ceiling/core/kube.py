@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from context_ceiling.core.errors import CeilingError
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -31,7 +33,7 @@ def split_target(target: str) -> tuple[str, str]:
     return name, key or DEFAULT_KEY
 
 
-class KubeError(Exception):
+class KubeError(CeilingError):
     """The API server could not be reached or refused; the message says what to fix."""
 
 

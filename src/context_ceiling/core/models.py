@@ -11,8 +11,9 @@ from __future__ import annotations
 import fnmatch
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import (
     CalibratedCounter,
     CountCache,
@@ -24,25 +25,21 @@ from context_ceiling.core.tokenizers import (
 OTHER = "other"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TiktokenSpec(_Strict):
+class TiktokenSpec(Strict):
     """Count with a shipped tiktoken encoding (OpenAI models)."""
 
     kind: Literal["tiktoken"] = "tiktoken"
     encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
 
 
-class HuggingFaceSpec(_Strict):
+class HuggingFaceSpec(Strict):
     """Count with a local Hugging Face ``tokenizer.json`` (open models)."""
 
     kind: Literal["huggingface"]
     path: str
 
 
-class CalibratedSpec(_Strict):
+class CalibratedSpec(Strict):
     """A shipped encoding times a fitted factor, for models without a public tokenizer."""
 
     kind: Literal["calibrated"]
@@ -50,7 +47,7 @@ class CalibratedSpec(_Strict):
     factor: float = Field(gt=0, default=1.0)
 
 
-class UpstreamSpec(_Strict):
+class UpstreamSpec(Strict):
     """Ask the serving engine itself (llama.cpp ``/apply-template`` + ``/tokenize``, vLLM
     ``/tokenize``): exact for the prompt the engine will see, at one extra loopback call.
     Components are split in proportion to the ``fallback`` encoding's counts."""
@@ -67,7 +64,7 @@ TokenizerSpec = Annotated[
 ]
 
 
-class ChatFormat(_Strict):
+class ChatFormat(Strict):
     """Per-message framing tokens the chat template adds around each message.
 
     OpenAI's published rule is 3 per message, 1 per name and 3 to prime the reply; ChatML
@@ -80,7 +77,7 @@ class ChatFormat(_Strict):
     default_system: int = Field(ge=0, default=0)
 
 
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """One registry entry."""
 
     match: str = Field(min_length=1, description="exact model name or a glob such as 'gpt-4o*'")

@@ -21,9 +21,10 @@ from context_ceiling.core.ceilings import (
     load_document,
     parse_document,
 )
+from context_ceiling.core.errors import CeilingError
 
 
-class PushError(Exception):
+class PushError(CeilingError):
     """A target refused or could not be reached; the message says which and why."""
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from context_ceiling.core.errors import CeilingError
+
 MAX_DEPTH = 64
 
 
-class RequestShapeError(ValueError):
+class RequestShapeError(CeilingError, ValueError):
     """The request body is not a valid chat request; the message names the field."""
 
 

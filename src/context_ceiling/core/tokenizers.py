@@ -23,6 +23,8 @@ from typing import Any, Protocol
 import tiktoken
 import tiktoken_ext.openai_public as _openai_public  # type: ignore[import-untyped]
 
+from context_ceiling.core.errors import UserError
+
 DATA_DIR = Path(__file__).with_name("data")
 
 #: sha256 of the official vocabulary files (the same values tiktoken pins).
@@ -34,7 +36,7 @@ ENCODING_SHA256: dict[str, str] = {
 _ctor_lock = threading.Lock()
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer could not be loaded; the message says which and why."""
 
 

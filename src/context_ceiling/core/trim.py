@@ -35,9 +35,9 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from context_ceiling.core.counting import (
     DEFAULT_CHUNK_PATTERN,
@@ -50,25 +50,20 @@ from context_ceiling.core.counting import (
     responses_items,
 )
 from context_ceiling.core.models import ChatFormat
+from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import TextCounter, TiktokenCounter
 from context_ceiling.core.utilization import Component
-
-#: request shapes: the trimmer knows the first three; Gemini's is measured and judged, not trimmed
-Api = Literal["openai", "anthropic", "responses", "gemini"]
-Stage = Literal["tool_results", "retrieved", "history"]
-KINDS: tuple[Stage, ...] = ("tool_results", "retrieved", "history")
+from context_ceiling.core.wire import STAGES, Shape, Stage
 
 MARKER = "\n[... {n} tokens removed by context-ceiling ...]\n"
 MAX_ROUNDS = 4  # trim, recount; a second round is rare (an optimistic estimate), a fourth unseen
 PLACEHOLDER = "[retrieved documents removed by context-ceiling to fit the context budget]"
 
 
-class Policy(BaseModel):
+class Policy(Strict):
     """How to trim (one per workload)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    stages: list[Stage] = Field(default_factory=lambda: list(KINDS))
+    stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
     tool_result_max_tokens: int = Field(default=1024, ge=16)
     max_retrieved_chunks: int | None = Field(default=None, ge=0)
     keep_first_user: bool = True
@@ -82,7 +77,7 @@ class FitReport:
     budget: int
     before: int
     after: int
-    removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
     cache_loss_tokens: int = 0
     actions: list[str] = field(default_factory=list)
 
@@ -103,7 +98,7 @@ def input_budget(window: int, reservation: int, ceiling_tokens: int | None = Non
     return max(0, budget)
 
 
-def requested_output(body: Mapping[str, Any], api: Api) -> int | None:
+def requested_output(body: Mapping[str, Any], api: Shape) -> int | None:
     if api == "gemini":
         cfg = body.get("generationConfig")
         v = cfg.get("maxOutputTokens") if isinstance(cfg, dict) else None
@@ -147,7 +142,7 @@ class _Trimmer:
     def __init__(
         self,
         body: Mapping[str, Any],
-        api: Api,
+        api: Shape,
         count: RequestCount,
         counter: TextCounter,
         policy: Policy,
@@ -446,7 +441,7 @@ COUNTERS = {
 def fit(
     body: Mapping[str, Any],
     *,
-    api: Api,
+    api: Shape,
     budget: int,
     counter: TextCounter | None = None,
     count: RequestCount | None = None,

@@ -20,9 +20,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.admin import Admin
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.errors import Api, error_response
+from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.passthrough import Passthrough
 from context_ceiling.sidecar.proxy import Proxy

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from context_ceiling.core.errors import CeilingError
 
-class TooLarge(Exception):
+
+class TooLarge(CeilingError):
     """More bytes than the cap allows (declared, or arrived)."""
 
 

@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     SecretStr,
@@ -29,18 +28,23 @@ from pydantic_settings import (
 )
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
+from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ModelSpec
+from context_ceiling.core.strict import Strict
 from context_ceiling.core.trim import Policy
+from context_ceiling.core.wire import Mode
 
 ENV_PREFIX = "CEILING_"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, already phrased as one line for the operator."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Section(Strict):
+    """Settings sections stay mutable: the command line applies --host/--port on top."""
+
+    model_config = ConfigDict(frozen=False)
 
 
 class Listen(_Section):
@@ -152,9 +156,6 @@ class Retrieval(_Section):
             except re.error as exc:
                 raise ValueError(f"not a valid regular expression: {exc}") from exc
         return v or None
-
-
-Mode = Literal["off", "observe", "enforce"]
 
 
 class WorkloadEnforcement(_Section):

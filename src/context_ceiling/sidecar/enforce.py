@@ -16,8 +16,9 @@ from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument
 from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.tokenizers import TextCounter
-from context_ceiling.core.trim import Api, FitReport, fit, input_budget, requested_output
-from context_ceiling.sidecar.config import Enforcement, Mode
+from context_ceiling.core.trim import FitReport, fit, input_budget, requested_output
+from context_ceiling.core.wire import Mode, Shape
+from context_ceiling.sidecar.config import Enforcement
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Decision:
 
 def decide(
     obj: dict[str, Any],
-    api: Api,
+    api: Shape,
     count: RequestCount,
     spec: ModelSpec | None,
     label: str,

@@ -7,12 +7,10 @@ format of the API the client called.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import orjson
 from starlette.responses import Response
 
-Api = Literal["openai", "anthropic", "gemini"]
+from context_ceiling.core.wire import Api
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",

@@ -20,10 +20,9 @@ from context_ceiling.core.counting import (
     count_responses,
 )
 from context_ceiling.core.models import OTHER, ModelSpec
-from context_ceiling.core.trim import Api as Shape
 from context_ceiling.core.utilization import Component
+from context_ceiling.core.wire import STAGE_COMPONENT, Api, Shape
 from context_ceiling.sidecar.enforce import Decision
-from context_ceiling.sidecar.errors import Api
 from context_ceiling.sidecar.logs import bounded, log_request
 from context_ceiling.sidecar.relay import Tap
 from context_ceiling.sidecar.state import State
@@ -39,12 +38,6 @@ from context_ceiling.sidecar.usage import (
     responses_body_usage,
     responses_count_usage,
 )
-
-_KIND_COMPONENT = {
-    "tool_results": Component.TOOL_RESULTS,
-    "retrieved": Component.RETRIEVED,
-    "history": Component.HISTORY,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +326,6 @@ class Recorder:
         comps = dict(ex.count.components)
         d = ex.decision
         if d is not None and d.body is not None and d.report is not None:
-            for kind, comp in _KIND_COMPONENT.items():
+            for kind, comp in STAGE_COMPONENT.items():
                 comps[comp] = max(0, comps[comp] - d.report.removed.get(kind, 0))
         return comps

@@ -29,8 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.bodies import BodyTooLarge, capped, check_declared
-from context_ceiling.sidecar.errors import Api, error_response
+from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.logs import log_request
 from context_ceiling.sidecar.metrics import OTHER_ROUTE
 from context_ceiling.sidecar.state import State

@@ -27,10 +27,11 @@ from context_ceiling.core.engine import EngineCountError, count_chat
 from context_ceiling.core.models import OTHER, UpstreamSpec
 from context_ceiling.core.shape import RequestShapeError
 from context_ceiling.core.trim import requested_output
-from context_ceiling.core.utilization import Component, utilization
+from context_ceiling.core.utilization import utilization
+from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, collect
 from context_ceiling.sidecar.enforce import context_error, decide
-from context_ceiling.sidecar.errors import Api, error_response
+from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
     ANTHROPIC_COUNT,
     ANTHROPIC_MESSAGES,
@@ -57,11 +58,6 @@ log = logging.getLogger("context_ceiling.sidecar.proxy")
 WORKLOAD_HEADER = "x-ceiling-workload"
 #: With the admin token as its value, the request is never trimmed (the sweep measures with it).
 BYPASS_HEADER = "x-ceiling-bypass"
-_KIND_COMPONENT = {
-    "tool_results": Component.TOOL_RESULTS,
-    "retrieved": Component.RETRIEVED,
-    "history": Component.HISTORY,
-}
 
 
 async def read_capped(resp: httpx.Response, cap: int) -> bytes:

@@ -12,6 +12,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from context_ceiling.core.errors import CeilingError
 from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
 from context_ceiling.sidecar.usage import Usage
 
@@ -28,7 +29,7 @@ class Tap(Protocol):
     def error_event(self, message: str) -> bytes: ...
 
 
-class StreamFailed(Exception):
+class StreamFailed(CeilingError):
     """Raised after the error event to abort the connection without the final chunk: the
     client's HTTP library then sees an incomplete body and raises, instead of taking a truncated
     answer for a whole one."""

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from context_ceiling.core.errors import CeilingError
+
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
-class EventTooLarge(ValueError):
+class EventTooLarge(CeilingError, ValueError):
     """One event grew past the cap without a boundary."""
 
 

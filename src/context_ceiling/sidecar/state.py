@@ -12,9 +12,9 @@ import httpx
 
 from context_ceiling.core.models import Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
+from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token
-from context_ceiling.sidecar.errors import Api
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.staleness import StalenessTracker
 from context_ceiling.sidecar.tracing import Tracing

@@ -1,6 +1,6 @@
 """Turn graded calls into a curve, and the curve into a ceiling, or a reason there is none.
 
-Per level: mean accuracy with a studentized 95% interval over items (``context_ceiling.sweep.stats``: items are
+Per level: mean accuracy with a studentized 95% interval over items (``context_ceiling.sweep.statistics``: items are
 the unit, their repeats stay with them), the min-max of accuracy across repeats, the failure
 bucket shares, the planned, logged and errored calls, and how far the sweep's own token count
 was from what the upstream reported. Each level above the reference is compared with the
@@ -29,17 +29,19 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from context_ceiling.sweep.grade import BUCKETS, grade
-from context_ceiling.sweep.runner import sample_key
-from context_ceiling.sweep.stats import (
+from context_ceiling.sweep.calllog import CallLog, sample_key
+from context_ceiling.sweep.plan import Plan
+from context_ceiling.sweep.scorer import BUCKETS, grade
+from context_ceiling.sweep.statistics import (
     MIN_ITEMS,
     accuracy_interval,
     difference_interval,
     difference_lower,
 )
-from context_ceiling.sweep.taskset import Item
+from context_ceiling.sweep.taskset import Item, TaskSet, load_taskset
 
 
 def mean(values: Iterable[float]) -> float:
@@ -411,3 +413,52 @@ def _judge(
         )
     if a.errors:
         w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
+
+
+def design_of(plan: Plan) -> Design:
+    """What the plan says was to be measured (a run of the first release: every item at every
+    planned level)."""
+    ids = plan.item_ids
+    per = {lv: ids[: plan.items_at(lv)] for lv in plan.levels}
+    n_control = plan.n_control if plan.n_control is not None else len(ids)
+    control = ids[:n_control] if plan.control else []
+    return Design(per, plan.repeats, control, plan.chain_reference)
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    """A run directory read and analysed: its plan, its calls (as rows) and its task set."""
+
+    analysis: Analysis
+    plan: Plan
+    rows: list[dict[str, Any]]
+    taskset: TaskSet
+
+
+def analysis_of(
+    out: Path,
+    tolerance: float | None = None,
+    margin: float | None = None,
+    floor: float | None = None,
+    include_closed_book: bool = False,
+) -> RunAnalysis:
+    """Read ``out`` (plan, call log, task set) and analyse it; the tolerance, margin and floor
+    default to the plan's."""
+    plan = Plan.load(out)
+    ts = load_taskset(plan.taskset_arg)
+    wanted = set(plan.item_ids)
+    items = {i.id: i for i in ts.items if i.id in wanted}
+    rows = [r.row() for r in CallLog(out / "calls.jsonl").records().values()]
+    assert plan.window is not None, "a saved plan has its window"
+    a = analyse(
+        rows,
+        items,
+        plan.window,
+        tolerance if tolerance is not None else plan.tolerance,
+        margin if margin is not None else plan.margin,
+        design=design_of(plan),
+        docs={d.id: d.text for d in ts.docs.values()},
+        floor=floor if floor is not None else (plan.min_accuracy or DEFAULT_FLOOR),
+        include_closed_book=include_closed_book,
+    )
+    return RunAnalysis(a, plan, rows, ts)

@@ -1,27 +1,38 @@
-"""From an analysed run to a ceilings entry (the shared schema), with provenance and fingerprint."""
+"""``ceiling sweep derive``: from an analysed run to a ceilings entry (the shared schema), with
+provenance and fingerprint, or the reasons there is none (exit status 1)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+from rich.console import Console
 
 from context_ceiling.core.ceilings import (
     CeilingEntry,
     CeilingsDocument,
     Provenance,
     TrafficFingerprint,
+    dump_document,
+    load_document,
+    write_atomically,
 )
-from context_ceiling.sweep.analysis import Analysis
+from context_ceiling.core.errors import CeilingError, UserError
+from context_ceiling.core.wire import Mode
+from context_ceiling.sweep.analysis import Analysis, analysis_of
+from context_ceiling.sweep.plan import Plan
 
 
-class DeriveError(ValueError):
+class DeriveError(UserError, ValueError):
     pass
 
 
 def entry_from(
     analysis: Analysis,
-    plan: dict[str, Any],
+    plan: Plan,
     records: list[dict[str, Any]],
     model: str,
     workload: str = "default",
@@ -37,6 +48,9 @@ def entry_from(
     at = [
         r for r in records if r.get("status") == "ok" and r.get("level") == analysis.ceiling_level
     ]
+    ts = plan.taskset
+    if ts is None:
+        raise DeriveError(f"{plan.run_id}: the plan was never run (no task set recorded)")
     versions = Counter(r.get("model_reported") for r in records if r.get("model_reported"))
     docs = sum(r["n_docs"] for r in at) / len(at) if at else 0.0
     return CeilingEntry(
@@ -45,20 +59,20 @@ def entry_from(
         ceiling_tokens=analysis.ceiling_tokens,
         ceiling_utilization=round(analysis.ceiling_tokens / analysis.window, 6),
         window=analysis.window,
-        output_reservation=int(plan["max_tokens"]),
+        output_reservation=plan.max_tokens,
         metric="accuracy",
         tolerance=analysis.tolerance,
         margin=analysis.margin,
         created_at=datetime.now(UTC),
         provenance=Provenance(
-            sweep_run_id=plan["run_id"],
-            task_set=plan["taskset"]["name"],
-            task_set_hash=plan["taskset"]["hash"],
-            prompt_skeleton_hash=plan["taskset"]["skeleton_hash"],
-            corpus_hash=plan["taskset"]["corpus_hash"],
+            sweep_run_id=plan.run_id,
+            task_set=ts.name,
+            task_set_hash=ts.hash,
+            prompt_skeleton_hash=ts.skeleton_hash,
+            corpus_hash=ts.corpus_hash,
             retrieval={
                 "documents_per_prompt": round(docs, 1),
-                "shared_haystack": plan["shared_haystack"],
+                "shared_haystack": plan.shared_haystack,
             },
             model_version=versions.most_common(1)[0][0] if versions else None,
             note=f"level {analysis.ceiling_level} measured at utilization "
@@ -68,10 +82,10 @@ def entry_from(
             decision=_decision(analysis),
         ),
         fingerprint=TrafficFingerprint(
-            system_tokens=float(plan["system_tokens"]),
+            system_tokens=float(plan.system_tokens or 0),
             tool_definition_tokens=0.0,
             retrieved_chunks=round(docs, 2),
-            retrieved_chunk_tokens=float(plan["mean_doc_tokens"]),
+            retrieved_chunk_tokens=float(plan.mean_doc_tokens or 0.0),
         ),
     )
 
@@ -97,3 +111,53 @@ def merged(
     entries = [e for e in (existing.entries if existing else []) if e.key != entry.key] + [entry]
     v = version if version is not None else (existing.version + 1 if existing else 1)
     return CeilingsDocument(version=v, updated_at=datetime.now(UTC), entries=entries)
+
+
+@dataclass(frozen=True)
+class DeriveOptions:
+    """``ceiling sweep derive``; ``None`` takes the run's own (tolerance, margin, floor)."""
+
+    run: str
+    model: str
+    workload: str = "default"
+    tolerance: float | None = None
+    margin: float | None = None
+    merge: str | None = None  # an existing ceilings document to add the entry to (version + 1)
+    min_accuracy: float | None = None
+    accept_unresolved: bool = False
+    force: bool = False
+    include_closed_book: bool = False
+    out: str | None = None
+    mode: Mode | None = None
+
+
+def derive(opts: DeriveOptions, console: Console) -> int:
+    """Write the ceilings document; or print every refusal and raise (exit status 1)."""
+    out = Path(opts.run)
+    ra = analysis_of(out, opts.tolerance, opts.margin, opts.min_accuracy, opts.include_closed_book)
+    a = ra.analysis
+    refusals = a.blocking(opts.accept_unresolved)
+    if refusals and opts.force and a.ceiling_level is not None:
+        for why in refusals:
+            console.print(f"[bold yellow]forced past:[/] {why}")
+    elif refusals:
+        for why in refusals:
+            console.print(f"[bold red]refused:[/] {why}")
+        raise CeilingError(f"no ceiling written for {out}: {refusals[0]}")
+    entry = entry_from(a, ra.plan, ra.rows, opts.model, opts.workload)
+    if opts.mode:
+        entry = entry.model_copy(update={"mode": opts.mode})
+    existing = load_document(opts.merge) if opts.merge else None
+    doc = merged(existing, entry)
+    target = Path(opts.out) if opts.out else out / "ceilings.yaml"
+    write_atomically(target, dump_document(doc))
+    if not a.resolved and not opts.force:
+        console.print(
+            "[bold yellow]unresolved[/]: written because --accept-unresolved was given; the "
+            "provenance says so"
+        )
+    console.print(
+        f"{entry.model}/{entry.workload}: ceiling {entry.ceiling_tokens:,} tokens "
+        f"({entry.ceiling_utilization:.1%} of {entry.window:,}), document version {doc.version} -> {target}"
+    )
+    return 0

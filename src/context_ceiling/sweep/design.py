@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from context_ceiling.sweep.analysis import Analysis, LevelStats
-from context_ceiling.sweep.stats import MIN_ITEMS
+from context_ceiling.sweep.statistics import MIN_ITEMS
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,15 @@ differences has twice the variance, and on unchanged curves it said "holds" in 1
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from context_ceiling.sweep.analysis import Analysis, graded, item_means, mean
-from context_ceiling.sweep.stats import difference_interval, difference_lower
+from rich.console import Console
+
+from context_ceiling.sweep.analysis import Analysis, analysis_of, graded, item_means, mean
+from context_ceiling.sweep.statistics import difference_interval, difference_lower
 from context_ceiling.sweep.taskset import Item
 
 EXIT = {"holds": 0, "moved": 1, "inconclusive": 3}
@@ -176,3 +180,29 @@ def compare_means(
             f"{worst.n_items_now} items: not shown to be within the tolerance ({tol:.0%})"
         )
     return v
+
+
+def verdict(out: Path, baseline: Path, console: Console) -> int:
+    """A ``--reduced`` run against its baseline: ``verdict.json``, the lines, and the exit status
+    (0 holds, 1 moved, 3 inconclusive)."""
+    new = analysis_of(out)
+    old = analysis_of(baseline)
+    ts = new.taskset
+    v = compare(
+        old.analysis,
+        new.analysis,
+        old.rows,
+        new.rows,
+        {i.id: i for i in ts.items},
+        docs={d.id: d.text for d in ts.docs.values()},
+    )
+    (out / "verdict.json").write_text(json.dumps(v.to_json(), indent=2))
+    for e in v.levels:
+        console.print(
+            f"level {e.level:g}: baseline {e.baseline_accuracy:.0%} -> now {e.accuracy:.0%}; drop "
+            f"from the reference {e.baseline_drop:+.0%} -> {e.drop:+.0%} (change {e.change:+.0%}, "
+            f"95% CI {e.change_ci[0]:+.0%}..{e.change_ci[1]:+.0%}, {e.n_items} items)"
+        )
+    colour = {"holds": "[bold green]", "moved": "[bold red]"}.get(v.outcome, "[bold yellow]")
+    console.print(colour + v.text)
+    return v.exit_code

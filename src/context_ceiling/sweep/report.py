@@ -8,13 +8,13 @@ import io
 import itertools
 import json
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from context_ceiling.sweep.analysis import Analysis
-from context_ceiling.sweep.grade import BUCKETS
+from context_ceiling.sweep.analysis import Analysis, analysis_of
+from context_ceiling.sweep.plan import Plan
+from context_ceiling.sweep.scorer import BUCKETS
 
 COLORS = {
     "correct": "#2e7d32",
@@ -157,16 +157,29 @@ def ceiling_line(a: Analysis) -> str:
     )
 
 
-def write(
-    out: Path, a: Analysis, plan: dict[str, Any], console: Console | None = None
-) -> dict[str, Path]:
-    title = f"{plan['endpoint']['model']} on {plan['taskset']['name']} (window {a.window:,})"
+#: what the report shows of the plan
+PROVENANCE = {
+    "run_id",
+    "created_at",
+    "taskset",
+    "endpoint",
+    "levels",
+    "repeats",
+    "seed",
+    "counter",
+    "shared_haystack",
+}
+
+
+def write(out: Path, a: Analysis, plan: Plan, console: Console | None = None) -> dict[str, Path]:
+    ts = plan.taskset.model_dump() if plan.taskset else {}
+    title = f"{plan.model} on {ts.get('name', plan.taskset_arg)} (window {a.window:,})"
     png = plot(a, title)
     (out / "curve.png").write_bytes(png)
     summary = {
-        "run_id": plan["run_id"],
-        "model": plan["endpoint"]["model"],
-        "taskset": plan["taskset"],
+        "run_id": plan.run_id,
+        "model": plan.model,
+        "taskset": ts,
         "analysis": a.to_json(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -192,7 +205,7 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
 <th>repeats</th><th>vs reference</th><th>pass</th><th>missed</th><th>decoyed</th><th>reasoned wrongly</th><th>truncated/refused</th></tr>
 {rows}</table>
 <h2>Notes</h2><ul>{warn or "<li>none</li>"}</ul>
-<h2>Provenance</h2><pre>{html.escape(json.dumps({k: plan[k] for k in ("run_id", "created_at", "taskset", "endpoint", "levels", "repeats", "seed", "counter", "shared_haystack")}, indent=2, default=str))}</pre>
+<h2>Provenance</h2><pre>{html.escape(plan.model_dump_json(indent=2, include=PROVENANCE))}</pre>
 </body></html>"""
     (out / "report.html").write_text(page)
     if console is not None:
@@ -203,3 +216,11 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
         for w in a.warnings:
             console.print(f"[yellow]note:[/] {w}")
     return {"png": out / "curve.png", "html": out / "report.html", "json": out / "summary.json"}
+
+
+def report(out: Path, console: Console) -> int:
+    """``ceiling sweep report``: (re)write a run's report from its plan and log."""
+    ra = analysis_of(out)
+    paths = write(out, ra.analysis, ra.plan, console)
+    console.print(f"report: {paths['html']}  plot: {paths['png']}  summary: {paths['json']}")
+    return 0

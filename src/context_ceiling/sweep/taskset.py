@@ -22,27 +22,26 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
+
+from context_ceiling.core.errors import UserError
+from context_ceiling.core.strict import Strict
 
 FORMAT_VERSION: Literal[1] = 1
 BUNDLED = ("contracts", "spdx")
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ExactAnswer(_M):
+class ExactAnswer(Strict):
     kind: Literal["exact"]
     value: str
 
 
-class SetAnswer(_M):
+class SetAnswer(Strict):
     kind: Literal["set"]
     values: list[str] = Field(min_length=1)
 
 
-class JsonAnswer(_M):
+class JsonAnswer(Strict):
     kind: Literal["json"]
     value: dict[str, Any]
     schema_: dict[str, Any] = Field(alias="schema")
@@ -51,7 +50,7 @@ class JsonAnswer(_M):
 Answer = Annotated[ExactAnswer | SetAnswer | JsonAnswer, Field(discriminator="kind")]
 
 
-class Item(_M):
+class Item(Strict):
     id: str = Field(min_length=1)
     question: str = Field(min_length=1)
     gold: list[str] = Field(min_length=1, description="evidence document ids")
@@ -60,13 +59,13 @@ class Item(_M):
     decoy_docs: list[str] = Field(default_factory=list)
 
 
-class Doc(_M):
+class Doc(Strict):
     id: str = Field(min_length=1)
     text: str = Field(min_length=1)
     title: str | None = None
 
 
-class Meta(_M):
+class Meta(Strict):
     name: str
     format_version: Literal[1] = FORMAT_VERSION
     description: str = ""
@@ -74,7 +73,7 @@ class Meta(_M):
     seed: int | None = None
 
 
-class TaskSetError(ValueError):
+class TaskSetError(UserError, ValueError):
     """A malformed task set; the message names the file, line and field."""
 
 
@@ -104,7 +103,7 @@ class TaskSet:
     corpus_hash: str
 
 
-def _jsonl(path: Path, model: type[_M]) -> list[Any]:
+def _jsonl(path: Path, model: type[Strict]) -> list[Any]:
     out = []
     try:
         lines = path.read_text().splitlines()

@@ -1,29 +1,25 @@
-"""Run a sweep's calls (the solver): bounded concurrency, retries, a budget, an append-only log.
+"""The solver: a sweep's calls, with bounded concurrency, retries and a budget, each result
+appended to the call log (:mod:`context_ceiling.sweep.calllog`) as soon as it completes.
 
-Every call is keyed ``item@level#repeat`` (``item@closed`` for the closed-book control) and
-appended to ``calls.jsonl`` as soon as it completes, with its stop reason, flushed and fsynced:
-a crash or SIGKILL loses only calls in flight, and ``--resume`` skips every key already logged,
-so nothing is lost and nothing runs twice. A call that still fails after its retries is logged
-as an error and retried on the next resume (the last record of a key wins).
+One worker per haystack group keeps a group's questions in order, so an engine's prefix cache
+serves them; the prompt is built and measured by :mod:`context_ceiling.sweep.context`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import random
 import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
 from context_ceiling.sweep.context import ContextBuilder, Prompt
 from context_ceiling.sweep.taskset import Item
 
@@ -58,48 +54,6 @@ class Sample:
     level: float | None  # None: closed-book control
     repeat: int
     target: int
-
-
-def sample_key(item_id: str, level: float | None, repeat: int) -> str:
-    return f"{item_id}@closed" if level is None else f"{item_id}@{level:.4f}#{repeat}"
-
-
-class CallLog:
-    """``calls.jsonl``: append-only, one JSON record per completed call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair()
-
-    def _repair(self) -> None:
-        """A kill mid-write leaves a partial last line: drop it before appending again."""
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-
-    def records(self) -> dict[str, dict[str, Any]]:
-        """The last record of every key."""
-        out: dict[str, dict[str, Any]] = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    out[rec["key"]] = rec
-        return out
-
-    def done(self) -> set[str]:
-        return {k for k, r in self.records().items() if r.get("status") == "ok"}
-
-    def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
@@ -345,24 +299,24 @@ class Runner:
         self.budget.spend(cost)
         if result["status"] != "ok":
             self.errors += 1
-        record = {
-            "key": s.key,
-            "item": s.item.id,
-            "level": s.level,
-            "repeat": s.repeat,
-            "control": s.level is None,
-            "target_tokens": s.target,
-            "prompt_tokens": prompt.tokens,
-            "utilization": round(prompt.tokens / self.window, 5),
-            "window": self.window,
-            "gold_position": prompt.gold_positions.get(s.item.id),
-            "n_docs": len(prompt.doc_ids),
-            "shown": prompt.doc_ids,
-            "group_size": len(s.group),
-            "counter": self.builder.meter.name,
-            "ts": time.time(),
+        record = CallRecord(
+            key=s.key,
+            item=s.item.id,
+            level=s.level,
+            repeat=s.repeat,
+            control=s.level is None,
+            target_tokens=s.target,
+            prompt_tokens=prompt.tokens,
+            utilization=round(prompt.tokens / self.window, 5),
+            window=self.window,
+            gold_position=prompt.gold_positions.get(s.item.id),
+            n_docs=len(prompt.doc_ids),
+            shown=prompt.doc_ids,
+            group_size=len(s.group),
+            counter=self.builder.meter.name,
+            ts=time.time(),
             **result,
-        }
+        )
         self.log.append(record)
 
     @contextlib.contextmanager

@@ -1,0 +1,48 @@
+"""``ceiling push``: a ceilings document to running sidecars, a file and/or a ConfigMap."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from context_ceiling.core.errors import UserError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("push", help="push a ceilings document to sidecars (admin API) or a file")
+    p.add_argument("document", help="ceilings document (YAML or JSON)")
+    p.add_argument("--to", action="append", metavar="URL", help="sidecar base URL; repeat for many")
+    p.add_argument(
+        "--file",
+        metavar="PATH",
+        help="write the document here atomically (e.g. a ConfigMap checkout)",
+    )
+    p.add_argument(
+        "--to-configmap",
+        metavar="NAME[/KEY]",
+        help="update this ConfigMap (key ceilings.yaml) with the pod's service account",
+    )
+    p.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
+    p.add_argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    p.add_argument("--force", action="store_true", help="apply even if the version is not newer")
+    p.set_defaults(func=push_command)
+
+
+def push_command(args: argparse.Namespace) -> int:
+    from context_ceiling.core.push import push
+
+    if not args.to and not args.file and not args.to_configmap:
+        raise UserError(
+            "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
+        )
+    lines = push(
+        args.document,
+        args.to or [],
+        args.file,
+        configmap=args.to_configmap,
+        namespace=args.namespace,
+        dry_run=args.dry_run,
+        force=args.force,
+    )
+    print("\n".join(lines))
+    return 0

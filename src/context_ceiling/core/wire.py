@@ -1,0 +1,42 @@
+"""The vocabulary every layer shares, defined once: which API a client speaks, which shape a
+request body has, the enforcement modes, and the trimming stages with the input component each
+one removes tokens from.
+
+Why one module: the sidecar renders errors per ``Api``, the trimmer works per ``Shape``, the
+config, the ceilings document and the command line all accept a ``Mode``, and the metrics and
+spans report trimmed tokens per component. Defined apart, they drifted (two ``Api`` literals with
+different members); here a new API or stage is one edit that mypy then follows everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal, get_args
+
+from context_ceiling.core.utilization import Component
+
+#: whose client called: the error body's format and the SDK that must parse it
+Api = Literal["openai", "anthropic", "gemini"]
+
+#: the request body's shape (OpenAI's Responses API is an OpenAI client with another shape); the
+#: trimmer knows the first three, Gemini's is measured and judged, not trimmed
+Shape = Literal["openai", "anthropic", "responses", "gemini"]
+
+#: ``off``: forward untouched; ``observe``: measure and report what enforcing would do;
+#: ``enforce``: trim (or reject) to the ceiling
+Mode = Literal["off", "observe", "enforce"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+
+#: the trimming stages, in their default order
+Stage = Literal["tool_results", "retrieved", "history"]
+STAGES: tuple[Stage, ...] = get_args(Stage)
+
+#: the input component each stage removes tokens from
+STAGE_COMPONENT: Mapping[Stage, Component] = MappingProxyType(
+    {
+        "tool_results": Component.TOOL_RESULTS,
+        "retrieved": Component.RETRIEVED,
+        "history": Component.HISTORY,
+    }
+)

@@ -1,0 +1,111 @@
+"""The call log (``calls.jsonl``): one typed record per completed call, append-only.
+
+Every call is keyed ``item@level#repeat`` (``item@closed`` for the closed-book control) and
+appended as soon as it completes, flushed and fsynced: a crash or SIGKILL loses only calls in
+flight, and ``--resume`` skips every key already logged, so nothing is lost and nothing runs
+twice. A call that still fails after its retries is logged as an error and retried on the next
+resume (the last record of a key wins). Records are validated on the way in and on the way out,
+so a log from another version or a hand-edited line is an error that names the line, not a
+``KeyError`` deep in the statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from context_ceiling.core.errors import UserError
+from context_ceiling.core.strict import Strict
+
+
+def sample_key(item_id: str, level: float | None, repeat: int) -> str:
+    """The one definition of a call's identity (the log, resume and the analysis use it)."""
+    return f"{item_id}@closed" if level is None else f"{item_id}@{level:.4f}#{repeat}"
+
+
+class CallRecord(Strict):
+    """One completed call: what was sent (the sample and its measured prompt) and what came back.
+    Grading is not stored: the scorer is applied to the log, so re-grading is free."""
+
+    key: str
+    item: str
+    level: float | None  # None: the closed-book control
+    repeat: int
+    control: bool
+    target_tokens: int = 0
+    prompt_tokens: int = 0
+    utilization: float = 0.0
+    window: int = 0
+    gold_position: float | None = None
+    n_docs: int = 0
+    shown: list[str] = Field(default_factory=list)
+    group_size: int = 1
+    counter: str = ""
+    ts: float = 0.0
+    status: Literal["ok", "error"]
+    text: str | None = None
+    finish_reason: str | None = None
+    model_reported: str | None = None
+    usage_prompt: int | None = None
+    usage_completion: int | None = None
+    cached_tokens: int | None = None
+    latency_s: float | None = None
+    attempts: int = 1
+    error: str | None = None
+    http_status: int | None = None
+    reasoning_mode: Literal["openai", "anthropic"] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The record as the statistics read it (a plain mapping they add grades to)."""
+        return self.model_dump()
+
+
+class CallLog:
+    """``calls.jsonl``: append-only, one JSON record per completed call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+
+    def _repair(self) -> None:
+        """A kill mid-write leaves a partial last line: drop it before appending again."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def records(self) -> dict[str, CallRecord]:
+        """The last record of every key."""
+        out: dict[str, CallRecord] = {}
+        if self.path.exists():
+            for n, line in enumerate(self.path.read_text().splitlines(), 1):
+                if line.strip():
+                    try:
+                        rec = CallRecord.model_validate(json.loads(line))
+                    except ValidationError as exc:
+                        err = exc.errors()[0]
+                        where = ".".join(str(p) for p in err["loc"]) or "(record)"
+                        raise UserError(
+                            f"{self.path}:{n}: not a call record: {where}: {err['msg']}"
+                        ) from exc
+                    except ValueError as exc:
+                        raise UserError(f"{self.path}:{n}: not JSON ({exc})") from exc
+                    out[rec.key] = rec
+        return out
+
+    def done(self) -> set[str]:
+        return {k for k, r in self.records().items() if r.status == "ok"}
+
+    def append(self, record: CallRecord) -> None:
+        line = record.model_dump_json() + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())

@@ -1,0 +1,185 @@
+"""The plan (``plan.json``): what a sweep measures, written before its first call.
+
+Task set, endpoint, levels, repeats, window, counter, seed and shard are fixed here, so a resumed
+or sharded run measures exactly what was planned, and the analysis judges the log against the
+plan (a planned call that is missing fails its level) rather than against whatever the log holds.
+The adaptive parts (items drawn, the batches they came in, items per level, refined levels) are
+updated in place and saved before the calls they add are made.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from pydantic import ConfigDict, Field, ValidationError
+
+from context_ceiling.core.errors import UserError
+from context_ceiling.core.strict import Strict
+from context_ceiling.core.utilization import practical_limit
+from context_ceiling.sweep.taskset import Item
+
+PLAN_FILE = "plan.json"
+
+
+class EndpointRef(Strict):
+    base_url: str
+    api: Literal["openai", "anthropic"]
+    model: str
+
+
+class TaskSetRef(Strict):
+    """The task set's identity: any change to it is a reason to re-sweep."""
+
+    name: str
+    hash: str
+    corpus_hash: str
+    skeleton_hash: str
+
+
+class Plan(Strict):
+    """``plan.json``. Mutable on purpose: the adaptive design grows it between batches."""
+
+    model_config = ConfigDict(frozen=False, validate_assignment=True)
+
+    run_id: str
+    created_at: str = ""
+    base_url: str
+    api: Literal["openai", "anthropic"] = "openai"
+    model: str
+    taskset_arg: str
+    items: int | None = None  # a fixed number of items asked for (None: by the tolerance)
+    levels_arg: str = "0.2,0.5,0.8,max"
+    repeats: int = 3
+    window_arg: str = "auto"
+    tokenizer: str = "auto"
+    tokenize_url: str | None = None
+    max_tokens: int = 100
+    shared_haystack: bool = False
+    control: bool = True
+    seed: int = 0
+    json_mode: bool = True
+    tolerance: float = 0.05
+    margin: float = 0.1
+    resolution: float = 0.05
+    min_accuracy: float | None = None
+    shard: tuple[int, int] | None = None
+    refine: bool = False
+    adaptive: bool = False
+    low_fill: float = 0.0
+    reasoning: Literal["auto", "off", "openai", "anthropic"] = "auto"
+    reasoning_tokens: int = 0
+    baseline: str | None = None  # the run a --reduced regression check is paired against
+    merged_from: list[str] | None = None
+    # resolved before the first call
+    window: int | None = None
+    counter: str | None = None
+    endpoint: EndpointRef | None = None
+    taskset: TaskSetRef | None = None
+    groups: int | None = None
+    system_tokens: int | None = None
+    mean_doc_tokens: float | None = None
+    # the design, grown as the sweep runs
+    levels: list[float] = Field(default_factory=list)
+    reference: float | None = None
+    item_ids: list[str] = Field(default_factory=list)
+    batches: list[int] = Field(default_factory=list)
+    n_at: dict[str, int] = Field(default_factory=dict)
+    n_control: int | None = None
+    planned_items: int | None = None
+    item_cap: int | None = None
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Plan:
+        path = run_dir / PLAN_FILE
+        if not path.exists():
+            raise UserError(f"{run_dir}: not a run directory (no {PLAN_FILE})")
+        try:
+            return cls.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(document)"
+            raise UserError(f"{path}: {where}: {err['msg']}") from exc
+
+    def save(self, run_dir: Path) -> None:
+        (run_dir / PLAN_FILE).write_text(self.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+    def items_at(self, level: float) -> int:
+        """How many of the drawn items are measured at ``level``."""
+        return int(self.n_at.get(level_key(level), len(self.item_ids)))
+
+    @property
+    def chain_reference(self) -> float:
+        """The reference level: the lowest level in the decision chain (the low-fill control lies
+        below it and is not in the chain)."""
+        if self.reference is not None:
+            return self.reference
+        chain = [lv for lv in self.levels if lv != self.low_fill] or self.levels
+        return min(chain)
+
+
+def level_key(level: float) -> str:
+    """How a level is written as a JSON key (four decimals, like the call keys)."""
+    return f"{level:.4f}"
+
+
+def engine_root(base_url: str) -> str:
+    """An OpenAI-style base URL without its ``/v1``: where llama.cpp serves /props and /tokenize."""
+    u = base_url.rstrip("/")
+    return u[:-3] if u.endswith("/v1") else u
+
+
+def window_of(arg: str, base_url: str) -> int:
+    """``--window``: a number of tokens, or ``auto`` (a llama.cpp server's /props)."""
+    if arg != "auto":
+        try:
+            return int(arg)
+        except ValueError as exc:
+            raise UserError(f"--window must be a number of tokens or auto, not {arg!r}") from exc
+    try:
+        props = httpx.get(engine_root(base_url) + "/props", timeout=10, trust_env=False).json()
+        return int(props["default_generation_settings"]["n_ctx"])
+    except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
+        raise UserError("--window auto needs a llama.cpp server (/props); pass --window N") from exc
+
+
+def levels_for(spec: str, window: int, reservation: int, low_fill: float = 0.0) -> list[float]:
+    """The planned levels; ``low_fill`` (a control below the reference) is added when it lies
+    below the lowest level asked for."""
+    limit = round(practical_limit(window, reservation + 16), 4)
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            v = limit if part == "max" else float(part)
+        except ValueError as exc:
+            raise UserError(f"--levels: {part!r} is not a number or 'max'") from exc
+        if not 0 < v <= limit:
+            raise UserError(
+                f"--levels: {v} is outside (0, {limit}] (the practical limit for this window)"
+            )
+        out.append(round(v, 4))
+    if 0 < low_fill < min(out):
+        out.append(round(low_fill, 4))
+    return sorted(set(out))
+
+
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """``--shard i/n``."""
+    if spec is None:
+        return None
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError as exc:
+        raise UserError(f"--shard must look like i/n (e.g. 0/4), not {spec!r}") from exc
+    if not 0 <= i < n:
+        raise UserError(f"--shard {spec}: need 0 <= i < n")
+    return i, n
+
+
+def item_order(items: list[Item], seed: int) -> list[Item]:
+    """The seeded order items are drawn in: a larger run is a superset of a smaller one."""
+    rng = random.Random(seed)
+    return sorted(items, key=lambda _: rng.random())
