@@ -133,6 +133,12 @@ class CeilingsDocument(Strict):
             seen.add(e.key)
         return self
 
+    def is_newer_than(self, running: CeilingsDocument) -> bool:
+        """The version rule, defined once: a document replaces the running one only with a
+        higher version (so a stale push or an older file cannot roll ceilings back), unless
+        nothing is running yet; ``--force`` is the caller's explicit exception."""
+        return running is EMPTY or self.version > running.version
+
     def lookup(self, model: str, workload: str) -> CeilingEntry | None:
         """The entry for (model, workload), else the model's ``default`` workload entry."""
         return self.index.get((model, workload)) or self.index.get((model, "default"))

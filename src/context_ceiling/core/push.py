@@ -88,7 +88,7 @@ def push(
         lines.append(f"{target}: version {old.version} -> {doc.version}")
         lines += ["  " + c.line() for c in diff(old, doc)]
         if not dry_run:
-            if not force and old is not EMPTY and doc.version <= old.version:
+            if not force and not doc.is_newer_than(old):
                 failures.append(
                     f"{target}: version {doc.version} is not newer than {old.version} (use --force)"
                 )
@@ -157,7 +157,7 @@ def _to_configmap(
             lines += ["  " + c.line() for c in diff(old, doc)]
             if dry_run:
                 return lines
-            if not force and old is not EMPTY and doc.version <= old.version:
+            if not force and not doc.is_newer_than(old):
                 raise PushError(
                     f"{where}: version {doc.version} is not newer than {old.version} (use --force)"
                 )

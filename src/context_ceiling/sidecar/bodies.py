@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import httpx
+from starlette.requests import Request
+
 from context_ceiling.core.errors import CeilingError
 
 
@@ -45,3 +48,19 @@ async def collect(
     """A whole body of at most ``cap`` bytes."""
     check_declared(declared, cap, exc)
     return b"".join([c async for c in capped(chunks, cap, exc)])
+
+
+async def read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
+    its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
+    return await collect(
+        resp.aiter_bytes(), resp.headers.get("content-length"), cap, ResponseTooLarge
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
+    part of its body and then nothing must not hold a connection and its buffer forever)."""
+    return await collect(
+        request.stream(), request.headers.get("content-length"), limit, BodyTooLarge
+    )

@@ -13,15 +13,10 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import anyio
-from prometheus_client import Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from context_ceiling.core.ceilings import (
     EMPTY,
@@ -56,29 +51,17 @@ class CeilingStore:
         self.staleness = staleness
         self.current: CeilingsDocument = EMPTY
         self._digest: bytes | None = None
-        r = metrics.registry
-        self.reloads = Counter(
-            "llm_context_config_reloads",
-            "Ceilings reload attempts by source and result.",
-            ["source", "result"],
-            registry=r,
-        )
-        self.last_success = Gauge(
-            "llm_context_config_last_reload_success_timestamp_seconds",
-            "When the ceilings were last applied successfully.",
-            registry=r,
-        )
-        self.version = Gauge(
-            "llm_context_config_version", "Version of the running ceilings document.", registry=r
-        )
-        r.register(_CeilingCollector(self))
+        self.reloads = metrics.config_reloads
+        self.last_success = metrics.config_last_success
+        self.version = metrics.config_version
+        metrics.watch_ceilings(self)
 
     # -- validation and apply --------------------------------------------------------------
 
     def problems(self, doc: CeilingsDocument, force: bool = False) -> list[str]:
         """Why ``doc`` cannot replace the running document (empty: it can)."""
         reasons: list[str] = []
-        if not force and self.current is not EMPTY and doc.version <= self.current.version:
+        if not force and not doc.is_newer_than(self.current):
             reasons.append(
                 f"version {doc.version} is not newer than the running version {self.current.version} "
                 "(increase it, or force)"
@@ -213,38 +196,3 @@ class CeilingStore:
                 ):
                     self.reload_file("file")
             await anyio.sleep(poll_interval)
-
-
-class _CeilingCollector(Collector):
-    """Gauges computed at scrape time from the running document, so they are always current."""
-
-    def __init__(self, store: CeilingStore) -> None:
-        self.store = store
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        doc = self.store.current
-        tokens = GaugeMetricFamily(
-            "llm_context_ceiling_tokens", "The running input ceiling.", labels=["model", "workload"]
-        )
-        age = GaugeMetricFamily(
-            "llm_context_ceiling_age_seconds",
-            "Seconds since the running ceiling was derived.",
-            labels=["model", "workload"],
-        )
-        now = datetime.now(UTC)
-        for e in doc.entries:
-            tokens.add_metric([e.model, e.workload], e.ceiling_tokens)
-            created = e.created_at if e.created_at.tzinfo else e.created_at.replace(tzinfo=UTC)
-            age.add_metric([e.model, e.workload], (now - created).total_seconds())
-        stale = GaugeMetricFamily(
-            "llm_context_ceiling_stale",
-            "1 while live traffic no longer looks like what the ceiling was measured on, by reason.",
-            labels=["model", "workload", "reason"],
-        )
-        for (model, workload), reasons in self.store.staleness.states(doc):
-            for reason, active in reasons.items():
-                stale.add_metric([model, workload, reason], 1.0 if active else 0.0)
-        return [tokens, age, stale]
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return []

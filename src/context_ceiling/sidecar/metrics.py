@@ -7,12 +7,15 @@ bounded: ``model`` is a registry label or ``other``, ``workload`` a configured n
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from context_ceiling.core.ceilings import CeilingsDocument
 from context_ceiling.core.tokenizers import CountCache
 from context_ceiling.core.utilization import COMPONENTS, Component
 
@@ -132,6 +135,22 @@ CEILING_RATIO_BUCKETS = (
     1.25,
     1.5,
 )
+
+
+class _Staleness(Protocol):
+    def states(
+        self, doc: CeilingsDocument
+    ) -> Iterable[tuple[tuple[str, str], dict[str, bool]]]: ...
+
+
+class RunningCeilings(Protocol):
+    """What the ceiling gauges read: the running document and its staleness states."""
+
+    @property
+    def current(self) -> CeilingsDocument: ...
+
+    @property
+    def staleness(self) -> _Staleness: ...
 
 
 class Metrics:
@@ -255,6 +274,26 @@ class Metrics:
             registry=r,
         )
 
+        # the ceilings document: reloads and the running version (set by the ceilings store)
+        self.config_reloads = Counter(
+            "llm_context_config_reloads",
+            "Ceilings reload attempts by source and result.",
+            ["source", "result"],
+            registry=r,
+        )
+        self.config_last_success = Gauge(
+            "llm_context_config_last_reload_success_timestamp_seconds",
+            "When the ceilings were last applied successfully.",
+            registry=r,
+        )
+        self.config_version = Gauge(
+            "llm_context_config_version", "Version of the running ceilings document.", registry=r
+        )
+
+    def watch_ceilings(self, store: RunningCeilings) -> None:
+        """Expose the running ceilings (tokens, age, staleness), read at scrape time."""
+        self.registry.register(_CeilingCollector(store))
+
     def watch_count_cache(self, cache: CountCache) -> None:
         """Expose the count cache's hit/miss counts, read at scrape time (nothing on the hot path)."""
         self.registry.register(_CountCacheCollector(cache))
@@ -294,3 +333,38 @@ class _CountCacheCollector(Collector):
         yield GaugeMetricFamily(
             "llm_context_count_cache_bytes", "Text held by the token-count cache.", value=c.bytes
         )
+
+
+class _CeilingCollector(Collector):
+    """Gauges computed at scrape time from the running document, so they are always current."""
+
+    def __init__(self, store: RunningCeilings) -> None:
+        self.store = store
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        doc = self.store.current
+        tokens = GaugeMetricFamily(
+            "llm_context_ceiling_tokens", "The running input ceiling.", labels=["model", "workload"]
+        )
+        age = GaugeMetricFamily(
+            "llm_context_ceiling_age_seconds",
+            "Seconds since the running ceiling was derived.",
+            labels=["model", "workload"],
+        )
+        now = datetime.now(UTC)
+        for e in doc.entries:
+            tokens.add_metric([e.model, e.workload], e.ceiling_tokens)
+            created = e.created_at if e.created_at.tzinfo else e.created_at.replace(tzinfo=UTC)
+            age.add_metric([e.model, e.workload], (now - created).total_seconds())
+        stale = GaugeMetricFamily(
+            "llm_context_ceiling_stale",
+            "1 while live traffic no longer looks like what the ceiling was measured on, by reason.",
+            labels=["model", "workload", "reason"],
+        )
+        for (model, workload), reasons in self.store.staleness.states(doc):
+            for reason, active in reasons.items():
+                stale.add_metric([model, workload, reason], 1.0 if active else 0.0)
+        return [tokens, age, stale]
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import re
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,10 +24,12 @@ from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.engine import EngineCountError, count_chat
 from context_ceiling.core.models import OTHER, UpstreamSpec
 from context_ceiling.core.shape import RequestShapeError
+from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.trim import requested_output
 from context_ceiling.core.utilization import utilization
 from context_ceiling.core.wire import Api
-from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, collect
+from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_body, read_capped
+from context_ceiling.sidecar.config import Upstream
 from context_ceiling.sidecar.enforce import context_error, decide
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
@@ -42,10 +42,13 @@ from context_ceiling.sidecar.exchange import (
     OPENAI_RESPONSES,
     RESPONSES_COUNT,
     Exchange,
-    Recorder,
     Route,
+    azure_deployment,
+    gemini_model,
+    request_id,
 )
 from context_ceiling.sidecar.logs import bounded
+from context_ceiling.sidecar.record import Recorder
 from context_ceiling.sidecar.relay import SSERelay, Tap
 from context_ceiling.sidecar.state import State
 from context_ceiling.sidecar.upstream import request_headers, response_headers
@@ -60,44 +63,15 @@ WORKLOAD_HEADER = "x-ceiling-workload"
 BYPASS_HEADER = "x-ceiling-bypass"
 
 
-async def read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
-    its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
-    return await collect(
-        resp.aiter_bytes(), resp.headers.get("content-length"), cap, ResponseTooLarge
-    )
+class Refused(Exception):
+    """A step of the request path ends the exchange: answered in the client's error shape with
+    this status and recorded with this outcome (``invalid`` unless the step says otherwise)."""
 
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
-    part of its body and then nothing must not hold a connection and its buffer forever)."""
-    return await collect(
-        request.stream(), request.headers.get("content-length"), limit, BodyTooLarge
-    )
-
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-
-
-def gemini_model(path: str) -> str:
-    """``/v1beta/models/gemini-2.5-flash:generateContent`` (or a Vertex AI
-    ``.../publishers/google/models/{model}:...`` path) -> the model name."""
-    tail = path.rsplit("/models/", 1)[-1]
-    return tail.split(":", 1)[0] if "/models/" in path else ""
-
-
-def azure_deployment(path: str) -> str:
-    """``/openai/deployments/{deployment}/chat/completions`` -> the deployment name."""
-    parts = path.split("/")
-    return parts[3] if len(parts) > 4 and parts[1:3] == ["openai", "deployments"] else ""
-
-
-def request_id(header: str | None) -> str:
-    """The client's ``x-request-id`` when it is a plausible id, else a new one (it is logged and
-    echoed: an unbounded or control-character header must not become a 100 kB log line)."""
-    if header and _REQUEST_ID.fullmatch(header):
-        return header
-    return uuid.uuid4().hex
+    def __init__(
+        self, status: int, message: str, outcome: str = "invalid", code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.outcome, self.code = status, message, outcome, code
 
 
 class Proxy:
@@ -169,6 +143,8 @@ class Proxy:
         return await self._handle(request, ANTHROPIC_COUNT)
 
     async def _handle(self, request: Request, route: Route) -> Response:
+        """The request path: parse -> measure -> decide -> forward, each step a function that
+        either fills the exchange or refuses it; recording happens once, when it ends."""
         ex = Exchange(
             route=route,
             request_id=request_id(request.headers.get("x-request-id")),
@@ -176,7 +152,17 @@ class Proxy:
             started=time.perf_counter(),
         )
         try:
-            return await self._measure_and_forward(request, route, ex)
+            raw, obj = await self._parse(request, route, ex)
+            counter = await self._measure(request, route, ex, obj)
+            target = self._decide(request, route, ex, obj, counter)
+            body = raw if ex.decision is None or ex.decision.body is None else None
+            return await self._forward(request, route, ex, obj, body, target)
+        except Refused as r:
+            return self._fail(ex, r.status, r.outcome, r.message, r.code)
+        except ClientDisconnect:
+            ex.outcome = "cancelled"
+            self.rec.finish(ex)
+            return Response(status_code=499)
         except Exception:
             # a bug, not bad input (bad input is a 4xx before this): logged with its type and
             # traceback, counted as internal_error, its span ended, answered in the client's
@@ -201,83 +187,93 @@ class Proxy:
                     headers={"x-ceiling-request-id": ex.request_id},
                 )
 
-    async def _measure_and_forward(self, request: Request, route: Route, ex: Exchange) -> Response:
+    async def _parse(
+        self, request: Request, route: Route, ex: Exchange
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Parse: an upstream for this API, headers and body within their limits, a JSON object
+        with a model. Sets the exchange's model."""
         st = self.state
         if route.api not in st.clients and not any(a == route.api for a, _, _ in st.named.values()):
-            return self._fail(
-                ex, 404, "invalid", f"no {route.api} upstream is configured on this sidecar"
-            )
+            raise Refused(404, f"no {route.api} upstream is configured on this sidecar")
         limits = st.settings.limits
         if sum(len(k) + len(v) for k, v in request.headers.raw) > limits.max_header_bytes:
-            return self._fail(
-                ex, 431, "invalid", f"request headers exceed {limits.max_header_bytes} bytes"
-            )
+            raise Refused(431, f"request headers exceed {limits.max_header_bytes} bytes")
         try:
             async with asyncio.timeout(limits.body_read_timeout):
                 raw = await read_body(request, limits.max_body_bytes)
         except TimeoutError:
-            return self._fail(
-                ex,
+            raise Refused(
                 408,
-                "invalid",
                 f"the request body did not arrive within {limits.body_read_timeout:g} seconds",
-            )
+            ) from None
         except BodyTooLarge:
-            return self._fail(
-                ex,
-                413,
-                "invalid",
-                f"request body exceeds the limit of {st.settings.limits.max_body_bytes} bytes",
-            )
-        except ClientDisconnect:
-            ex.outcome = "cancelled"
-            self.rec.finish(ex)
-            return Response(status_code=499)
+            raise Refused(
+                413, f"request body exceeds the limit of {limits.max_body_bytes} bytes"
+            ) from None
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            return self._fail(ex, 400, "invalid", f"request body is not valid JSON: {exc}")
+            raise Refused(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
-            return self._fail(ex, 400, "invalid", "request body must be a JSON object")
+            raise Refused(400, "request body must be a JSON object")
         model = obj.get("model")
         if route.api == "gemini":  # the model is in the path: .../models/{model}:method
             model = gemini_model(request.url.path)
         if route is AZURE_CHAT and not (isinstance(model, str) and model):
             model = azure_deployment(request.url.path)  # Azure names the model in the path
         if not isinstance(model, str) or not model:
-            return self._fail(ex, 400, "invalid", "'model' is required and must be a string")
+            raise Refused(400, "'model' is required and must be a string")
         ex.model = model
+        return raw, obj
+
+    async def _measure(
+        self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any]
+    ) -> TextCounter:
+        """Measure: the model's spec, the ceilings in force, the token count (exact from the
+        engine where it tokenizes). Returns the counter the trimmer recounts with."""
+        st = self.state
         ex.ceilings = st.ceilings.current
-        asked = requested_output(obj, route.shape)
-        ex.max_tokens = asked
+        ex.max_tokens = requested_output(obj, route.shape)
         if not route.count_only:
-            ex.span = st.tracing.start("chat", model, route.api, request.headers)
-        spec = st.registry.resolve(model)
+            ex.span = st.tracing.start("chat", ex.model, route.api, request.headers)
+        spec = st.registry.resolve(ex.model)
         if spec is not None:
             if route.api == "anthropic":
                 spec = spec.for_betas(request.headers.get("anthropic-beta"))
             ex.spec, ex.label = spec, spec.metric_label
         counter = st.registry.counter(spec) if spec else st.default_counter
-        fmt = spec.chat_format if spec else None
         try:
             # On the event loop, deliberately: tiktoken holds the GIL while it encodes, so a
             # worker thread buys no parallelism and costs a GIL hand-off (measured: +5 ms at 64k).
-            ex.count = route.count(obj, counter, fmt, st.chunk_pattern)
+            ex.count = route.count(
+                obj, counter, spec.chat_format if spec else None, st.chunk_pattern
+            )
         except RequestShapeError as exc:
-            return self._fail(ex, 400, "invalid", str(exc))
+            raise Refused(400, str(exc)) from None
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
+        return counter
+
+    def _decide(
+        self,
+        request: Request,
+        route: Route,
+        ex: Exchange,
+        obj: dict[str, Any],
+        counter: TextCounter,
+    ) -> tuple[httpx.AsyncClient, Upstream]:
+        """Decide: which upstream, whether a bypass is allowed, and the ceiling's verdict
+        (forward, trim or reject). Returns the upstream's client and settings."""
+        st, spec = self.state, ex.spec
         wanted = spec.upstream if spec else None
         if route is AZURE_CHAT and wanted is None:
             wanted = st.azure_upstream()
         target = st.route(route.api, wanted)
         if target is None:
             served = f"the {spec.upstream!r} upstream" if spec and spec.upstream else "no upstream"
-            return self._fail(
-                ex,
+            raise Refused(
                 404 if not (spec and spec.upstream) else 400,
-                "invalid",
-                f"model {bounded(model)!r} is served by {served}, which does not take "
+                f"model {bounded(ex.model)!r} is served by {served}, which does not take "
                 f"{route.api} requests on this sidecar",
             )
         ex.upstream, client, upstream_cfg = target
@@ -286,41 +282,55 @@ class Proxy:
             if st.admin_token is None or not hmac.compare_digest(
                 bypass_token.encode(), st.admin_token.encode()
             ):
-                return self._fail(
-                    ex, 403, "invalid", f"{BYPASS_HEADER} needs this sidecar's admin token"
-                )
+                raise Refused(403, f"{BYPASS_HEADER} needs this sidecar's admin token")
             ex.bypass = True
-        body = raw
-        if not route.count_only:
-            d = decide(
-                obj,
-                route.shape,
-                ex.count,
-                spec,
-                ex.label,
-                ex.workload,
-                ex.ceilings,
-                st.settings.enforcement,
-                counter,
-                st.chunk_pattern,
-                ex.bypass,
+        if route.count_only:
+            return client, upstream_cfg
+        assert ex.count is not None
+        d = decide(
+            obj,
+            route.shape,
+            ex.count,
+            spec,
+            ex.label,
+            ex.workload,
+            ex.ceilings,
+            st.settings.enforcement,
+            counter,
+            st.chunk_pattern,
+            ex.bypass,
+        )
+        ex.decision = d
+        self.rec.record_decision(ex, d)
+        if d.reject:
+            assert spec is not None
+            message = context_error(route.api, ex.label, ex.workload, d, spec.window)
+            raise Refused(400, message, "rejected", "context_length_exceeded")
+        if spec is not None:
+            ex.util = utilization(ex.forwarded_tokens, spec.window)
+        if not ex.count.partial:  # partial: observed from the reported usage at the end
+            st.metrics.observe_input(
+                ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
             )
-            ex.decision = d
-            self.rec.record_decision(ex, d)
-            if d.reject:
-                assert spec is not None
-                message = context_error(route.api, ex.label, ex.workload, d, spec.window)
-                return self._fail(ex, 400, "rejected", message, code="context_length_exceeded")
-            if d.body is not None:
-                obj = d.body
-                body = orjson.dumps(obj)
-            if spec is not None:
-                ex.util = utilization(ex.forwarded_tokens, spec.window)
-            if not ex.count.partial:  # partial: observed from the reported usage at the end
-                st.metrics.observe_input(
-                    ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
-                )
+        return client, upstream_cfg
 
+    async def _forward(
+        self,
+        request: Request,
+        route: Route,
+        ex: Exchange,
+        obj: dict[str, Any],
+        body: bytes | None,
+        target: tuple[httpx.AsyncClient, Upstream],
+    ) -> Response:
+        """Forward: the (possibly trimmed) body upstream with the trace context; a streamed
+        answer is relayed event by event, anything else read whole (capped). ``body`` is the
+        client's bytes when nothing changed them (None: serialize ``obj``)."""
+        client, upstream_cfg = target
+        st = self.state
+        d = ex.decision
+        if d is not None and d.body is not None:
+            obj = d.body
         ex.stream = not route.count_only and (
             obj.get("stream") is True
             or (route.api == "gemini" and request.url.path.endswith(":streamGenerateContent"))
@@ -333,8 +343,8 @@ class Proxy:
                     **(opts if isinstance(opts, dict) else {}),
                     "include_usage": True,
                 }
-                body = orjson.dumps(obj)
-                injected = True
+                body, injected = None, True
+        content = body if body is not None else orjson.dumps(obj)
         headers = request_headers(request.headers.items())
         if ex.span is not None:
             carrier: dict[str, str] = {}
@@ -349,20 +359,22 @@ class Proxy:
                 "POST",
                 request.url.path,
                 params=list(request.query_params.multi_items()),
-                content=body,
+                content=content,
                 headers=headers,
             )
         else:
-            req = client.build_request("POST", route.path, content=body, headers=headers)
+            req = client.build_request("POST", route.path, content=content, headers=headers)
         try:
             # asyncio's own timeout: the proxy runs on asyncio only, and anyio's cancel scope
             # costs ~3x more per use on this path (measured with py-spy under load)
             async with asyncio.timeout(upstream_cfg.timeouts.total):
                 resp = await client.send(req, stream=True)
         except (httpx.TimeoutException, TimeoutError):
-            return self._fail(ex, 504, "timeout", "upstream timed out")
+            raise Refused(504, "upstream timed out", "timeout") from None
         except httpx.TransportError as exc:
-            return self._fail(ex, 502, "unreachable", f"upstream unreachable: {type(exc).__name__}")
+            raise Refused(
+                502, f"upstream unreachable: {type(exc).__name__}", "unreachable"
+            ) from None
         ex.status = resp.status_code
         if not ex.stream or resp.status_code != 200:
             return await self._unary(ex, resp, deadline)
