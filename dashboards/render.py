@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from dashboards.mixin import dashboard
+from dashboards.panels import dashboard
 
 
 def _expr(e: str, step: int) -> str:

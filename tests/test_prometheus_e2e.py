@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from dashboards import mixin
+from dashboards.panels import dashboard
 from devtools.llamacpp import free_port
 from tests.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
@@ -131,7 +131,7 @@ def test_every_panel_query_returns_data(prometheus: tuple[str, Running], tmp_pat
             .replace("$workload", ".*")
             .replace("$__rate_interval", "1m"),
         )
-        for p in mixin.dashboard()["panels"]
+        for p in dashboard()["panels"]
         for t in p["targets"]
     ]
     empty: list[str] = []
