@@ -399,11 +399,17 @@ def test_push_to_sidecars_dry_run_and_file(
     r = cli("push", str(f), "--to", a.url, "--to", b.url)
     assert r.returncode == 0, r.stderr
     assert running_version(a) == running_version(b) == 7
-    r = cli("push", str(f), "--to", a.url)  # same version again: refused, reported, exit 1
+    r = cli("push", str(f), "--to", a.url)  # the same document again: a no-op, exit 0 (GitOps)
+    assert r.returncode == 0 and "unchanged (version 7)" in r.stdout, r.stdout + r.stderr
+    same_version = tmp_path / "same-version.yaml"
+    same_version.write_text(yaml.safe_dump(doc(7, entry(tokens=47000))))
+    r = cli("push", str(same_version), "--to", a.url)  # other content, same version: refused
     assert r.returncode == 1 and "not newer" in r.stderr
     target = tmp_path / "cm" / "ceilings.yaml"
     r = cli("push", str(f), "--file", str(target))
     assert r.returncode == 0 and load_document(target).version == 7
+    r = cli("push", str(f), "--file", str(target))
+    assert r.returncode == 0 and "unchanged" in r.stdout
     f.write_text(yaml.safe_dump(doc(8, entry(tokens=40000))))
     r = cli("push", str(f), "--file", str(target), "--dry-run")
     assert (

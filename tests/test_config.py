@@ -7,8 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from context_ceiling.core.ceilings import parse_document
 from context_ceiling.sidecar.config import ConfigError, load_settings
+from tests.ceiling_docs import doc, entry
 
 GOOD = """
 listen: {host: 127.0.0.1, port: 9100}
@@ -113,3 +116,15 @@ def test_cli_exits_2_with_one_line(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 2 and "missing.yaml: cannot read" in r.stderr
+
+
+@pytest.mark.parametrize("spelled", ["off", '"off"'])
+def test_mode_off_unquoted_or_quoted(tmp_path: Path, spelled: str) -> None:
+    """YAML reads an unquoted off as false; the config and a ceilings entry take it as "off"."""
+    text = GOOD + f"enforcement:\n  mode: {spelled}\n  workloads: {{rag: {{mode: {spelled}}}}}\n"
+    s = load_settings(write(tmp_path, text))
+    assert s.enforcement.mode == "off" and s.enforcement.for_workload("rag")[0] == "off"
+    text = yaml.safe_dump(doc(1, entry())).replace(
+        "entries:\n- ", f"entries:\n- mode: {spelled}\n  "
+    )
+    assert parse_document(text).entries[0].mode == "off"

@@ -28,7 +28,7 @@ from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import Component
-from context_ceiling.core.wire import Mode
+from context_ceiling.core.wire import ModeValue
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -93,7 +93,7 @@ class CeilingEntry(Strict):
     fingerprint: TrafficFingerprint | None = None
     #: overrides the sidecar's configured mode for this model/workload: roll a new ceiling out in
     #: observe, then push it again with enforce, with no restart
-    mode: Mode | None = None
+    mode: ModeValue | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> CeilingEntry:
@@ -132,6 +132,10 @@ class CeilingsDocument(Strict):
                 raise ValueError(f"duplicate entry for model {e.model!r} workload {e.workload!r}")
             seen.add(e.key)
         return self
+
+    def same_content(self, other: CeilingsDocument) -> bool:
+        """The same document (every field), however it was written (YAML, JSON, key order)."""
+        return self.model_dump(mode="json") == other.model_dump(mode="json")
 
     def is_newer_than(self, running: CeilingsDocument) -> bool:
         """The version rule, defined once: a document replaces the running one only with a

@@ -85,9 +85,12 @@ def push(
     if file is not None:
         target = Path(file)
         old = load_document(target) if target.exists() else EMPTY
-        lines.append(f"{target}: version {old.version} -> {doc.version}")
-        lines += ["  " + c.line() for c in diff(old, doc)]
-        if not dry_run:
+        if old is not EMPTY and doc.same_content(old):
+            lines.append(f"{target}: unchanged (version {doc.version})")
+        else:
+            lines.append(f"{target}: version {old.version} -> {doc.version}")
+            lines += ["  " + c.line() for c in diff(old, doc)]
+        if not dry_run and not (old is not EMPTY and doc.same_content(old)):
             if not force and not doc.is_newer_than(old):
                 failures.append(
                     f"{target}: version {doc.version} is not newer than {old.version} (use --force)"
@@ -103,6 +106,9 @@ def push(
             for base in to:
                 try:
                     old = fetch_running(client, base, token)
+                    if old is not EMPTY and doc.same_content(old):
+                        lines.append(f"{base}: unchanged (version {doc.version})")
+                        continue  # re-applying the running document is a no-op (GitOps)
                     lines.append(f"{base}: version {old.version} -> {doc.version}")
                     lines += ["  " + c.line() for c in diff(old, doc)]
                     if dry_run:
@@ -153,6 +159,8 @@ def _to_configmap(
                         "--force replaces it"
                     ) from None
                 old = EMPTY
+            if old is not EMPTY and doc.same_content(old):
+                return [f"{where}: unchanged (version {doc.version})"]
             lines = [f"{where}: version {old.version} -> {doc.version}"]
             lines += ["  " + c.line() for c in diff(old, doc)]
             if dry_run:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
+
+from pydantic import BeforeValidator
 
 from context_ceiling.core.utilization import Component
 
@@ -27,6 +29,17 @@ Shape = Literal["openai", "anthropic", "responses", "gemini"]
 #: ``enforce``: trim (or reject) to the ceiling
 Mode = Literal["off", "observe", "enforce"]
 MODES: tuple[Mode, ...] = get_args(Mode)
+
+
+def _yaml_off(value: object) -> object:
+    """YAML 1.1 (PyYAML, Helm values) reads an unquoted ``off`` as false: take it as ``"off"``,
+    so ``mode: off`` means what it says whether quoted or not (``on`` is no mode: still an
+    error)."""
+    return "off" if value is False else value
+
+
+#: a mode as documents and config files spell it (``mode: off`` unquoted included)
+ModeValue = Annotated[Mode, BeforeValidator(_yaml_off)]
 
 #: the trimming stages, in their default order
 Stage = Literal["tool_results", "retrieved", "history"]

@@ -32,7 +32,7 @@ from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.trim import Policy
-from context_ceiling.core.wire import Mode
+from context_ceiling.core.wire import Mode, ModeValue
 
 ENV_PREFIX = "CEILING_"
 
@@ -161,7 +161,7 @@ class Retrieval(_Section):
 class WorkloadEnforcement(_Section):
     """Overrides for one workload; unset fields inherit the defaults."""
 
-    mode: Mode | None = None
+    mode: ModeValue | None = None
     policy: Policy | None = None
 
 
@@ -169,7 +169,7 @@ class Enforcement(_Section):
     """Trimming to the ceiling. ``off``: forward unchanged; ``observe``: compute what would be
     trimmed, record it, forward unchanged; ``enforce``: trim (or reject) to fit."""
 
-    mode: Mode = "off"
+    mode: ModeValue = "off"
     policy: Policy = Field(default_factory=Policy)
     #: output reservation for requests that do not say max_tokens / max_completion_tokens
     default_output_reservation: int = Field(default=4096, ge=0)

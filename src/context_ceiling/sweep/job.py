@@ -46,11 +46,11 @@ class JobOptions:
 
 def run_job(job: JobOptions, sweep: RunOptions, console: Console) -> int:
     """Run this pod's shard of ``sweep``; the last pod to finish merges, derives and updates."""
-    if sweep.out or sweep.shard or sweep.resume or sweep.refine:
-        raise JobError(
-            "--out, --shard, --resume and --refine are set by the job itself; leave them out of "
-            "the run arguments"
-        )
+    own = {"--out": sweep.out, "--shard": sweep.shard, "--resume": sweep.resume}
+    own["--refine"] = sweep.refine
+    for flag, value in own.items():
+        if value:
+            raise JobError(f"{flag} is set by the job itself; leave it out of the run arguments")
     if not job.run_id:
         raise JobError("--run-id is required (or $JOB_NAME from the Job's downward API)")
     if job.index is None:
