@@ -85,12 +85,13 @@ def push(
     if file is not None:
         target = Path(file)
         old = load_document(target) if target.exists() else EMPTY
-        if old is not EMPTY and doc.same_content(old):
+        same = old is not EMPTY and doc.same_content(old)
+        if same:
             lines.append(f"{target}: unchanged (version {doc.version})")
         else:
             lines.append(f"{target}: version {old.version} -> {doc.version}")
             lines += ["  " + c.line() for c in diff(old, doc)]
-        if not dry_run and not (old is not EMPTY and doc.same_content(old)):
+        if not dry_run and not same:
             if not force and not doc.is_newer_than(old):
                 failures.append(
                     f"{target}: version {doc.version} is not newer than {old.version} (use --force)"
