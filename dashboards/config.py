@@ -1,19 +1,87 @@
-"""What the dashboards, rules and alerts share: thresholds and selectors, in one place (change a
-threshold here and regenerate: ``python -m dashboards.mixin``)."""
+"""What the dashboards, rules and alerts share: selectors, the labels kept, and each alert's
+defaults (severity, ``for``, threshold), in one place. Change one here and regenerate
+(``python -m dashboards.mixin``); the Helm chart's ``prometheusRule.alerts`` values default to
+the same figures (a test keeps them equal) and override them per release."""
 
-CONFIG = {
-    "selector": 'job=~"context-ceiling.*"',
-    "runbook": "https://github.com/context-ceiling/context-ceiling/blob/main/dashboards/runbook.md",
-    "near_ceiling": 0.9,  # p95 of input / ceiling that pages
-    "trim_ratio": 0.2,  # share of requests trimmed
-    "ceiling_max_age_s": 30 * 86400,
-    "estimate_error": 0.1,  # |median (estimate - reported) / reported|
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from context_ceiling.sidecar.exchange import GENERATION_APIS
+
+RUNBOOK = "https://github.com/context-ceiling/context-ceiling/blob/main/dashboards/runbook.md"
+
+#: The standalone rules (``generated/rules.yaml``) select every scrape job whose name contains
+#: ``context-ceiling``: the chart's ServiceMonitor names the job after the Service
+#: (``RELEASE-context-ceiling``). The chart's own PrometheusRule replaces it with the exact job
+#: and namespace of its release (:data:`CHART_SELECTOR`).
+SELECTOR = 'job=~".*context-ceiling.*"'
+#: placeholders in the chart's copy of the rules, filled in per release by
+#: ``templates/prometheusrule.yaml`` from the values
+CHART_SELECTOR = "__SELECTOR__"
+CHART_THRESHOLD = "__THRESHOLD__"
+
+#: labels every rule keeps, so two releases or two clusters feeding one Thanos/Mimir stay apart
+#: and alerts route per namespace (absent labels are simply absent)
+KEEP = "cluster, namespace, job"
+#: the labels every per-ceiling series carries
+MW = f"{KEEP}, model, workload"
+#: requests that generate (not /v1/models, not a count_tokens call): the denominator of every
+#: per-request share
+GENERATION = 'api=~"{}"'.format("|".join(GENERATION_APIS))
+
+#: the dashboard's template variables: the scrape target's (every series), then the
+#: per-ceiling ones
+JOB_SEL = 'cluster=~"$cluster", namespace=~"$namespace", job=~"$job"'
+SEL = f'{JOB_SEL}, model=~"$model", workload=~"$workload"'
+
+Severity = Literal["critical", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class AlertDefaults:
+    """An alert's defaults; the chart's values override each per release."""
+
+    severity: Severity
+    for_: str
+    #: the number the alert compares with (None: the alert has none)
+    threshold: float | None = None
+    #: what the threshold is, in the unit the values take
+    threshold_means: str = ""
+
+
+ALERTS: dict[str, AlertDefaults] = {
+    "LLMContextUtilizationNearCeiling": AlertDefaults(
+        "warning", "15m", 0.9, "p95 of input tokens / ceiling, over 1h and over 5m"
+    ),
+    "LLMContextTrimRateRising": AlertDefaults(
+        "warning", "15m", 0.2, "share of generation requests trimmed, over 1h and over 5m"
+    ),
+    "LLMContextRequestsRejected": AlertDefaults(
+        "critical",
+        "15m",
+        0.01,
+        "share of generation requests rejected as too long, over 10m (held for longer than "
+        "the window: one over-long request never pages)",
+    ),
+    "LLMContextCeilingStale": AlertDefaults("warning", "30m"),
+    "LLMContextNoCeiling": AlertDefaults("info", "1h"),
+    "LLMContextCeilingOld": AlertDefaults(
+        "info", "1h", 30, "days since the running ceiling was derived"
+    ),
+    "LLMContextConfigReloadFailing": AlertDefaults("warning", "0m"),
+    "LLMContextTokenEstimateDrift": AlertDefaults(
+        "warning", "1h", 0.1, "|median (estimate - reported) / reported| over 1h"
+    ),
+    "LLMContextUpstreamDown": AlertDefaults("critical", "5m"),
+    "LLMContextSidecarDown": AlertDefaults("critical", "5m"),
+    "LLMContextSidecarAbsent": AlertDefaults("critical", "15m"),
 }
 # Annotations template only labels, never $value: the numbers are on the dashboard, and the
 # promtool tests can then state exactly what each alert says.
 
-#: the labels every per-ceiling series carries
-MW = "model, workload"
 
-#: the dashboard's template variables, applied to every panel query
-SEL = 'model=~"$model", workload=~"$workload"'
+def threshold_text(value: float) -> str:
+    """A threshold as PromQL reads it (``0.9``, ``30``)."""
+    return f"{value:g}"

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.config import SEL
+from dashboards.config import JOB_SEL, RUNBOOK, SEL
+
+#: the dashboard's query variables, each with its "All" value
+VARIABLES = ("cluster", "namespace", "job", "model", "workload")
+
+
+def with_all(expr: str, rate_interval: str) -> str:
+    """A panel query as Grafana sends it with every variable at "All" (for drawing the panels
+    without Grafana, and for testing every query against a live Prometheus)."""
+    for v in VARIABLES:
+        expr = expr.replace(f"${v}", ".*")
+    return expr.replace("$__rate_interval", rate_interval)
 
 
 def _panel(
@@ -19,11 +30,20 @@ def _panel(
     h: int = 8,
     unit: str | None = None,
     extra: dict[str, Any] | None = None,
+    description: str = "",
+    runbook: tuple[str, ...] = (),
+    target_format: str = "time_series",
 ) -> dict[str, Any]:
+    """One panel; ``runbook``: the alerts it explains, linked from the panel."""
     p: dict[str, Any] = {
         "id": pid,
         "title": title,
+        "description": description,
         "type": kind,
+        "links": [
+            {"title": f"Runbook: {a}", "url": f"{RUNBOOK}#{a.lower()}", "targetBlank": True}
+            for a in runbook
+        ],
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
         "targets": [
@@ -31,6 +51,7 @@ def _panel(
                 "refId": chr(65 + i),
                 "expr": e,
                 "legendFormat": leg,
+                "format": target_format,
                 "datasource": {"type": "prometheus", "uid": "${datasource}"},
             }
             for i, (e, leg) in enumerate(targets)
@@ -42,6 +63,7 @@ def _panel(
 
 
 def panels() -> list[dict[str, Any]]:
+    r = "[$__rate_interval]"
     return [
         _panel(
             1,
@@ -49,25 +71,25 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f"model_workload:llm_context_utilization_ratio:p50_5m{{{SEL}}}",
-                    "p50 {{model}}/{{workload}}",
-                ),
+                    f"model_workload:llm_context_utilization_ratio:p{q}_5m{{{SEL}}}",
+                    f"p{q} {{{{model}}}}/{{{{workload}}}}",
+                )
+                for q in ("50", "90", "99")
+            ]
+            + [
                 (
-                    f"model_workload:llm_context_utilization_ratio:p90_5m{{{SEL}}}",
-                    "p90 {{model}}/{{workload}}",
-                ),
-                (
-                    f"model_workload:llm_context_utilization_ratio:p99_5m{{{SEL}}}",
-                    "p99 {{model}}/{{workload}}",
-                ),
-                (
-                    f"llm_context_ceiling_tokens{{{SEL}}} / on (model) group_left llm_context_window_tokens",
+                    f"llm_context_ceiling_tokens{{{SEL}}} / on (cluster, namespace, job, model) "
+                    f"group_left max by (cluster, namespace, job, model) (llm_context_window_tokens{{{JOB_SEL}}})",
                     "ceiling {{model}}/{{workload}}",
                 ),
             ],
             0,
             0,
             unit="percentunit",
+            description="Input tokens / the model's context window per request (before "
+            "trimming), with the measured ceiling as a share of the window: the distance "
+            "between the p99 and the ceiling line is the headroom.",
+            runbook=("LLMContextUtilizationNearCeiling",),
         ),
         _panel(
             2,
@@ -86,6 +108,9 @@ def panels() -> list[dict[str, Any]]:
             12,
             0,
             unit="percentunit",
+            description="p95 of input tokens / ceiling: 1.0 is the ceiling. The alert fires "
+            "when both the 5m and the 1h lines stay above its threshold.",
+            runbook=("LLMContextUtilizationNearCeiling",),
         ),
         _panel(
             3,
@@ -93,13 +118,16 @@ def panels() -> list[dict[str, Any]]:
             "heatmap",
             [
                 (
-                    f"sum by (le) (increase(llm_context_utilization_ratio_bucket{{{SEL}}}[$__rate_interval]))",
+                    f"sum by (le) (increase(llm_context_utilization_ratio_bucket{{{SEL}}}{r}))",
                     "{{le}}",
                 ),
             ],
             0,
             8,
             extra={"options": {"calculate": False, "yAxis": {"unit": "percentunit"}}},
+            target_format="heatmap",
+            description="Requests per utilization bucket over time (the histogram's buckets, "
+            "de-accumulated by Grafana: the target's format is heatmap).",
         ),
         _panel(
             4,
@@ -114,6 +142,9 @@ def panels() -> list[dict[str, Any]]:
             12,
             8,
             unit="percentunit",
+            description="Of the generation requests (not model listings or token counts): "
+            "trimmed to fit, rejected as too long, or would have been trimmed (observe mode).",
+            runbook=("LLMContextTrimRateRising", "LLMContextRequestsRejected"),
         ),
         _panel(
             5,
@@ -121,16 +152,19 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f"sum by (kind) (rate(llm_context_trimmed_tokens_total{{{SEL}}}[5m]))",
+                    f"sum by (kind) (rate(llm_context_trimmed_tokens_total{{{SEL}}}{r}))",
                     "trimmed {{kind}}",
                 ),
                 (
-                    f"sum by (kind) (rate(llm_context_would_trim_tokens_total{{{SEL}}}[5m]))",
+                    f"sum by (kind) (rate(llm_context_would_trim_tokens_total{{{SEL}}}{r}))",
                     "would trim {{kind}} (observe)",
                 ),
             ],
             0,
             16,
+            description="Tokens removed per second by what was removed (tool results, "
+            "retrieved chunks, history), and what observe mode would remove.",
+            runbook=("LLMContextTrimRateRising",),
         ),
         _panel(
             6,
@@ -138,7 +172,7 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f"sum by (component) (rate(llm_context_input_tokens_sum{{{SEL}}}[5m])) / sum by (component) (rate(llm_context_input_tokens_count{{{SEL}}}[5m]))",
+                    f"sum by (component) (rate(llm_context_input_tokens_sum{{{SEL}}}{r})) / sum by (component) (rate(llm_context_input_tokens_count{{{SEL}}}{r}))",
                     "{{component}}",
                 ),
             ],
@@ -150,6 +184,9 @@ def panels() -> list[dict[str, Any]]:
                     "overrides": [],
                 }
             },
+            description="What the input is made of: the component that grows is the one to "
+            "cap in the application.",
+            runbook=("LLMContextUtilizationNearCeiling",),
         ),
         _panel(
             7,
@@ -157,20 +194,23 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    'model:llm_context_token_estimate_error_ratio:p50_1h{model=~"$model"}',
+                    f'model:llm_context_token_estimate_error_ratio:p50_1h{{{JOB_SEL}, model=~"$model"}}',
                     "{{model}}",
                 ),
             ],
             0,
             24,
             unit="percentunit",
+            description="(estimated - provider-reported input tokens) / reported: how far the "
+            "sidecar's count is from the provider's own.",
+            runbook=("LLMContextTokenEstimateDrift",),
         ),
         _panel(
             8,
             "Ceiling version and age",
             "stat",
             [
-                ("max(llm_context_config_version)", "version"),
+                (f"max(llm_context_config_version{{{JOB_SEL}}})", "version"),
                 (
                     f"max by (model, workload) (llm_context_ceiling_age_seconds{{{SEL}}})",
                     "age {{model}}/{{workload}}",
@@ -180,6 +220,9 @@ def panels() -> list[dict[str, Any]]:
             24,
             w=6,
             unit="s",
+            description="The running ceilings document's version, and how long ago each "
+            "ceiling was derived.",
+            runbook=("LLMContextCeilingOld",),
         ),
         _panel(
             9,
@@ -187,13 +230,16 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    "sum by (source, result) (increase(llm_context_config_reloads_total[1h]))",
+                    f"sum by (source, result) (increase(llm_context_config_reloads_total{{{JOB_SEL}}}[1h]))",
                     "{{source}} {{result}}",
                 ),
             ],
             18,
             24,
             w=6,
+            description="Ceilings documents applied or rejected in the last hour, by where they "
+            "came from (file, admin API, signal).",
+            runbook=("LLMContextConfigReloadFailing",),
         ),
         _panel(
             10,
@@ -201,13 +247,16 @@ def panels() -> list[dict[str, Any]]:
             "table",
             [
                 (
-                    f"max by (model, workload, reason) (llm_context_ceiling_stale{{{SEL}}})",
+                    f"max by (model, workload, reason) (llm_context_ceiling_stale{{{SEL}}}) == 1",
                     "{{reason}}",
                 ),
             ],
             0,
             32,
             extra={"options": {"showHeader": True}},
+            description="Model/workload pairs whose live traffic no longer looks like what "
+            "their ceiling was measured on, and those with traffic but no ceiling (no_ceiling).",
+            runbook=("LLMContextCeilingStale", "LLMContextNoCeiling"),
         ),
         _panel(
             11,
@@ -215,17 +264,16 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    'histogram_quantile(0.5, sum by (model, le) (rate(llm_context_upstream_duration_seconds_bucket{model=~"$model"}[5m])))',
-                    "p50 {{model}}",
-                ),
-                (
-                    'histogram_quantile(0.99, sum by (model, le) (rate(llm_context_upstream_duration_seconds_bucket{model=~"$model"}[5m])))',
-                    "p99 {{model}}",
-                ),
+                    f'histogram_quantile({q}, sum by (model, le) (rate(llm_context_upstream_duration_seconds_bucket{{{JOB_SEL}, model=~"$model"}}{r})))',
+                    f"{name} {{{{model}}}}",
+                )
+                for q, name in (("0.5", "p50"), ("0.99", "p99"))
             ],
             12,
             32,
             unit="s",
+            description="From forwarding to the last byte of the provider's response.",
+            runbook=("LLMContextUpstreamDown",),
         ),
         _panel(
             12,
@@ -233,12 +281,15 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f"sum by (outcome) (rate(llm_context_requests_total{{{SEL}}}[5m]))",
+                    f"sum by (outcome) (rate(llm_context_requests_total{{{SEL}}}{r}))",
                     "{{outcome}}",
                 ),
             ],
             0,
             40,
+            description="Every proxied request by outcome (ok, upstream errors, rejected, "
+            "timeouts, truncated streams...).",
+            runbook=("LLMContextRequestsRejected",),
         ),
         _panel(
             13,
@@ -246,12 +297,14 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    'sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{gen_ai_request_model=~"$model"}[5m]))',
+                    f'sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{JOB_SEL}, gen_ai_request_model=~"$model"}}{r}))',
                     "{{gen_ai_token_type}}",
                 ),
             ],
             12,
             40,
+            description="Tokens per second as the provider reported them (input, output), "
+            "from the OpenTelemetry GenAI client metrics.",
         ),
     ]
 
@@ -273,29 +326,70 @@ def dashboard() -> dict[str, Any]:
             "sort": 1,
         }
 
+    kinds = sorted({p["type"] for p in panels()})
     return {
+        # what Grafana's import dialog asks for (Dashboards > Import): the Prometheus data source
+        "__inputs": [
+            {
+                "name": "DS_PROMETHEUS",
+                "label": "Prometheus",
+                "description": "The Prometheus (or Thanos/Mimir) that scrapes the sidecars",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        ]
+        + [{"type": "panel", "id": k, "name": k, "version": ""} for k in kinds],
         "uid": "context-ceiling",
         "title": "context-ceiling: context utilization and ceilings",
+        "description": "Context utilization per model and workload against the measured "
+        "ceiling, trimming, staleness and the sidecar's health.",
         "tags": ["llm", "context-ceiling"],
         "timezone": "browser",
         "schemaVersion": 39,
         "version": 1,
         "time": {"from": "now-6h", "to": "now"},
         "refresh": "1m",
+        "links": [
+            {
+                "title": "Runbook",
+                "type": "link",
+                "url": RUNBOOK,
+                "targetBlank": True,
+                "icon": "doc",
+            }
+        ],
         "templating": {
             "list": [
                 {
                     "name": "datasource",
-                    "label": "datasource",
+                    "label": "Data source",
                     "type": "datasource",
                     "query": "prometheus",
-                    "current": {},
+                    # the imported data source; provisioned (no import): the default Prometheus
+                    "current": {"text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"},
                     "hide": 0,
                 },
-                var("model", "label_values(llm_context_requests_total, model)"),
+                var("cluster", "label_values(llm_context_requests_total, cluster)"),
+                var(
+                    "namespace",
+                    'label_values(llm_context_requests_total{cluster=~"$cluster"}, namespace)',
+                ),
+                var(
+                    "job",
+                    'label_values(llm_context_requests_total{cluster=~"$cluster", namespace=~"$namespace"}, job)',
+                ),
+                var(
+                    "model",
+                    f"label_values(llm_context_requests_total{{{JOB_SEL}}}, model)",
+                ),
                 var(
                     "workload",
-                    'label_values(llm_context_requests_total{model=~"$model"}, workload)',
+                    f'label_values(llm_context_requests_total{{{JOB_SEL}, model=~"$model"}}, workload)',
                 ),
             ]
         },

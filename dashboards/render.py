@@ -16,15 +16,11 @@ from typing import Any
 
 import httpx
 
-from dashboards.panels import dashboard
+from dashboards.panels import dashboard, with_all
 
 
 def _expr(e: str, step: int) -> str:
-    return (
-        e.replace("$model", ".*")
-        .replace("$workload", ".*")
-        .replace("$__rate_interval", f"{max(4 * step, 60)}s")
-    )
+    return with_all(e, f"{max(4 * step, 60)}s")
 
 
 def render(prometheus: str, out: str, minutes: float = 10, step: int = 5) -> int:

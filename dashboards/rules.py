@@ -1,156 +1,217 @@
-"""The Prometheus recording rules and alerts (rendered to ``generated/rules.yaml`` and the chart's
-PrometheusRule); each alert has a runbook entry and a promtool test (``rule_tests.py``)."""
+"""The Prometheus recording rules and alerts (rendered to ``generated/rules.yaml`` and, with
+placeholders the chart fills in per release, the chart's ``files/rules.yaml``); each alert has a
+runbook entry and a promtool test (``rule_tests.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from dashboards.config import CONFIG, MW
+from dashboards.config import (
+    ALERTS,
+    CHART_SELECTOR,
+    CHART_THRESHOLD,
+    GENERATION,
+    KEEP,
+    MW,
+    RUNBOOK,
+    SELECTOR,
+    threshold_text,
+)
+
+TRIMMED = 'action="trimmed"'
+REJECTED = 'action="rejected"'
+NOT_NO_CEILING = 'reason!="no_ceiling"'
+NO_CEILING = 'reason="no_ceiling"'
+#: the catch-all label of unregistered models: no ceiling by definition
+REGISTERED = 'model!="other"'
+FAILURE = 'result="failure"'
 
 
-def recording_rules() -> list[dict[str, Any]]:
+def _m(metric: str, selector: str, *matchers: str) -> str:
+    """``metric{selector, matchers...}``."""
+    return metric + "{" + ", ".join(x for x in (selector, *matchers) if x) + "}"
+
+
+def recording_rules(sel: str = SELECTOR) -> list[dict[str, Any]]:
     rules = []
     for q in ("50", "90", "99"):
         rules.append(
             {
                 "record": f"model_workload:llm_context_utilization_ratio:p{q}_5m",
-                "expr": f"histogram_quantile(0.{q}, sum by ({MW}, le) (rate(llm_context_utilization_ratio_bucket[5m])))",
+                "expr": f"histogram_quantile(0.{q}, sum by ({MW}, le) "
+                f"(rate({_m('llm_context_utilization_ratio_bucket', sel)}[5m])))",
             }
         )
     for w in ("5m", "1h"):
         rules.append(
             {
                 "record": f"model_workload:llm_context_ceiling_utilization_ratio:p95_{w}",
-                "expr": f"histogram_quantile(0.95, sum by ({MW}, le) (rate(llm_context_ceiling_utilization_ratio_bucket[{w}])))",
+                "expr": f"histogram_quantile(0.95, sum by ({MW}, le) "
+                f"(rate({_m('llm_context_ceiling_utilization_ratio_bucket', sel)}[{w}])))",
             }
         )
         rules.append(
             {
                 "record": f"model_workload:llm_context_trimmed_requests:ratio_rate{w}",
                 "expr": (
-                    f'sum by ({MW}) (rate(llm_context_over_ceiling_total{{action="trimmed"}}[{w}]))'
-                    f" / sum by ({MW}) (rate(llm_context_requests_total[{w}]))"
+                    f"sum by ({MW}) (rate({_m('llm_context_over_ceiling_total', sel, TRIMMED)}[{w}]))"
+                    f"\n/ sum by ({MW}) (rate({_m('llm_context_requests_total', sel, GENERATION)}[{w}]))"
                 ),
             }
         )
     rules += [
         {
             "record": "model_workload_action:llm_context_over_ceiling:rate5m",
-            "expr": f"sum by ({MW}, action) (rate(llm_context_over_ceiling_total[5m]))",
+            "expr": f"sum by ({MW}, action) (rate({_m('llm_context_over_ceiling_total', sel)}[5m]))",
         },
         {
+            # generation requests only: the denominator of the dashboard's shares
             "record": "model_workload:llm_context_requests:rate5m",
-            "expr": f"sum by ({MW}) (rate(llm_context_requests_total[5m]))",
+            "expr": f"sum by ({MW}) (rate({_m('llm_context_requests_total', sel, GENERATION)}[5m]))",
         },
         {
             "record": "model:llm_context_token_estimate_error_ratio:p50_1h",
-            "expr": "histogram_quantile(0.5, sum by (model, le) (rate(llm_context_token_estimate_error_ratio_bucket[1h])))",
+            "expr": f"histogram_quantile(0.5, sum by ({KEEP}, model, le) "
+            f"(rate({_m('llm_context_token_estimate_error_ratio_bucket', sel)}[1h])))",
         },
     ]
     return rules
 
 
-def alerts() -> list[dict[str, Any]]:
-    c = CONFIG
+def alerts(
+    sel: str = SELECTOR, threshold: Callable[[str], str] | None = None
+) -> list[dict[str, Any]]:
+    """Every alert, with its defaults; ``threshold(name)`` gives the number each compares with
+    (default: its configured default). Recorded series are selected too: the recording rules of
+    another release in the same Prometheus write the same names, and their series are not
+    this release's to alert on."""
 
-    def alert(
-        name: str, expr: str, for_: str, severity: str, summary: str, description: str
-    ) -> dict[str, Any]:
+    def t(name: str) -> str:
+        if threshold is not None:
+            return threshold(name)
+        value = ALERTS[name].threshold
+        assert value is not None, name
+        return threshold_text(value)
+
+    def alert(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
+        d = ALERTS[name]
         return {
             "alert": name,
             "expr": expr,
-            "for": for_,
-            "labels": {"severity": severity},
+            "for": d.for_,
+            "labels": {"severity": d.severity},
             "annotations": {
                 "summary": summary,
                 "description": description,
-                "runbook_url": f"{c['runbook']}#{name.lower()}",
+                "runbook_url": f"{RUNBOOK}#{name.lower()}",
             },
         }
 
+    near = t("LLMContextUtilizationNearCeiling")
+    trim = t("LLMContextTrimRateRising")
     return [
         alert(
             "LLMContextUtilizationNearCeiling",
-            f"model_workload:llm_context_ceiling_utilization_ratio:p95_1h > {c['near_ceiling']}\n"
-            f"and model_workload:llm_context_ceiling_utilization_ratio:p95_5m > {c['near_ceiling']}",
-            "15m",
-            "warning",
+            f"{_m('model_workload:llm_context_ceiling_utilization_ratio:p95_1h', sel)} > {near}\n"
+            f"and {_m('model_workload:llm_context_ceiling_utilization_ratio:p95_5m', sel)} > {near}",
             "Traffic for {{ $labels.model }}/{{ $labels.workload }} runs close to its context ceiling",
             "p95 of input tokens / ceiling has been above the threshold over the last hour and the last 5 minutes.",
         ),
         alert(
             "LLMContextTrimRateRising",
-            f"model_workload:llm_context_trimmed_requests:ratio_rate1h > {c['trim_ratio']}\n"
-            f"and model_workload:llm_context_trimmed_requests:ratio_rate5m > {c['trim_ratio']}",
-            "15m",
-            "warning",
+            f"{_m('model_workload:llm_context_trimmed_requests:ratio_rate1h', sel)} > {trim}\n"
+            f"and {_m('model_workload:llm_context_trimmed_requests:ratio_rate5m', sel)} > {trim}",
             "Many requests to {{ $labels.model }}/{{ $labels.workload }} are trimmed",
             "More than the threshold share of requests were trimmed to fit the ceiling, over 1h and 5m.",
         ),
         alert(
             "LLMContextRequestsRejected",
-            'sum by (model, workload) (rate(llm_context_over_ceiling_total{action="rejected"}[10m])) > 0',
-            "5m",
-            "critical",
+            f"sum by ({MW}) (rate({_m('llm_context_over_ceiling_total', sel, REJECTED)}[10m]))\n"
+            f"/ sum by ({MW}) (rate({_m('llm_context_requests_total', sel, GENERATION)}[10m]))\n"
+            f"> {t('LLMContextRequestsRejected')}",
             "Requests to {{ $labels.model }}/{{ $labels.workload }} are rejected as too long",
-            "Requests that could not be trimmed under the ceiling are being rejected with a context-length error.",
+            "A sustained share of requests could not be trimmed under the ceiling and were rejected "
+            "with a context-length error (a single over-long request does not fire this).",
         ),
         alert(
             "LLMContextCeilingStale",
-            "max by (model, workload, reason) (llm_context_ceiling_stale) == 1",
-            "30m",
-            "warning",
+            f"max by ({MW}, reason) ({_m('llm_context_ceiling_stale', sel, NOT_NO_CEILING)}) == 1",
             "The ceiling of {{ $labels.model }}/{{ $labels.workload }} is stale ({{ $labels.reason }})",
             "Live traffic no longer looks like what the ceiling was measured on: re-sweep.",
         ),
         alert(
+            "LLMContextNoCeiling",
+            f"max by ({MW}) ({_m('llm_context_ceiling_stale', sel, NO_CEILING, REGISTERED)}) == 1",
+            "{{ $labels.model }}/{{ $labels.workload }} has traffic but no measured ceiling",
+            "Requests are measured but nothing is enforced or judged against a ceiling: sweep this "
+            "model and workload when it matters (unregistered models, `other`, are not reported).",
+        ),
+        alert(
             "LLMContextCeilingOld",
-            f"max by (model, workload) (llm_context_ceiling_age_seconds) > {c['ceiling_max_age_s']}",
-            "1h",
-            "info",
+            f"max by ({MW}) ({_m('llm_context_ceiling_age_seconds', sel)}) > {t('LLMContextCeilingOld')} * 86400",
             "The ceiling of {{ $labels.model }}/{{ $labels.workload }} is old",
             "The running ceiling was derived longer ago than the configured maximum age: re-sweep.",
         ),
         alert(
             "LLMContextConfigReloadFailing",
-            'sum by (job, instance, source) (increase(llm_context_config_reloads_total{result="failure"}[15m])) > 0',
-            "0m",
-            "warning",
+            f"sum by ({KEEP}, instance, source) "
+            f"(increase({_m('llm_context_config_reloads_total', sel, FAILURE)}[15m])) > 0",
             "A ceilings reload failed on {{ $labels.instance }}",
             "A ceilings document from {{ $labels.source }} was rejected; the previous ceilings stay in force.",
         ),
         alert(
             "LLMContextTokenEstimateDrift",
-            f"abs(model:llm_context_token_estimate_error_ratio:p50_1h) > {c['estimate_error']}",
-            "1h",
-            "warning",
+            f"abs({_m('model:llm_context_token_estimate_error_ratio:p50_1h', sel)}) "
+            f"> {t('LLMContextTokenEstimateDrift')}",
             "Token estimates for {{ $labels.model }} drift from the provider's counts",
             "The median estimate error exceeds the threshold: refit the calibration or fix the tokenizer.",
         ),
         alert(
             "LLMContextUpstreamDown",
-            "max by (job, instance, upstream) (llm_context_upstream_up) == 0",
-            "5m",
-            "critical",
+            f"max by ({KEEP}, instance, upstream) ({_m('llm_context_upstream_up', sel)}) == 0",
             "The {{ $labels.upstream }} upstream is unreachable from {{ $labels.instance }}",
             "The sidecar's background probe cannot open a connection to the provider: requests get "
             "a 502 each (the replica stays ready, so nothing else hides the outage).",
         ),
         alert(
             "LLMContextSidecarDown",
-            f"up{{{c['selector']}}} == 0",
-            "5m",
-            "critical",
+            f"{_m('up', sel)} == 0",
             "The context-ceiling sidecar {{ $labels.instance }} is down",
             "Prometheus cannot scrape the sidecar: requests through it fail or bypass measurement.",
+        ),
+        alert(
+            "LLMContextSidecarAbsent",
+            f"absent({_m('up', sel)})",
+            "No context-ceiling sidecar is scraped",
+            "Prometheus has no scrape target for the sidecar at all: no pods, or the ServiceMonitor "
+            "(or scrape config) does not select them, so nothing here can alert.",
         ),
     ]
 
 
-def rules_file() -> dict[str, Any]:
+def rules_file(sel: str = SELECTOR) -> dict[str, Any]:
     return {
         "groups": [
-            {"name": "context-ceiling.rules", "interval": "30s", "rules": recording_rules()},
-            {"name": "context-ceiling.alerts", "rules": alerts()},
+            {"name": "context-ceiling.rules", "interval": "30s", "rules": recording_rules(sel)},
+            {"name": "context-ceiling.alerts", "rules": alerts(sel)},
+        ]
+    }
+
+
+def chart_rules_file() -> dict[str, Any]:
+    """The chart's copy: the selector and every threshold are placeholders that
+    ``templates/prometheusrule.yaml`` fills in from the release and its values."""
+    return {
+        "groups": [
+            {
+                "name": "context-ceiling.rules",
+                "interval": "30s",
+                "rules": recording_rules(CHART_SELECTOR),
+            },
+            {
+                "name": "context-ceiling.alerts",
+                "rules": alerts(CHART_SELECTOR, lambda _name: CHART_THRESHOLD),
+            },
         ]
     }

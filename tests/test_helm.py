@@ -23,6 +23,11 @@ pytestmark = [pytest.mark.helm]
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "context-ceiling"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool comes from the Debian package prometheus (.ci/run installs it)",
+)
 MONITORING = [
     "--api-versions",
     "monitoring.coreos.com/v1/ServiceMonitor",
@@ -168,10 +173,12 @@ def test_monitoring_integrations_are_gated(helm: list[str], tmp_path: Path) -> N
         d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboards")
     )
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
-    # the PrometheusRule carries the generated rules, and promtool accepts them
-    generated = yaml.safe_load((ROOT / "dashboards" / "generated" / "rules.yaml").read_text())
-    assert rule["spec"] == generated
-    promtool = shutil.which("promtool")
+    # the PrometheusRule carries the generated rules (for this release's series), and promtool
+    # accepts them
+    from dashboards.rules import rules_file
+
+    assert rule["spec"] == rules_file('job="t-context-ceiling", namespace="default"')
+    promtool = PROMTOOL
     if promtool:
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
         r = subprocess.run(
@@ -305,7 +312,10 @@ def test_sweep_job_rbac_volume_and_pod(helm: list[str]) -> None:
     ]
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
     [binding] = by_kind(docs, "RoleBinding")
-    [sa] = by_kind(docs, "ServiceAccount")
+    sa = docs[("ServiceAccount", f"{full}-sweep")]
+    # the gateway's own account (for workload identity) is not the one the Role is bound to
+    gateway_sa = docs[("ServiceAccount", full)]
+    assert gateway_sa["automountServiceAccountToken"] is False
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "default"}
@@ -472,3 +482,206 @@ def test_an_upgrade_keeps_a_newer_live_ceilings_document(helm: list[str], tmp_pa
         assert rendered(3) == 7  # the live document is newer: kept
         assert rendered(9) == 9  # the values are newer: they win
         assert ("get", name) in api.requests
+
+
+def _job_and_rules(
+    docs: dict[tuple[str, str], dict[str, Any]],
+) -> tuple[str, dict[str, Any]]:
+    """The `job` label the chart's own ServiceMonitor gives the series (the operator's rule: the
+    Service's name, or the value of the Service label named by jobLabel), and the rendered
+    rules."""
+    [sm] = by_kind(docs, "ServiceMonitor")
+    [svc] = by_kind(docs, "Service")
+    key = sm["spec"].get("jobLabel")
+    job = svc["metadata"]["labels"][key] if key else svc["metadata"]["name"]
+    [rule] = by_kind(docs, "PrometheusRule")
+    return job, rule["spec"]
+
+
+@needs_promtool
+@pytest.mark.parametrize(
+    ("release", "extra"),
+    [
+        ("ceiling", []),  # the README's `helm install ceiling ...`
+        ("prod-gw", ["--set", "serviceMonitor.jobLabel=app.kubernetes.io/name"]),
+        ("x", ["--set", "fullnameOverride=llm-gateway"]),
+    ],
+)
+def test_chart_alerts_fire_for_the_series_its_servicemonitor_produces(
+    helm: list[str], tmp_path: Path, release: str, extra: list[str]
+) -> None:
+    """Whatever the release is called, the chart's rules select exactly the series its own
+    ServiceMonitor produces (job and namespace), every alert fires for them (promtool, the same
+    cases as the standalone rules), and nothing fires for another job's series."""
+    from dashboards.rule_tests import promtool_tests
+    from dashboards.rules import rules_file
+
+    out = subprocess.run(
+        [
+            *helm,
+            "template",
+            release,
+            str(CHART),
+            "-n",
+            "ml",
+            "--kube-version",
+            "1.30.0",
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "prometheusRule.enabled=true",
+            *MONITORING,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    job, spec = _job_and_rules(docs)
+    selector = f'job="{job}", namespace="ml"'
+    # with default values, the generated rules with this release's selector, nothing else
+    assert spec == rules_file(selector)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
+    alerts = [r for g in spec["groups"] for r in g["rules"] if "alert" in r]
+    tests = promtool_tests(
+        "rules.yaml", {"cluster": "c1", "namespace": "ml", "job": job}, selector, alerts
+    )
+    (tmp_path / "rules_test.yaml").write_text(yaml.safe_dump(tests))
+    r = subprocess.run(
+        [PROMTOOL or "promtool", "test", "rules", "rules_test.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_alert_switches_thresholds_and_labels_come_from_values(helm: list[str]) -> None:
+    from dashboards.config import ALERTS
+
+    # the values' defaults are the mixin's
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"]
+    assert set(values) == set(ALERTS)
+    for name, d in ALERTS.items():
+        want = {"enabled": True, "severity": d.severity, "for": d.for_}
+        if d.threshold is not None:
+            want["threshold"] = d.threshold
+        assert values[name] == want, name
+    docs = render(helm, CHART / "ci" / "conventions-values.yaml", *MONITORING)
+    _, spec = _job_and_rules(docs)
+    rules = {r["alert"]: r for g in spec["groups"] for r in g["rules"] if "alert" in r}
+    assert "LLMContextNoCeiling" not in rules and len(rules) == len(ALERTS) - 1
+    near = rules["LLMContextUtilizationNearCeiling"]
+    assert near["for"] == "30m" and near["expr"].count("> 0.85") == 2
+    assert rules["LLMContextRequestsRejected"]["labels"] == {
+        "severity": "warning",
+        "team": "ml-platform",
+    }
+    assert all(r["labels"]["team"] == "ml-platform" for r in rules.values())
+    assert not any(
+        "__THRESHOLD__" in r["expr"] or "__SELECTOR__" in r["expr"] for r in rules.values()
+    )
+    # jobLabel: one job name for every release, and the rules follow it
+    assert (
+        'absent(up{job="context-ceiling", namespace="default"})'
+        in rules["LLMContextSidecarAbsent"]["expr"]
+    )
+    # a selector of your own (sidecar-in-pod: scraped under your app's job)
+    docs = render(
+        helm,
+        None,
+        *MONITORING,
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        'prometheusRule.selector=job="checkout"',
+    )
+    [rule] = by_kind(docs, "PrometheusRule")
+    assert 'absent(up{job="checkout"})' in yaml.safe_dump(rule["spec"])
+
+
+def test_chart_conventions(helm: list[str]) -> None:
+    """Service account with workload-identity annotations, pod metadata, priority, spread,
+    extra volumes, NetworkPolicy, Service annotations, ServiceMonitor options, Grafana folder."""
+    docs = render(helm, CHART / "ci" / "conventions-values.yaml", *MONITORING)
+    [sa] = by_kind(docs, "ServiceAccount")
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam")
+    assert sa["automountServiceAccountToken"] is False
+    [dep] = by_kind(docs, "Deployment")
+    tpl = dep["spec"]["template"]
+    pod = tpl["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert tpl["metadata"]["annotations"]["example.com/team"] == "ml-platform"
+    assert "checksum/config" in tpl["metadata"]["annotations"]
+    assert tpl["metadata"]["labels"]["team"] == "ml-platform"
+    # the selector stays the chart's own: extra pod labels never change it
+    assert "team" not in dep["spec"]["selector"]["matchLabels"]
+    assert pod["priorityClassName"] == "high-priority"
+    [spread] = pod["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert {"name": "tokenizers", "configMap": {"name": "my-tokenizers"}} in pod["volumes"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["tokenizers"]["readOnly"] is True
+    [np] = by_kind(docs, "NetworkPolicy")
+    assert np["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    [ingress] = np["spec"]["ingress"]
+    assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}] and len(ingress["from"]) == 2
+    [svc] = by_kind(docs, "Service")
+    assert svc["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
+    assert svc["metadata"]["labels"]["tier"] == "gateway"
+    [sm] = by_kind(docs, "ServiceMonitor")
+    assert sm["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    [ep] = sm["spec"]["endpoints"]
+    assert ep["scrapeTimeout"] == "10s" and ep["relabelings"] and ep["metricRelabelings"]
+    dash = next(
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboards")
+    )
+    assert dash["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    # the defaults render none of the optional pieces
+    docs = render(helm, None)
+    assert not by_kind(docs, "NetworkPolicy")
+    [dep] = by_kind(docs, "Deployment")
+    assert "priorityClassName" not in dep["spec"]["template"]["spec"]
+    # an existing account instead of a created one
+    docs = render(
+        helm, None, "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=gw"
+    )
+    assert not by_kind(docs, "ServiceAccount")
+    assert by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["serviceAccountName"] == "gw"
+
+
+def test_config_schema_is_the_sidecars_own_model(helm: list[str], tmp_path: Path) -> None:
+    """The chart's schema for `config` is generated from the pydantic model the sidecar loads:
+    a typo or a bad value fails `helm install` with its path instead of crash-looping the pod,
+    and what passes loads."""
+    from devtools import chart_schema
+
+    current = json.loads((CHART / "values.schema.json").read_text())
+    assert (
+        chart_schema.text(chart_schema.render(current))
+        == (CHART / "values.schema.json").read_text()
+    ), "run: python -m devtools.chart_schema"
+    # `mode: off` unquoted (YAML reads false): accepted by the schema and by the sidecar
+    f = tmp_path / "off.yaml"
+    f.write_text("config:\n  enforcement:\n    mode: off\n    workloads: {rag: {mode: off}}\n")
+    docs = render(helm, f)
+    cfg = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config"))
+    (tmp_path / "sidecar.yaml").write_text(cfg["data"]["sidecar.yaml"])
+    settings = load_settings(tmp_path / "sidecar.yaml")
+    assert settings.enforcement.mode == "off"
+    assert settings.enforcement.workloads["rag"].mode == "off"
+    for bad, needle in [
+        ({"enforcement": {"mode": "enforcing"}}, "/config/enforcement/mode"),
+        ({"enforcment": {"mode": "enforce"}}, "enforcment"),
+        ({"models": [{"match": "gpt-4o*", "window": "big"}]}, "/config/models/0/window"),
+        ({"limits": {"max_body_bytes": 10}}, "/config/limits/max_body_bytes"),
+        ({"upstreams": {"openai": {"base_url": "https://x/v1", "timeouts": {"reed": 1}}}}, "reed"),
+    ]:
+        f = tmp_path / "bad.yaml"
+        f.write_text(yaml.safe_dump({"config": bad}))
+        r = subprocess.run(
+            [*helm, "template", "t", str(CHART), "-f", str(f)], capture_output=True, text=True
+        )
+        assert r.returncode != 0 and needle in r.stderr, (bad, r.stderr)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from dashboards.panels import dashboard
+from dashboards.panels import dashboard, with_all
 from devtools.llamacpp import free_port
 from tests.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
@@ -124,15 +124,7 @@ def test_every_panel_query_returns_data(prometheus: tuple[str, Running], tmp_pat
     assert push(sc, 1) == 422  # a rejected reload, for the reload panel
     traffic(sc)  # two scrapes apart, so every rate() has two points
     exprs = [
-        (
-            p["title"],
-            t["expr"]
-            .replace("$model", ".*")
-            .replace("$workload", ".*")
-            .replace("$__rate_interval", "1m"),
-        )
-        for p in dashboard()["panels"]
-        for t in p["targets"]
+        (p["title"], with_all(t["expr"], "1m")) for p in dashboard()["panels"] for t in p["targets"]
     ]
     empty: list[str] = []
     deadline = time.monotonic() + 45

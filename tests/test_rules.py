@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from dashboards import mixin
+from dashboards.config import ALERTS, RUNBOOK
 from dashboards.panels import dashboard
-from dashboards.rule_tests import CASES
+from dashboards.rule_tests import STANDALONE_TARGET, cases
 from dashboards.rules import alerts, rules_file
 from tests.conftest import Running
 
@@ -34,7 +35,7 @@ def test_generated_files_are_current() -> None:
 
 def test_every_alert_has_a_case_and_a_runbook_entry() -> None:
     names = [a["alert"] for a in alerts()]
-    assert sorted(names) == sorted(c[0] for c in CASES)
+    assert sorted(names) == sorted(c[0] for c in cases(STANDALONE_TARGET, {})) == sorted(ALERTS)
     runbook = (ROOT / "dashboards" / "runbook.md").read_text()
     for a in alerts():
         anchor = a["annotations"]["runbook_url"].split("#")[1]
@@ -86,3 +87,65 @@ def test_dashboard_variables_declared() -> None:
     declared = {v["name"] for v in d["templating"]["list"]}
     used = set(re.findall(r"\$(\w+)", json.dumps(d["panels"])))
     assert used - {"__rate_interval", "__all"} <= declared
+
+
+def test_dashboard_imports_and_explains_itself() -> None:
+    """Import asks for a data source; every panel says what it shows; the panels an alert's
+    runbook points at link back to it; the heatmap reads buckets as buckets; rates follow the
+    scrape interval ($__rate_interval), not a fixed window."""
+    d = dashboard()
+    [ds] = d["__inputs"]
+    assert ds["type"] == "datasource" and ds["pluginId"] == "prometheus"
+    required = {(r["type"], r["id"]) for r in d["__requires"]}
+    assert {("grafana", "grafana"), ("datasource", "prometheus")} <= required
+    assert {("panel", p["type"]) for p in d["panels"]} <= required
+    runbook = (ROOT / "dashboards" / "runbook.md").read_text()
+    linked = set()
+    for p in d["panels"]:
+        assert len(p["description"]) > 30, p["title"]
+        for link in p["links"]:
+            assert link["url"].startswith(RUNBOOK + "#")
+            anchor = link["url"].split("#")[1]
+            assert any(f"## {a}" in runbook and a.lower() == anchor for a in ALERTS), anchor
+            linked.add(anchor)
+        for t in p["targets"]:
+            # raw counters and buckets over the scrape-aware window; recorded series carry theirs
+            assert not re.search(r"(?<!:)\b(rate|increase)\((?!model)[^)]*\[5m\]", t["expr"]), t[
+                "expr"
+            ]
+    # every alert that concerns traffic is reachable from a panel
+    assert {a.lower() for a in ALERTS} - linked <= {
+        "llmcontextsidecardown",
+        "llmcontextsidecarabsent",
+    }
+    [heat] = [p for p in d["panels"] if p["type"] == "heatmap"]
+    assert all(t["format"] == "heatmap" for t in heat["targets"])
+    assert all(
+        t["format"] == "time_series" for p in d["panels"] if p is not heat for t in p["targets"]
+    )
+    # every query is scoped to the cluster/namespace/job the viewer picked
+    for p in d["panels"]:
+        for t in p["targets"]:
+            assert 'job=~"$job"' in t["expr"], t["expr"]
+
+
+def test_rules_keep_cluster_namespace_and_job() -> None:
+    """Two releases or two clusters in one Thanos/Mimir stay apart: every aggregation keeps the
+    scrape target's labels, and every alert (but absent()) selects them."""
+    rules = rules_file()
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            for by in re.findall(r"by \(([^)]*)\)", r["expr"]):
+                assert {"cluster", "namespace", "job"} <= {x.strip() for x in by.split(",")}, r
+    trim = next(
+        r
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("record") == "model_workload:llm_context_trimmed_requests:ratio_rate5m"
+    )
+    # the denominator counts generation requests only (not /v1/models, not count_tokens)
+    found = re.search(r'api=~"([^"]+)"', trim["expr"])
+    assert found is not None
+    apis = set(found.group(1).split("|"))
+    assert "openai_chat" in apis and "anthropic_messages" in apis
+    assert not apis & {"models", "anthropic_count_tokens", "gemini_count_tokens", "passthrough"}

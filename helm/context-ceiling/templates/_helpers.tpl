@@ -38,3 +38,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $c "ceilings_persist" false -}}
 {{- toYaml $c -}}
 {{- end -}}
+
+{{- /* The `job` label Prometheus gives this release's series: the Service's name, or with
+serviceMonitor.jobLabel the value of that label on the Service (the operator's rule). */}}
+{{- define "cc.jobName" -}}
+{{- $labels := merge (include "cc.labels" . | fromYaml) (deepCopy (.Values.service.labels | default dict)) -}}
+{{- $key := .Values.serviceMonitor.jobLabel -}}
+{{- if and $key (hasKey $labels $key) -}}{{ index $labels $key }}{{- else -}}{{ include "cc.fullname" . }}{{- end -}}
+{{- end -}}
+
+{{- define "cc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.name | default (include "cc.fullname" .) }}{{- else -}}{{ .Values.serviceAccount.name | default "default" }}{{- end -}}
+{{- end -}}

@@ -39,7 +39,10 @@ def _yaml_off(value: object) -> object:
 
 
 #: a mode as documents and config files spell it (``mode: off`` unquoted included)
-ModeValue = Annotated[Mode, BeforeValidator(_yaml_off)]
+ModeValue = Annotated[
+    Mode,
+    BeforeValidator(_yaml_off, json_schema_input_type=Mode | Literal[False]),
+]
 
 #: the trimming stages, in their default order
 Stage = Literal["tool_results", "retrieved", "history"]

@@ -131,6 +131,22 @@ RESPONSES_COUNT = Route(
 )
 
 
+#: every measured route
+ROUTES: tuple[Route, ...] = (
+    OPENAI_CHAT,
+    AZURE_CHAT,
+    OPENAI_RESPONSES,
+    RESPONSES_COUNT,
+    ANTHROPIC_MESSAGES,
+    ANTHROPIC_COUNT,
+    GEMINI_GENERATE,
+    GEMINI_COUNT,
+)
+#: the ``api`` label values of requests that generate (a model call, not a token count): the
+#: denominator of every per-request share on the dashboard and in the rules
+GENERATION_APIS: tuple[str, ...] = tuple(r.metric_api for r in ROUTES if not r.count_only)
+
+
 @dataclass(slots=True)
 class Exchange:
     """Everything known about one request; becomes the log line and the metrics."""
