@@ -38,9 +38,9 @@ class LocalModel:
 def ensure_local_model() -> LocalModel:
     """Build/fetch (first time) or reuse the cached llama-server and GGUF model."""
     env = os.environ.copy()
-    if os.environ.get("CEILING_LLAMA_SERVER") and os.environ.get("CEILING_MODEL"):
+    if os.environ.get("CEILING_LLAMA_SERVER") and os.environ.get("CEILING_LLAMA_MODEL"):
         return LocalModel(
-            Path(os.environ["CEILING_LLAMA_SERVER"]), Path(os.environ["CEILING_MODEL"])
+            Path(os.environ["CEILING_LLAMA_SERVER"]), Path(os.environ["CEILING_LLAMA_MODEL"])
         )
     proc = subprocess.run(["bash", str(FETCH_SCRIPT)], env=env, capture_output=True, text=True)
     if proc.returncode != 0:

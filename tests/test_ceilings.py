@@ -443,3 +443,71 @@ def test_unreachable_target_is_reported(tmp_path: Path) -> None:
     (tmp_path / "GOOD").write_text(yaml.safe_dump(doc(1)))
     r = cli("push", str(tmp_path / "GOOD"), "--to", f"http://127.0.0.1:{free_port()}")
     assert r.returncode == 1 and "unreachable" in r.stderr
+
+
+def test_push_dry_run_asks_each_sidecar_and_fails_as_the_push_would(
+    make_sidecar: Callable[..., Running], tmp_path: Path
+) -> None:
+    """A document that passes the local checks but that the sidecar would refuse (a window its
+    registry disagrees with): the dry run fails with the sidecar's own reason, and nothing is
+    applied or counted as a failed reload."""
+    a = make_sidecar(admin_token=TOKEN)
+    wrong = tmp_path / "wrong-window.yaml"
+    wrong.write_text(yaml.safe_dump(doc(5, entry(tokens=30000, window=64000))))
+    r = cli("push", str(wrong), "--to", a.url, "--dry-run")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "would be refused (422)" in r.stderr and "differs from the registry" in r.stderr
+    assert running_version(a) == 0
+    metrics = httpx.get(a.url + "/metrics").text
+    assert 'llm_context_config_reloads_total{result="failure",source="api"}' not in metrics
+    # the real push fails the same way (and that is a failed reload)
+    r = cli("push", str(wrong), "--to", a.url)
+    assert r.returncode == 1 and "differs from the registry" in r.stderr
+    metrics = httpx.get(a.url + "/metrics").text
+    assert 'llm_context_config_reloads_total{result="failure",source="api"} 1.0' in metrics
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(doc(5, entry(tokens=30000))))
+    r = cli("push", str(good), "--to", a.url, "--dry-run")
+    assert r.returncode == 0 and "would apply version 5" in r.stdout, r.stdout + r.stderr
+    assert running_version(a) == 0
+    assert cli("push", str(good), "--to", a.url).returncode == 0
+    # not newer than the running one: the dry run says so, for a sidecar and for a file
+    older = tmp_path / "older.yaml"
+    older.write_text(yaml.safe_dump(doc(4, entry(tokens=20000))))
+    r = cli("push", str(older), "--to", a.url, "--dry-run")
+    assert r.returncode == 1 and "not newer" in r.stderr
+    target = tmp_path / "ceilings.yaml"
+    target.write_text(good.read_text())
+    r = cli("push", str(older), "--file", str(target), "--dry-run")
+    assert r.returncode == 1 and "would be refused: version 4 is not newer than 5" in r.stderr
+    assert load_document(target).version == 5
+    # the validate endpoint itself: authorized like the rest of the admin API, JSON errors
+    url = a.url + "/admin/ceilings/validate"
+    assert httpx.post(url, content=good.read_bytes()).status_code == 401
+    r2 = httpx.post(url, content=b"{", headers={"authorization": f"Bearer {TOKEN}"})
+    assert r2.status_code == 422 and r2.json()["error"]["type"] == "invalid_ceilings"
+    r2 = httpx.post(url, content=good.read_bytes(), headers={"authorization": f"Bearer {TOKEN}"})
+    assert r2.status_code == 200 and r2.json()["unchanged"] is True
+
+
+def test_validate_against_a_sidecar_config(tmp_path: Path) -> None:
+    """`ceiling ceilings validate FILE --config sidecar.yaml`: the sidecar's checks, offline."""
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(
+        "upstreams: {openai: {base_url: 'https://api.openai.com/v1'}}\n"
+        "models: [{match: 'gpt-4o*', label: gpt-4o, window: 128000}]\n"
+        "workloads: [rag]\n"
+    )
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        yaml.safe_dump(doc(2, entry(workload="rag"), entry(model="claude", window=200000)))
+    )
+    r = cli("ceilings", "validate", str(f), "--config", str(config))
+    assert r.returncode == 0, r.stderr
+    assert "1 of 2 entries in use" in r.stdout and "'claude'" in r.stdout
+    f.write_text(yaml.safe_dump(doc(2, entry(tokens=30000, window=64000))))
+    r = cli("ceilings", "validate", str(f), "--config", str(config))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "window 64000 differs from the registry's 128000" in r.stderr
+    r = cli("ceilings", "validate", str(f), "--config", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "missing.yaml: cannot read" in r.stderr

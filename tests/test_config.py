@@ -128,3 +128,91 @@ def test_mode_off_unquoted_or_quoted(tmp_path: Path, spelled: str) -> None:
         "entries:\n- ", f"entries:\n- mode: {spelled}\n  "
     )
     assert parse_document(text).entries[0].mode == "off"
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CEILING_")}
+    return subprocess.run(
+        [sys.executable, "-m", "context_ceiling.cli", "serve", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        # a list or object variable that is not JSON: the variable, not a traceback
+        ({"CEILING_MODELS": '[{"match": "x", '}, "env CEILING_MODELS: models: not valid JSON"),
+        (
+            {"CEILING_ENFORCEMENT": '{"mode": '},
+            "env CEILING_ENFORCEMENT: enforcement: not valid JSON",
+        ),
+        # a bad value inside a section given as JSON: blamed on that variable, not on the file
+        (
+            {"CEILING_ENFORCEMENT": '{"mode": "enforcing"}'},
+            "env CEILING_ENFORCEMENT: enforcement.mode:",
+        ),
+        (
+            {"CEILING_ENFORCEMENT__MODE": "enforcing"},
+            "env CEILING_ENFORCEMENT__MODE: enforcement.mode",
+        ),
+        # a top-level typo is refused like a nested one, with the likely intent
+        (
+            {"CEILING_WORKLOAD": "rag"},
+            "env CEILING_WORKLOAD: 'workload' is not a sidecar setting (did you mean CEILING_WORKLOADS?)",
+        ),
+        (
+            {"CEILING_ENFORCEMENT__MODEE": "enforce"},
+            "env CEILING_ENFORCEMENT__MODEE: enforcement.modee",
+        ),
+    ],
+)
+def test_env_errors_one_line_exit_2_blamed_on_the_variable(
+    tmp_path: Path, env: dict[str, str], needle: str
+) -> None:
+    p = write(tmp_path, GOOD)
+    r = _serve("--config", str(p), "--check", env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert str(p) not in lines[0]  # the file is fine
+
+
+def test_a_bad_value_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD + "enforcement:\n  mode: enforcing\n")
+    # an unrelated variable in the same section does not take the blame
+    r = _serve(
+        "--config", str(p), "--check", env={"CEILING_ENFORCEMENT__DEFAULT_OUTPUT_RESERVATION": "10"}
+    )
+    assert r.returncode == 2 and f"{p}: enforcement.mode" in r.stderr, r.stderr
+
+
+def test_serve_check(tmp_path: Path) -> None:
+    """`serve --check` loads what startup loads (tokenizer files, the ceilings file against the
+    registry) and says in one line whether the sidecar would start."""
+    p = write(tmp_path, GOOD)
+    r = _serve("--config", str(p), "--check")
+    assert r.returncode == 0 and r.stdout.startswith("config ok:"), r.stderr
+    missing = write(
+        tmp_path,
+        GOOD
+        + "models:\n  - {match: 'q*', label: q, window: 8000, tokenizer: {kind: huggingface, path: /nonexistent/tokenizer.json}}\n",
+    )
+    r = _serve("--config", str(missing), "--check")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "/nonexistent/tokenizer.json" in r.stderr
+    ceilings = tmp_path / "ceilings.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(3, entry(tokens=30000, window=64000))))
+    p = write(
+        tmp_path,
+        GOOD
+        + f"ceilings_file: {ceilings}\n"
+        + "models:\n  - {match: 'gpt-4o*', label: gpt-4o, window: 128000}\n",
+    )
+    r = _serve("--config", str(p), "--check")
+    assert r.returncode == 2 and "window 64000 differs from the registry's" in r.stderr, r.stderr

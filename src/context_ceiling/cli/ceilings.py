@@ -1,4 +1,5 @@
-"""``ceiling ceilings``: the ceilings document on its own (validate a file, print its schema)."""
+"""``ceiling ceilings``: the ceilings document on its own (validate a file, alone or against a
+sidecar config; print its schema)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,57 @@ def add_parser(sub: Any) -> None:
     )
     c_sub = c.add_subparsers(dest="action", required=True)
     c_sub.add_parser("schema", help="print the JSON Schema of the ceilings document")
-    v = c_sub.add_parser("validate", help="validate a ceilings document")
+    v = c_sub.add_parser(
+        "validate",
+        help="validate a ceilings document (with --config: as that sidecar would at startup)",
+    )
     v.add_argument("path")
+    v.add_argument(
+        "--config",
+        "-c",
+        metavar="SIDECAR_YAML",
+        help="also check it against this sidecar config: windows against its model registry, "
+        "models and workloads it does not know (offline; the admin API's checks but the version)",
+    )
     c.set_defaults(func=ceilings_command)
 
 
 def ceilings_command(args: argparse.Namespace) -> int:
-    from context_ceiling.core.ceilings import json_schema, load_document
+    from context_ceiling.core.ceilings import (
+        CeilingsError,
+        fit_problems,
+        json_schema,
+        load_document,
+    )
 
     if args.action == "schema":
         print(json.dumps(json_schema(), indent=2))
         return 0
     doc = load_document(args.path)
-    print(f"{args.path}: valid, version {doc.version}, {len(doc.entries)} entries")
+    if not args.config:
+        print(f"{args.path}: valid, version {doc.version}, {len(doc.entries)} entries")
+        return 0
+    from context_ceiling.sidecar.config import load_settings
+
+    settings = load_settings(args.config)
+    windows = {s.metric_label: s.window for s in settings.models}
+    problems = fit_problems(doc, windows)
+    if problems:
+        raise CeilingsError(f"{args.path} against {args.config}", problems)
+    notes = []
+    for e in doc.entries:
+        if e.model not in windows:
+            notes.append(
+                f"{e.model}/{e.workload}: no model labelled {e.model!r} in the config (kept, unused)"
+            )
+        elif e.workload not in settings.workloads:
+            notes.append(
+                f"{e.model}/{e.workload}: workload {e.workload!r} is not configured (kept, unused)"
+            )
+    print(
+        f"{args.path}: valid against {args.config}, version {doc.version}, "
+        f"{len(doc.entries) - len(notes)} of {len(doc.entries)} entries in use"
+    )
+    for n in notes:
+        print(f"  note: {n}")
     return 0

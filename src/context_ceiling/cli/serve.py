@@ -11,6 +11,12 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--config", "-c", help="sidecar YAML file (or CEILING_CONFIG)")
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port")
+    serve.add_argument(
+        "--check",
+        action="store_true",
+        help="load the config, its tokenizers and the ceilings file as serving would, print one "
+        "line and exit (0: it would start; 2: it would not, and why)",
+    )
     serve.set_defaults(func=serve_command)
 
 
@@ -27,6 +33,8 @@ def serve_command(args: argparse.Namespace) -> int:
         settings.listen.host = args.host
     if args.port is not None:
         settings.listen.port = args.port
+    if args.check:
+        return _check(settings)
     configure(settings.log_level)
     app = create_app(settings)
     try:
@@ -42,5 +50,28 @@ def serve_command(args: argparse.Namespace) -> int:
         loop=loop,
         log_level=settings.log_level,
         **uvicorn_options(settings),
+    )
+    return 0
+
+
+def _check(settings: Any) -> int:
+    """What startup would load, without listening: the registry (tokenizer files), the
+    ceilings file against that registry, the admin token file."""
+    from context_ceiling.core.ceilings import CeilingsError, fit_problems, load_document
+    from context_ceiling.core.models import Registry
+    from context_ceiling.sidecar.config import admin_token
+
+    registry = Registry(settings.models, None)
+    admin = admin_token(settings)
+    ceilings = "no ceilings file"
+    if settings.ceilings_file is not None and settings.ceilings_file.exists():
+        doc = load_document(settings.ceilings_file)
+        problems = fit_problems(doc, {s.metric_label: s.window for s in registry.specs})
+        if problems:
+            raise CeilingsError(str(settings.ceilings_file), problems)
+        ceilings = f"ceilings version {doc.version} ({len(doc.entries)} entries)"
+    print(
+        f"config ok: {len(registry.specs)} models, {len(settings.workloads)} workloads, "
+        f"mode {settings.enforcement.mode}, {ceilings}, admin API {'on' if admin else 'off'}"
     )
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,6 +171,26 @@ class CeilingsError(UserError, ValueError):
 
 class CeilingsPersistError(CeilingsError):
     """A valid document that could not be written to its file (so it was not applied)."""
+
+
+def fit_problems(doc: CeilingsDocument, windows: Mapping[str, int]) -> list[str]:
+    """Why ``doc`` does not fit a sidecar whose registry has these windows (model label ->
+    window): a ceiling above its window, or a window the registry disagrees with. A ceiling for
+    a model the registry lacks is no problem (kept, unused)."""
+    reasons: list[str] = []
+    for e in doc.entries:
+        window = windows.get(e.model)
+        if window is None:
+            continue
+        if e.window != window:
+            reasons.append(
+                f"{e.model}/{e.workload}: window {e.window} differs from the registry's {window}"
+            )
+        if e.ceiling_tokens > window:
+            reasons.append(
+                f"{e.model}/{e.workload}: ceiling {e.ceiling_tokens} is above the window {window}"
+            )
+    return reasons
 
 
 def parse_document(data: bytes | str, where: str = "ceilings") -> CeilingsDocument:

@@ -2,7 +2,10 @@
 
 To sidecars, through their admin API (``PUT /admin/ceilings``, bearer token from
 ``CEILING_ADMIN_TOKEN``); into a file (for example a ConfigMap checkout) by an atomic write. The
-document is validated locally first; ``--dry-run`` shows per model/workload what would change.
+document is validated locally first; ``--dry-run`` shows per model/workload what would change and
+runs every check the real push would: each sidecar validates the document itself
+(``POST /admin/ceilings/validate``: version, windows against its registry, its file), a file or a
+ConfigMap gets the version check, and whatever would be refused fails the dry run too.
 """
 
 from __future__ import annotations
@@ -57,6 +60,31 @@ def _reason(r: httpx.Response) -> str:
         return r.text[:200]
 
 
+def _refused(dry_run: bool) -> str:
+    return "would be refused: " if dry_run else ""
+
+
+def _validate(
+    client: httpx.Client, base: str, token: str, doc: CeilingsDocument, force: bool
+) -> str:
+    """The sidecar's own verdict on ``doc`` (``POST /admin/ceilings/validate``), applying
+    nothing; raises :class:`PushError` with its reasons when it would refuse the document."""
+    r = client.post(
+        _admin_url(base) + "/validate",
+        content=dump_document(doc, "json"),
+        params={"force": "true"} if force else None,
+        headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
+    )
+    if r.status_code == 404:
+        raise PushError(
+            f"{base}: cannot dry-run: it has no /admin/ceilings/validate (a sidecar older than "
+            "this CLI); nothing was sent to it"
+        )
+    if r.status_code != 200:
+        raise PushError(f"{base}: would be refused ({r.status_code}): {_reason(r)}")
+    return f"{base}: would apply version {doc.version} (dry run: validated by the sidecar)"
+
+
 def push(
     path: str | Path,
     to: list[str],
@@ -91,11 +119,14 @@ def push(
         else:
             lines.append(f"{target}: version {old.version} -> {doc.version}")
             lines += ["  " + c.line() for c in diff(old, doc)]
-        if not dry_run and not same:
+        if not same:
             if not force and not doc.is_newer_than(old):
                 failures.append(
-                    f"{target}: version {doc.version} is not newer than {old.version} (use --force)"
+                    f"{target}: {_refused(dry_run)}version {doc.version} is not newer than "
+                    f"{old.version} (use --force)"
                 )
+            elif dry_run:
+                lines.append(f"{target}: would be written (dry run)")
             else:
                 from context_ceiling.core.ceilings import write_atomically
 
@@ -113,6 +144,7 @@ def push(
                     lines.append(f"{base}: version {old.version} -> {doc.version}")
                     lines += ["  " + c.line() for c in diff(old, doc)]
                     if dry_run:
+                        lines.append(_validate(client, base, token, doc, force))
                         continue
                     r = client.put(
                         _admin_url(base),
@@ -164,12 +196,14 @@ def _to_configmap(
                 return [f"{where}: unchanged (version {doc.version})"]
             lines = [f"{where}: version {old.version} -> {doc.version}"]
             lines += ["  " + c.line() for c in diff(old, doc)]
-            if dry_run:
-                return lines
             if not force and not doc.is_newer_than(old):
                 raise PushError(
-                    f"{where}: version {doc.version} is not newer than {old.version} (use --force)"
+                    "\n".join(lines)
+                    + f"\n{where}: {_refused(dry_run)}version {doc.version} is not newer than "
+                    f"{old.version} (use --force)"
                 )
+            if dry_run:
+                return [*lines, f"{where}: would be written (dry run)"]
             cms.put_key(cm, key, dump_document(doc))
             lines.append(
                 f"{where}: written (every pod mounting it reloads within the kubelet sync)"

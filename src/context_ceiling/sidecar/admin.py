@@ -1,4 +1,10 @@
-"""The admin API: read and replace the running ceilings.
+"""The admin API: read, validate and replace the running ceilings.
+
+``POST /admin/ceilings/validate`` runs every check ``PUT /admin/ceilings`` would (the version
+against the running one, the windows against this sidecar's registry, the file it would persist
+to) and changes nothing: what ``ceiling push --dry-run`` asks, so a dry run that passes is a push
+that passes. A separate path, not a flag, so that an older sidecar answers 404 instead of
+applying the document.
 
 Off (404) unless a token is configured (``CEILING_ADMIN_TOKEN`` or ``admin_token_file``).
 Requests need ``Authorization: Bearer <token>``: 401 without it, 403 with a wrong one; tokens
@@ -12,7 +18,13 @@ import hmac
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from context_ceiling.core.ceilings import CeilingsError, CeilingsPersistError, parse_document
+from context_ceiling.core.ceilings import (
+    EMPTY,
+    CeilingsDocument,
+    CeilingsError,
+    CeilingsPersistError,
+    parse_document,
+)
 from context_ceiling.sidecar.state import State
 
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
@@ -52,12 +64,11 @@ class Admin:
             return Response(
                 store.current.model_dump_json(exclude_none=True), media_type="application/json"
             )
-        raw = await request.body()
-        if len(raw) > MAX_DOCUMENT_BYTES:
-            return _error(413, "request_too_large", f"document exceeds {MAX_DOCUMENT_BYTES} bytes")
-        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
+        read = await self._document(request)
+        if isinstance(read, Response):
+            return read
+        doc, force = read
         try:
-            doc = parse_document(raw, "request body")
             store.apply(doc, "api", force=force)
         except CeilingsPersistError as exc:
             return _error(
@@ -67,9 +78,50 @@ class Admin:
                 exc.reasons,
             )
         except CeilingsError as exc:
-            if exc.where == "request body":
-                store.reloads.labels(source="api", result="failure").inc()
             return _error(
                 422, "invalid_ceilings", "the document was rejected; nothing changed", exc.reasons
             )
         return JSONResponse({"applied": True, "version": doc.version, "entries": len(doc.entries)})
+
+    async def validate(self, request: Request) -> Response:
+        denied = check_token(self.state, request.headers.get("authorization"))
+        if denied is not None:
+            return denied
+        read = await self._document(request, count_failure=False)
+        if isinstance(read, Response):
+            return read
+        doc, force = read
+        store = self.state.ceilings
+        unchanged = store.current is not EMPTY and doc.same_content(store.current)
+        reasons = [] if unchanged else store.dry_run(doc, force)
+        if reasons:
+            return _error(
+                422, "invalid_ceilings", "the document would be rejected; nothing changed", reasons
+            )
+        return JSONResponse(
+            {
+                "valid": True,
+                "unchanged": unchanged,
+                "version": doc.version,
+                "running_version": store.current.version,
+                "entries": len(doc.entries),
+            }
+        )
+
+    async def _document(
+        self, request: Request, count_failure: bool = True
+    ) -> tuple[CeilingsDocument, bool] | Response:
+        """The request's document and its ``force`` flag, or the error response (a document
+        that does not parse counts as a failed reload, except in a dry run)."""
+        raw = await request.body()
+        if len(raw) > MAX_DOCUMENT_BYTES:
+            return _error(413, "request_too_large", f"document exceeds {MAX_DOCUMENT_BYTES} bytes")
+        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
+        try:
+            return parse_document(raw, "request body"), force
+        except CeilingsError as exc:
+            if count_failure:
+                self.state.ceilings.reloads.labels(source="api", result="failure").inc()
+            return _error(
+                422, "invalid_ceilings", "the document was rejected; nothing changed", exc.reasons
+            )

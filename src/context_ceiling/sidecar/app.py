@@ -155,6 +155,7 @@ def create_app(
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/admin/ceilings", admin.ceilings, methods=["GET", "PUT"]),
+            Route("/admin/ceilings/validate", admin.validate, methods=["POST"]),
             Route("/{path:path}", passthrough.handle, methods=ALL_METHODS),
         ],
         lifespan=lifespan,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Literal
@@ -24,6 +25,7 @@ from context_ceiling.core.ceilings import (
     CeilingsError,
     CeilingsPersistError,
     dump_document,
+    fit_problems,
     parse_document,
     write_atomically,
 )
@@ -67,18 +69,17 @@ class CeilingStore:
                 "(increase it, or force)"
             )
         windows = {s.metric_label: s.window for s in self.registry.specs}
-        for e in doc.entries:
-            window = windows.get(e.model)
-            if window is None:
-                continue  # a ceiling for a model this sidecar does not register is kept, unused
-            if e.window != window:
-                reasons.append(
-                    f"{e.model}/{e.workload}: window {e.window} differs from the registry's {window}"
-                )
-            if e.ceiling_tokens > window:
-                reasons.append(
-                    f"{e.model}/{e.workload}: ceiling {e.ceiling_tokens} is above the window {window}"
-                )
+        return reasons + fit_problems(doc, windows)
+
+    def dry_run(self, doc: CeilingsDocument, force: bool = False) -> list[str]:
+        """Everything :meth:`apply` would refuse, the file it would write included; changes
+        nothing and counts no reload."""
+        reasons = self.problems(doc, force)
+        if self.persist and self.path is not None:
+            folder = self.path.parent
+            target = self.path if self.path.exists() else folder
+            if not os.access(target, os.W_OK):
+                reasons.append(f"cannot persist to {self.path}: not writable")
         return reasons
 
     def apply(

@@ -7,6 +7,7 @@ over the defaults. A bad value is reported with the file (or variable), the fiel
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -25,6 +26,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
@@ -35,6 +37,9 @@ from context_ceiling.core.trim import Policy
 from context_ceiling.core.wire import Mode, ModeValue
 
 ENV_PREFIX = "CEILING_"
+#: ``CEILING_*`` variables that are not sidecar settings: the config file's path, the cache of
+#: the dev scripts, the in-cluster push's API overrides, the demo's and the local model's knobs
+OTHER_ENV = ("CONFIG", "CACHE", "KUBE_", "DEMO_", "LLAMA_")
 
 
 class ConfigError(UserError, ValueError):
@@ -272,26 +277,73 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _env_source(loc: tuple[int | str, ...]) -> str | None:
+    """The environment variable that set the value at ``loc`` (itself or a parent section's
+    JSON), if one did."""
+    names = {k.upper() for k in os.environ}
+    for i in range(len(loc), 0, -1):
+        env = ENV_PREFIX + "__".join(str(p) for p in loc[:i]).upper()
+        if env in names:
+            return env
+    return None
+
+
 def _describe(exc: ValidationError, path: Path | None) -> str:
     problems = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        env = ENV_PREFIX + "__".join(str(p) for p in err["loc"][:2]).upper()
-        source = f"env {env}" if env in os.environ else (str(path) if path else "config")
+        env = _env_source(tuple(err["loc"]))
+        source = f"env {env}" if env else (str(path) if path else "config")
         problems.append(f"{source}: {loc}: {err['msg']}")
     return "; ".join(problems)
 
 
+def _check_env_names() -> None:
+    """A ``CEILING_`` variable that names no setting is a typo (``CEILING_WORKLOAD``), refused
+    like a misspelt nested key rather than silently ignored."""
+    fields = set(Settings.model_fields)
+    for name in sorted(os.environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX):
+            continue
+        rest = upper[len(ENV_PREFIX) :]
+        if rest.startswith(OTHER_ENV):
+            continue
+        top = rest.split("__", 1)[0].lower()
+        if top not in fields:
+            close = difflib.get_close_matches(top, sorted(fields), n=1)
+            hint = f" (did you mean {ENV_PREFIX}{close[0].upper()}?)" if close else ""
+            raise ConfigError(f"env {name}: {top!r} is not a sidecar setting{hint}")
+
+
+def _settings_error(exc: SettingsError) -> ConfigError:
+    """pydantic-settings' own error (a list or object variable that is not JSON) -> one line
+    naming the variable."""
+    m = re.search(r'field "(\w+)"', str(exc))
+    field_name = m.group(1) if m else ""
+    env = next(
+        (k for k in sorted(os.environ) if k.upper() == ENV_PREFIX + field_name.upper()),
+        ENV_PREFIX + field_name.upper(),
+    )
+    cause = exc.__cause__
+    why = f"not valid JSON ({cause})" if cause is not None else str(exc)
+    return ConfigError(f"env {env}: {field_name}: {why}")
+
+
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Load and validate; raises :class:`ConfigError` with a one-line description."""
+    """Load and validate; raises :class:`ConfigError` with a one-line description that names
+    the problem's real source (the file, or the environment variable that set the value)."""
     p = Path(path) if path else None
     if p is None and os.environ.get(ENV_PREFIX + "CONFIG"):
         p = Path(os.environ[ENV_PREFIX + "CONFIG"])
     data = _read_yaml(p) if p else {}
+    _check_env_names()
     try:
         settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, p)) from exc
+    except SettingsError as exc:
+        raise _settings_error(exc) from exc
     if settings.upstreams.openai is None and settings.upstreams.anthropic is None:
         raise ConfigError(
             f"{p or 'config'}: upstreams: configure at least one of upstreams.openai, upstreams.anthropic"
