@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from context_ceiling import __version__
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.admin import Admin
 from context_ceiling.sidecar.config import Settings
@@ -123,6 +124,7 @@ def create_app(
             hup = True
         except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
             pass
+        log.info("sidecar started", extra={"fields": startup_fields(state)})
         try:
             async with anyio.create_task_group() as tg:
                 if settings.ceilings_watch:
@@ -162,6 +164,26 @@ def create_app(
     )
     app.state.sidecar = state
     return HotPath(app, hot, proxy.azure_chat, proxy.gemini)
+
+
+def startup_fields(state: State) -> dict[str, object]:
+    """The startup line: what this process runs with (names and numbers, never URLs or
+    tokens)."""
+    s = state.settings
+    doc = state.ceilings.current
+    return {
+        "message": "sidecar started",
+        "version": __version__,
+        "listen": f"{s.listen.host}:{s.listen.port}",
+        "upstreams": sorted(state.all_clients()),
+        "models": [spec.metric_label for spec in s.models],
+        "workloads": list(s.workloads),
+        "mode": s.enforcement.mode,
+        "ceilings_version": doc.version,
+        "ceilings_entries": len(doc.entries),
+        "admin_api": state.admin_token is not None,
+        "tracing": state.tracing.tracer is not None,
+    }
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -1,4 +1,6 @@
-"""One structured JSON line per request, on the ``ceiling.requests`` logger.
+"""One JSON log format for everything the sidecar process writes, on stdout: its request lines
+(``ceiling.requests``), its own events, uvicorn's lines and Python warnings alike, so a log
+pipeline parses one format.
 
 Only numbers, bounded names and ids are logged: never prompt or completion text, never headers.
 """
@@ -31,13 +33,15 @@ def bounded(value: str | None, limit: int = MAX_FIELD) -> str | None:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = getattr(record, "fields", None) or {"message": record.getMessage()}
-        out = {
+        out: dict[str, Any] = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
+            "message": record.getMessage(),
         }
-        out.update(fields)
+        fields = getattr(record, "fields", None)
+        if fields:
+            out.update(fields)
         if record.exc_info and record.exc_info[0] is not None:
             # the type and the traceback (code locations), never the exception's arguments
             # beyond its message: a crash is worth a line an operator can act on
@@ -48,14 +52,23 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+#: the loggers that log at the configured level; everything else (httpx logs every request's
+#: URL at INFO) only warnings and errors
+OURS = ("ceiling", "sidecar", "context_ceiling", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
 def configure(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
-    for name in ("ceiling", "sidecar"):
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    for name in OURS:
         log = logging.getLogger(name)
-        log.handlers[:] = [handler]
+        log.handlers.clear()  # uvicorn's own plain-text handlers, when it installed them
         log.setLevel(level.upper())
-        log.propagate = False
+        log.propagate = True
+    logging.captureWarnings(True)
 
 
 def log_request(fields: dict[str, Any]) -> None:

@@ -11,8 +11,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from context_ceiling.core.ceilings import CeilingsDocument
@@ -159,6 +167,11 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_* (CPU, resident memory, open fds, start time), python_gc_*, python_info: the
+        # standard runtime families, on the app's own registry like everything else
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        PlatformCollector(registry=r)
         self.requests = Counter(
             "llm_context_requests",
             "Proxied requests by outcome.",

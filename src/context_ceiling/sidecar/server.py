@@ -66,6 +66,12 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": protocol_for(settings),
         "access_log": False,
+        # one Date (uvicorn's, on every response) and at most one Server (the upstream's, passed
+        # through on forwarded responses): upstream.response_headers drops the upstream's Date
+        "server_header": False,
+        "date_header": True,
+        # logging is ours (logs.configure): one JSON format on stdout for uvicorn's lines too
+        "log_config": None,
         "timeout_graceful_shutdown": int(settings.limits.shutdown_grace_seconds),
         "limit_concurrency": settings.limits.max_connections,
     }

@@ -34,9 +34,12 @@ _DROP_REQUEST = frozenset(
         "x-ceiling-bypass",
     }
 )
-#: Never passed back to the client: hop-by-hop or invalidated because httpx decodes the body.
+#: Never passed back to the client: hop-by-hop or invalidated because httpx decodes the body;
+#: ``date`` because the server in front (uvicorn) dates every response itself, and two Date
+#: headers are one too many (the upstream's ``server`` passes: uvicorn adds none).
 _DROP_RESPONSE = frozenset(
     {
+        "date",
         "content-length",
         "connection",
         "keep-alive",

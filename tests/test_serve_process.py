@@ -1,0 +1,126 @@
+"""`ceiling serve` as a process, as deployed: one JSON log format on stdout for everything it
+writes (its startup line, request lines, uvicorn's own lines), nothing on stderr, no secret in
+any line; one Date and at most one Server header on every response, forwarded or its own; the
+standard process metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from context_ceiling import __version__
+from tests.hosted_provider_double import HostedProviderDouble, serve
+
+KEY = "sk-test-SECRET-4f9a1c"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def process(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    double = HostedProviderDouble()
+    with serve(double.app()) as durl:  # uvicorn: it sends its own Date and `server: uvicorn`
+        port = _free_port()
+        config = tmp_path / "sidecar.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "listen": {"host": "127.0.0.1", "port": port},
+                    "upstreams": {"openai": {"base_url": durl + "/v1"}},
+                    "models": [{"match": "gpt-4o", "window": 128000}],
+                    "enforcement": {"mode": "observe"},
+                }
+            )
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        try:
+            yield url, proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def test_one_json_log_format_startup_line_and_no_secrets(
+    process: tuple[str, subprocess.Popen[str]],
+) -> None:
+    url, proc = process
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {KEY}"})
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal (exit by SIGTERM, as supervisors expect)
+    assert proc.returncode in (0, -signal.SIGTERM)
+    assert err == "", err  # nothing in another format on another stream
+    lines = [json.loads(line) for line in out.splitlines()]  # every line is JSON
+    assert all({"ts", "level", "logger", "message"} <= set(x) for x in lines), lines
+    [started] = [x for x in lines if x["message"] == "sidecar started"]
+    assert started["version"] == __version__ and started["mode"] == "observe"
+    assert started["upstreams"] == ["openai"] and started["models"] == ["gpt-4o"]
+    loggers = {x["logger"] for x in lines}
+    assert "uvicorn.error" in loggers and "ceiling.requests" in loggers
+    assert KEY not in out and "hi" not in [x.get("message") for x in lines]
+
+
+def test_one_date_and_one_server_header(process: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = process
+    for r in (
+        httpx.get(url + "/v1/models"),  # passed through
+        httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+        ),  # measured and forwarded
+        httpx.get(url + "/healthz"),  # the sidecar's own
+        httpx.post(url + "/v1/chat/completions", content=b"{"),  # the sidecar's own error
+    ):
+        assert len(r.headers.get_list("date")) == 1, (r.request.url, r.headers)
+        assert len(r.headers.get_list("server")) <= 1, (r.request.url, r.headers)
+    # a forwarded response keeps the upstream's Server
+    assert httpx.get(url + "/v1/models").headers["server"] == "uvicorn"
+
+
+def test_process_metrics(process: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = process
+    text = httpx.get(url + "/metrics").text
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#") and "{" not in line.split(" ")[0]
+    }
+    assert samples["process_resident_memory_bytes"] > 10e6
+    assert samples["process_open_fds"] > 0 and samples["process_start_time_seconds"] > 1e9
+    assert "python_info{" in text and "python_gc_objects_collected_total" in text
