@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck litellm test test-fast demo bench bench-validity bench-soak bench-trim local-model dashboards tools clean
+.PHONY: venv lint typecheck litellm test test-fast demo image bench bench-validity bench-soak bench-trim local-model dashboards tools clean
 
 venv: $(VENV)/.installed
 
@@ -18,9 +18,13 @@ $(VENV)/.installed: pyproject.toml
 local-model:  ## build/fetch (once, cached under ~/.cache/context-ceiling) llama-server + the GGUF model
 	bash scripts/local_model.sh
 
-tools:  ## Debian packages the tests use: Prometheus + promtool (rules, scrape), wrk, hey (load); needs root
-	command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v hey >/dev/null && command -v wrk >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus hey wrk)
+tools:  ## Debian packages the tests use: Prometheus + promtool (rules, scrape), wrk, hey (load), buildah + mmdebstrap (the image); needs root
+	command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v hey >/dev/null && command -v wrk >/dev/null \
+	  && command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus hey wrk buildah mmdebstrap)
+
+image: venv  ## the container image, built with buildah on a Debian base from mmdebstrap (EXTRAS=sweep for the sweep Job's image)
+	PYTHON=$(PY) bash scripts/image.sh
 
 dashboards: venv  ## regenerate dashboards/generated from dashboards/mixin.py
 	$(PY) -m dashboards.mixin
@@ -39,7 +43,7 @@ test: venv lint typecheck local-model tools litellm  ## the README's test comman
 	$(BIN)/pytest -q
 
 test-fast: venv lint typecheck  ## the inner loop: everything but the slow, real-model and helm tests
-	$(BIN)/pytest -q -m "not slow and not real_model and not helm"
+	$(BIN)/pytest -q -m "not slow and not real_model and not helm and not image"
 
 demo: venv local-model  ## the whole loop on a real local model
 	$(PY) scripts/demo.py

@@ -28,7 +28,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from context_ceiling.cli import ceilings, push, serve, sweep
+    from context_ceiling.cli import ceilings, push, serve
+
+    try:
+        from context_ceiling.cli import sweep
+    except ModuleNotFoundError as exc:  # the sidecar image: installed without the sweep extra
+        sweep = _MissingExtra("sweep", "sweep", exc.name or "")  # type: ignore[assignment]
 
     parser = Parser(
         prog="ceiling", description="Keep LLM requests under their measured context ceiling."
@@ -38,6 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (serve, push, sweep, ceilings):
         command.add_parser(sub)
     return parser
+
+
+class _MissingExtra:
+    """A command whose dependencies are an extra that is not installed: it still parses, and
+    says in one line what to install (exit 2)."""
+
+    def __init__(self, command: str, extra: str, missing: str) -> None:
+        self.command, self.extra, self.missing = command, extra, missing
+
+    def add_parser(self, sub: argparse._SubParsersAction[Parser]) -> None:
+        p = sub.add_parser(
+            self.command, help=f"(needs: pip install 'context-ceiling[{self.extra}]')"
+        )
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=self._refuse)
+
+    def _refuse(self, args: argparse.Namespace) -> int:
+        raise UserError(
+            f"needs the {self.extra} extra ({self.missing} is not installed): "
+            f"pip install 'context-ceiling[{self.extra}]'"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -114,7 +114,13 @@ class HuggingFaceCounter:
     """A Hugging Face ``tokenizer.json`` (open models), loaded from a local path only."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer
+        try:
+            from tokenizers import Tokenizer
+        except ModuleNotFoundError as exc:
+            raise TokenizerError(
+                f"{path}: a huggingface tokenizer needs the hf extra: "
+                "pip install 'context-ceiling[hf]'"
+            ) from exc
 
         p = Path(path)
         try:
