@@ -70,8 +70,17 @@ def _check(settings: Any) -> int:
         if problems:
             raise CeilingsError(str(settings.ceilings_file), problems)
         ceilings = f"ceilings version {doc.version} ({len(doc.entries)} entries)"
+    capture = "capture off"
+    if settings.capture.enabled:
+        from context_ceiling.core.capture import CaptureStore
+        from context_ceiling.sidecar.capture import hostname_path
+
+        path = hostname_path(settings.capture.store)
+        CaptureStore.open(path, create=True).close()
+        capture = f"capture on ({path})"
     print(
         f"config ok: {len(registry.specs)} models, {len(settings.workloads)} workloads, "
-        f"mode {settings.enforcement.mode}, {ceilings}, admin API {'on' if admin else 'off'}"
+        f"mode {settings.enforcement.mode}, {ceilings}, admin API {'on' if admin else 'off'}, "
+        f"{capture}"
     )
     return 0

@@ -125,6 +125,8 @@ def create_app(
         except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
             pass
         log.info("sidecar started", extra={"fields": startup_fields(state)})
+        if state.capture is not None:
+            state.capture.start()
         try:
             async with anyio.create_task_group() as tg:
                 if settings.ceilings_watch:
@@ -138,6 +140,8 @@ def create_app(
         finally:
             if hup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            if state.capture is not None:
+                await anyio.to_thread.run_sync(state.capture.stop)
             await state.aclose()
 
     hot: dict[str, Handler] = {
@@ -183,6 +187,7 @@ def startup_fields(state: State) -> dict[str, object]:
         "ceilings_entries": len(doc.entries),
         "admin_api": state.admin_token is not None,
         "tracing": state.tracing.tracer is not None,
+        "capture": state.capture is not None,
     }
 
 

@@ -197,6 +197,54 @@ class Staleness(_Section):
     )
 
 
+class CaptureWorkload(_Section):
+    sample_rate: float = Field(ge=0, le=1)
+
+
+class Redaction(_Section):
+    """Applied before anything is written. Built-in patterns for API keys and bearer tokens are
+    always on; ``patterns`` adds yours (e.g. e-mail addresses, account numbers); ``fields``
+    names JSON keys whose values are replaced wherever they appear in a captured request."""
+
+    patterns: list[str] = Field(default_factory=list)
+    fields: list[str] = Field(default_factory=lambda: ["user", "metadata", "safety_identifier"])
+
+    @field_validator("patterns")
+    @classmethod
+    def _compile(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"{p!r} is not a valid regular expression: {exc}") from exc
+        return v
+
+
+class Capture(_Section):
+    """Sample live requests into a capture store, for building task sets from your own traffic
+    (``ceiling taskset build``). Off unless enabled, and then only at the sampled rates."""
+
+    enabled: bool = False
+    #: the SQLite store; ``{hostname}`` becomes this replica's host name (one file per pod)
+    store: Path = Path("capture-{hostname}.sqlite")
+    #: share of a workload's requests captured, unless the workload sets its own
+    sample_rate: float = Field(default=0.0, ge=0, le=1)
+    workloads: dict[str, CaptureWorkload] = Field(default_factory=dict)
+    #: a request body larger than this is not captured (counted as dropped: too_large)
+    max_request_bytes: int = Field(default=1_048_576, ge=1024)
+    #: the response text is cut to this many characters
+    max_response_chars: int = Field(default=32_768, ge=0)
+    #: rotation: the oldest records go first once the records exceed this size ...
+    max_store_mib: float = Field(default=256, gt=0)
+    #: ... and every record older than this
+    max_age_hours: float = Field(default=336, gt=0)
+    redact: Redaction = Field(default_factory=Redaction)
+
+    def rate(self, workload: str) -> float:
+        w = self.workloads.get(workload)
+        return w.sample_rate if w is not None else self.sample_rate
+
+
 class Settings(BaseSettings):
     """The whole sidecar configuration."""
 
@@ -224,6 +272,7 @@ class Settings(BaseSettings):
     counting: Counting = Field(default_factory=Counting)
     enforcement: Enforcement = Field(default_factory=Enforcement)
     limits: Limits = Field(default_factory=Limits)
+    capture: Capture = Field(default_factory=Capture)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("workloads")
@@ -353,6 +402,14 @@ def load_settings(path: str | Path | None = None) -> Settings:
             value = getattr(settings, name)
             if value is not None and not value.is_absolute():
                 setattr(settings, name, p.parent / value)
+        if not settings.capture.store.is_absolute():
+            settings.capture.store = p.parent / settings.capture.store
+    unknown = set(settings.capture.workloads) - set(settings.workloads)
+    if unknown:
+        raise ConfigError(
+            f"{p or 'config'}: capture.workloads: {', '.join(sorted(unknown))} "
+            f"not in workloads ({', '.join(settings.workloads)})"
+        )
     return settings
 
 

@@ -9,6 +9,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.trace import Span
 
@@ -173,6 +174,10 @@ class Exchange:
     max_tokens: int | None = None
     span: Span | None = None
     upstream: str = ""  # the upstream's name (the API's default: its API's name)
+    #: sampled for the capture store: the client's parsed body (before trimming) and, once it
+    #: arrived, the response (a body, or a stream's events)
+    capture_body: dict[str, Any] | None = None
+    capture_response: bytes | None = None
 
     @property
     def forwarded_tokens(self) -> int:

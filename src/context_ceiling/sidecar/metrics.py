@@ -303,6 +303,28 @@ class Metrics:
             "llm_context_config_version", "Version of the running ceilings document.", registry=r
         )
 
+        # traffic capture (capture.enabled): what was written, what was not and why, what the
+        # redaction rules replaced (rule: builtin, pattern, field)
+        self.captured = Counter(
+            "llm_context_captured",
+            "Requests written to the capture store.",
+            ["workload"],
+            registry=r,
+        )
+        self.capture_dropped = Counter(
+            "llm_context_capture_dropped",
+            "Sampled requests not written (too_large, queue_full, store_error) or records "
+            "rotated out of the store (rotated).",
+            ["reason"],
+            registry=r,
+        )
+        self.capture_redactions = Counter(
+            "llm_context_capture_redactions",
+            "Values the redaction rules replaced before writing, by rule kind.",
+            ["rule"],
+            registry=r,
+        )
+
     def watch_ceilings(self, store: RunningCeilings) -> None:
         """Expose the running ceilings (tokens, age, staleness), read at scrape time."""
         self.registry.register(_CeilingCollector(store))

@@ -29,6 +29,7 @@ from context_ceiling.core.trim import requested_output
 from context_ceiling.core.utilization import utilization
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_body, read_capped
+from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
 from context_ceiling.sidecar.enforce import context_error, decide
 from context_ceiling.sidecar.errors import error_response
@@ -328,6 +329,13 @@ class Proxy:
         client's bytes when nothing changed them (None: serialize ``obj``)."""
         client, upstream_cfg = target
         st = self.state
+        if (
+            st.capture is not None
+            and not route.count_only
+            and not ex.bypass
+            and st.capture.sample(ex.workload, len(body) if body is not None else 0)
+        ):
+            ex.capture_body = obj  # the client's request, before any trimming
         d = ex.decision
         if d is not None and d.body is not None:
             obj = d.body
@@ -405,6 +413,8 @@ class Proxy:
         if status < 300:
             ex.usage = ex.route.body_usage(content)
             ex.outcome = "ok"
+            if ex.capture_body is not None:
+                ex.capture_response = content
         else:
             ex.outcome = "upstream_4xx" if status < 500 else "upstream_5xx"
         self.rec.finish(ex)
@@ -415,8 +425,14 @@ class Proxy:
         )
 
     def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> SSERelay:
+        collecting: CollectingTap | None = None
+        if ex.capture_body is not None and self.state.capture is not None:
+            tap = collecting = CollectingTap(tap, self.state.capture.cfg.max_request_bytes)
+
         def done(outcome: str, usage: Usage) -> None:
             ex.outcome, ex.usage = outcome, usage
+            if collecting is not None:
+                ex.capture_response = b"".join(collecting.events)
             self.rec.finish(ex)
 
         headers = response_headers(resp.headers) | self.rec.headers(ex)

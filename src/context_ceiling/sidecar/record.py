@@ -9,6 +9,7 @@ from typing import Any
 
 from context_ceiling.core.utilization import Component
 from context_ceiling.core.wire import STAGE_COMPONENT
+from context_ceiling.sidecar.capture import Pending
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
 from context_ceiling.sidecar.logs import bounded, log_request
@@ -46,6 +47,27 @@ class Recorder:
         stale = self._staleness(ex)
         self._genai(ex, now, stale)
         self._log(ex, now, est_error)
+        self._capture(ex)
+
+    def _capture(self, ex: Exchange) -> None:
+        """A sampled exchange that succeeded, to the capture writer (off this path)."""
+        cap = self.state.capture
+        if cap is None or ex.capture_body is None or ex.outcome != "ok":
+            return
+        cap.submit(
+            Pending(
+                ts=time.time(),
+                workload=ex.workload,
+                model=ex.label,
+                request_model=ex.model,
+                api=ex.route.metric_api,
+                shape=ex.route.shape,
+                body=ex.capture_body,
+                response=ex.capture_response or b"",
+                stream=ex.stream,
+                usage=ex.usage,
+            )
+        )
 
     def _metrics(self, ex: Exchange, now: float) -> float | None:
         """The request counters and histograms; returns the estimate error it observed."""

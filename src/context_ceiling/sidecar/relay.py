@@ -20,9 +20,18 @@ from context_ceiling.sidecar.usage import Usage
 class Tap(Protocol):
     """Reads usage from events and decides what each forwarded event looks like."""
 
-    usage: Usage
-    complete: bool  # the protocol's end of a whole stream was seen
-    upstream_error: bool  # the upstream reported its own failure in the stream
+    @property
+    def usage(self) -> Usage: ...
+
+    @property
+    def complete(self) -> bool:
+        """The protocol's end of a whole stream was seen."""
+        ...
+
+    @property
+    def upstream_error(self) -> bool:
+        """The upstream reported its own failure in the stream."""
+        ...
 
     def on_event(self, event: bytes) -> bytes | None: ...
 

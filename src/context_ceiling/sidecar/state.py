@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.wire import Api
+from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token
 from context_ceiling.sidecar.metrics import Metrics
@@ -37,6 +39,8 @@ class State:
     default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
     #: named upstreams: name -> (its API, its client, its settings)
     named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = field(default_factory=dict)
+    #: traffic capture (None: capture.enabled is false)
+    capture: Capturer | None = None
 
     @classmethod
     def build(
@@ -75,6 +79,12 @@ class State:
         store = CeilingStore(
             registry, metrics, staleness, settings.ceilings_file, settings.ceilings_persist
         )
+        chunk_pattern = re.compile(pattern) if pattern else None
+        capture = (
+            Capturer(settings.capture, metrics, chunk_pattern or re.compile(DEFAULT_CHUNK_PATTERN))
+            if settings.capture.enabled
+            else None
+        )
         return cls(
             settings=settings,
             registry=registry,
@@ -82,7 +92,8 @@ class State:
             clients=clients,
             named=named,
             engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
-            chunk_pattern=re.compile(pattern) if pattern else None,
+            chunk_pattern=chunk_pattern,
+            capture=capture,
             workloads=frozenset(settings.workloads),
             ceilings=store,
             staleness=staleness,
