@@ -31,16 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     from context_ceiling.cli import ceilings, push, serve
 
     try:
-        from context_ceiling.cli import sweep
+        from context_ceiling.cli import sweep, taskset
     except ModuleNotFoundError as exc:  # the sidecar image: installed without the sweep extra
         sweep = _MissingExtra("sweep", "sweep", exc.name or "")  # type: ignore[assignment]
+        taskset = _MissingExtra("taskset", "sweep", exc.name or "")  # type: ignore[assignment]
 
     parser = Parser(
         prog="ceiling", description="Keep LLM requests under their measured context ceiling."
     )
     parser.add_argument("--version", action="version", version=f"ceiling {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in (serve, push, sweep, ceilings):
+    for command in (serve, push, sweep, taskset, ceilings):
         command.add_parser(sub)
     return parser
 

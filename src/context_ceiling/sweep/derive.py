@@ -60,7 +60,7 @@ def entry_from(
         ceiling_utilization=round(analysis.ceiling_tokens / analysis.window, 6),
         window=analysis.window,
         output_reservation=plan.max_tokens,
-        metric="accuracy",
+        metric=ts.metric,
         tolerance=analysis.tolerance,
         margin=analysis.margin,
         created_at=datetime.now(UTC),
@@ -81,7 +81,11 @@ def entry_from(
             + ("; REFUSED, written with --force" if analysis.blocking(True) else ""),
             decision=_decision(analysis),
         ),
-        fingerprint=TrafficFingerprint(
+        # a task set built from captured traffic: the shape of that traffic (what live traffic
+        # should keep looking like); otherwise the shape of the prompts the sweep measured
+        fingerprint=TrafficFingerprint(**ts.fingerprint)
+        if ts.fingerprint
+        else TrafficFingerprint(
             system_tokens=float(plan.system_tokens or 0),
             tool_definition_tokens=0.0,
             retrieved_chunks=round(docs, 2),

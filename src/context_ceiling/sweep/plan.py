@@ -37,6 +37,10 @@ class TaskSetRef(Strict):
     hash: str
     corpus_hash: str
     skeleton_hash: str
+    #: what the answers measure: accuracy (labelled), agreement (unlabelled) or both
+    metric: str = "accuracy"
+    #: the traffic shape a task set built from captures was drawn from
+    fingerprint: dict[str, float] | None = None
 
 
 class Plan(Strict):

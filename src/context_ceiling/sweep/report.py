@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from context_ceiling.sweep.analysis import Analysis, analysis_of
+from context_ceiling.sweep.analysis import Analysis, RunAnalysis, analysis_of
 from context_ceiling.sweep.plan import Plan
-from context_ceiling.sweep.scorer import BUCKETS
+from context_ceiling.sweep.scorer import BUCKETS, grade
 
 COLORS = {
     "correct": "#2e7d32",
@@ -25,7 +25,7 @@ COLORS = {
 }
 
 
-def plot(a: Analysis, title: str) -> bytes:
+def plot(a: Analysis, title: str, metric: str = "accuracy") -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,7 +48,7 @@ def plot(a: Analysis, title: str) -> bytes:
         ecolor="#1565c0",
         elinewidth=2,
         capsize=5,
-        label="accuracy, 95% CI (items as the unit)",
+        label=f"{metric}, 95% CI (items as the unit)",
     )
     ax.errorbar(
         [x + 0.006 for x in xs],
@@ -84,7 +84,7 @@ def plot(a: Analysis, title: str) -> bytes:
             + ("" if a.resolved and not a.refusals else " (derive refuses it)"),
         )
     ax.set_ylim(0, 1.02)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
@@ -105,15 +105,15 @@ def plot(a: Analysis, title: str) -> bytes:
     return buf.getvalue()
 
 
-def table(a: Analysis) -> Table:
-    t = Table(title="accuracy by context utilization")
+def table(a: Analysis, metric: str = "accuracy") -> Table:
+    t = Table(title=f"{metric} by context utilization")
     for col in (
         "level",
         "utilization",
         "tokens",
         "items",
         "calls",
-        "accuracy",
+        metric,
         "95% CI",
         "repeats min-max",
         "vs ref (95% CI)",
@@ -171,10 +171,46 @@ PROVENANCE = {
 }
 
 
-def write(out: Path, a: Analysis, plan: Plan, console: Console | None = None) -> dict[str, Path]:
+def item_lines(ra: RunAnalysis) -> list[str]:
+    """Which items were labelled (graded as accuracy) and which are graded as agreement with the
+    model's own evidence-only answer, and which of those agree at the reference level."""
+    drawn = set(ra.plan.item_ids)
+    items = [i for i in ra.taskset.items if i.id in drawn]
+    labelled = [i.id for i in items if i.labelled]
+    unlabelled = [i for i in items if not i.labelled]
+    if not unlabelled:
+        return []
+    ref = next((s.level for s in ra.analysis.levels if s.role == "reference"), None)
+    votes: dict[str, list[bool]] = {}
+    if ref is not None:
+        by_id = {i.id: i for i in items}
+        for r in ra.rows:
+            if r.get("level") == ref and r["item"] in by_id and r["status"] == "ok":
+                g = grade(by_id[r["item"]], r.get("text"), r.get("finish_reason"))
+                votes.setdefault(r["item"], []).append(g.correct)
+    agree = sorted(k for k, v in votes.items() if sum(v) * 2 > len(v))
+    differ = sorted(k for k, v in votes.items() if sum(v) * 2 <= len(v))
+    sources = sorted({getattr(i.answer, "source", "") for i in unlabelled})
+    return [
+        f"labelled ({len(labelled)} items, graded as accuracy): {', '.join(labelled) or 'none'}",
+        f"unlabelled ({len(unlabelled)} items, graded as agreement with the model's own answer "
+        f"given only the evidence; gold from {', '.join(sources)}): "
+        f"at the reference level {len(agree)} agree ({', '.join(agree) or 'none'}), "
+        f"{len(differ)} do not ({', '.join(differ) or 'none'})",
+    ]
+
+
+def write(
+    out: Path,
+    a: Analysis,
+    plan: Plan,
+    console: Console | None = None,
+    items: list[str] | None = None,
+) -> dict[str, Path]:
     ts = plan.taskset.model_dump() if plan.taskset else {}
+    metric = plan.taskset.metric if plan.taskset else "accuracy"
     title = f"{plan.model} on {ts.get('name', plan.taskset_arg)} (window {a.window:,})"
-    png = plot(a, title)
+    png = plot(a, title, metric)
     (out / "curve.png").write_bytes(png)
     summary = {
         "run_id": plan.run_id,
@@ -200,17 +236,20 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
 .ceiling{{font-size:1.2rem;background:#fff3e0;padding:.75rem;border-left:4px solid #e65100}}</style></head><body>
 <h1>Usable context: {html.escape(title)}</h1>
 <p class="ceiling">{html.escape(ceiling_line(a))}</p>
-<img alt="accuracy vs utilization" src="data:image/png;base64,{base64.b64encode(png).decode()}" width="720">
-<h2>Levels</h2><table><tr><th>level</th><th>utilization</th><th>tokens</th><th>calls</th><th>accuracy</th><th>95% CI</th>
+<img alt="{metric} vs utilization" src="data:image/png;base64,{base64.b64encode(png).decode()}" width="720">
+<h2>Levels</h2><table><tr><th>level</th><th>utilization</th><th>tokens</th><th>calls</th><th>{metric}</th><th>95% CI</th>
 <th>repeats</th><th>vs reference</th><th>pass</th><th>missed</th><th>decoyed</th><th>reasoned wrongly</th><th>truncated/refused</th></tr>
 {rows}</table>
 <h2>Notes</h2><ul>{warn or "<li>none</li>"}</ul>
+<h2>Items</h2><ul>{"".join(f"<li>{html.escape(x)}</li>" for x in items or []) or "<li>every item labelled</li>"}</ul>
 <h2>Provenance</h2><pre>{html.escape(plan.model_dump_json(indent=2, include=PROVENANCE))}</pre>
 </body></html>"""
     (out / "report.html").write_text(page)
     if console is not None:
-        console.print(table(a))
+        console.print(table(a, metric))
         console.print(ceiling_line(a))
+        for line in items or []:
+            console.print(line)
         for w in a.refusals:
             console.print(f"[bold red]derive would refuse:[/] {w}")
         for w in a.warnings:
@@ -221,6 +260,6 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
 def report(out: Path, console: Console) -> int:
     """``ceiling sweep report``: (re)write a run's report from its plan and log."""
     ra = analysis_of(out)
-    paths = write(out, ra.analysis, ra.plan, console)
+    paths = write(out, ra.analysis, ra.plan, console, item_lines(ra))
     console.print(f"report: {paths['html']}  plot: {paths['png']}  summary: {paths['json']}")
     return 0

@@ -248,6 +248,8 @@ class _Sweep:
             hash=self.ts.hash,
             corpus_hash=self.ts.corpus_hash,
             skeleton_hash=self.ts.skeleton.hash,
+            metric=self.ts.metric,
+            fingerprint=self.ts.fingerprint,
         )
         plan.groups = len(self.groups_upto(drawn))
         plan.system_tokens = self.meter.text(self.ts.skeleton.system)

@@ -1,7 +1,10 @@
 """Programmatic grading (the scorer): no judge model, every failure bucketed.
 
 The model is asked for ``{"answer": ..., "evidence": [...]}``. Scoring: normalised exact match,
-set match, or a JSON object checked against the item's JSON Schema and then field by field.
+set match, or a JSON object checked against the item's JSON Schema and then field by field; an
+unlabelled (``agreement``) item agrees when the answer matches the model's own evidence-only
+answer: equal once normalised, or a token F1 of at least ``AGREEMENT_F1`` (the SQuAD measure:
+free-text answers rarely repeat word for word).
 Buckets for failures, in this order:
 
 - ``truncated_refused``: stop reason ``length`` or a content filter, or a refusal;
@@ -24,7 +27,11 @@ from typing import Any
 
 import jsonschema
 
-from context_ceiling.sweep.taskset import ExactAnswer, Item, JsonAnswer, SetAnswer
+from context_ceiling.sweep.taskset import AgreementAnswer, ExactAnswer, Item, JsonAnswer, SetAnswer
+
+#: token F1 from which two free-text answers agree
+AGREEMENT_F1 = 0.6
+_WORDS = re.compile(r"[a-z0-9]+")
 
 BUCKETS = ("correct", "missed", "decoyed", "reasoned_wrongly", "truncated_refused")
 _REFUSAL = re.compile(
@@ -75,10 +82,31 @@ def _as_set(v: Any) -> set[str]:
     return {_norm(x) for x in words if x.lower() not in ("and", "or")}
 
 
+def _flat(v: Any) -> str:
+    return json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else str(v)
+
+
+def agrees(answer: Any, reference: str) -> bool:
+    """Whether ``answer`` says what ``reference`` says: equal once normalised, or token F1 at
+    least :data:`AGREEMENT_F1`."""
+    a, b = _WORDS.findall(_flat(answer).lower()), _WORDS.findall(reference.lower())
+    if not a or not b:
+        return a == b and bool(str(answer).strip()) == bool(reference.strip())
+    if a == b:
+        return True
+    common = sum(min(a.count(w), b.count(w)) for w in set(a) & set(b))
+    if common == 0:
+        return False
+    precision, recall = common / len(a), common / len(b)
+    return 2 * precision * recall / (precision + recall) >= AGREEMENT_F1
+
+
 def is_correct(item: Item, answer: Any) -> bool:
     a = item.answer
     if answer is None:
         return False
+    if isinstance(a, AgreementAnswer):
+        return agrees(answer, a.value)
     if isinstance(a, ExactAnswer):
         return (
             _num(answer) == _num(a.value)

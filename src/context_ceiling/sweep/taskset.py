@@ -5,10 +5,16 @@ A task set is a directory:
 - ``taskset.json``: name, format version, description, licence;
 - ``items.jsonl``: one item per line: ``id``, ``question``, ``gold`` (evidence document ids),
   ``answer`` (kind ``exact`` with a ``value``, ``set`` with ``values``, or ``json`` with a
-  ``value`` object and a JSON ``schema``), optional ``decoy_values`` and ``decoy_docs``;
+  ``value`` object and a JSON ``schema``: labelled answers, graded as accuracy; or kind
+  ``agreement`` with the model's own answer as ``value`` and where it came from as ``source``:
+  graded as agreement, never called accuracy), optional ``decoy_values``, ``decoy_docs`` and
+  ``origin`` (where a captured item came from);
 - ``corpus.jsonl``: one document per line: ``id``, ``text``, optional ``title``;
 - ``skeleton.txt``: the prompt template, with ``{documents}`` and ``{question}``, and a
-  ``---`` line separating the system part from the user part.
+  ``---`` line separating the system part from the user part;
+- ``fingerprint.json`` (optional; task sets built from captured traffic): the traffic shape the
+  ceiling is measured for (system and tool-definition tokens, chunks per request, tokens per
+  chunk), recorded in the derived ceiling for the sidecar's staleness check.
 
 Loading validates everything and names the file, line and field of the first problem.
 """
@@ -28,6 +34,12 @@ from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
 
 FORMAT_VERSION: Literal[1] = 1
+FINGERPRINT_KEYS = (
+    "system_tokens",
+    "tool_definition_tokens",
+    "retrieved_chunks",
+    "retrieved_chunk_tokens",
+)
 BUNDLED = ("contracts", "spdx")
 
 
@@ -47,7 +59,21 @@ class JsonAnswer(Strict):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-Answer = Annotated[ExactAnswer | SetAnswer | JsonAnswer, Field(discriminator="kind")]
+class AgreementAnswer(Strict):
+    """No label: the gold is the model's own answer with only the evidence in context
+    (``source``: ``reference:<model>`` when ``ceiling taskset reference`` asked it, ``captured``
+    for the answer production gave). Graded as agreement with that answer."""
+
+    kind: Literal["agreement"]
+    value: str
+    source: str = "captured"
+
+
+Answer = Annotated[
+    ExactAnswer | SetAnswer | JsonAnswer | AgreementAnswer, Field(discriminator="kind")
+]
+#: what the answers of a task set measure
+Metric = Literal["accuracy", "agreement", "accuracy+agreement"]
 
 
 class Item(Strict):
@@ -57,6 +83,12 @@ class Item(Strict):
     answer: Answer
     decoy_values: list[str] = Field(default_factory=list)
     decoy_docs: list[str] = Field(default_factory=list)
+    #: a captured item's provenance: workload, captured_at, model, duplicates merged, ...
+    origin: dict[str, Any] | None = None
+
+    @property
+    def labelled(self) -> bool:
+        return not isinstance(self.answer, AgreementAnswer)
 
 
 class Doc(Strict):
@@ -101,6 +133,15 @@ class TaskSet:
     skeleton: Skeleton
     hash: str
     corpus_hash: str
+    fingerprint: dict[str, float] | None = None
+
+    @property
+    def metric(self) -> Metric:
+        """``accuracy`` when every item is labelled, ``agreement`` when none is."""
+        labelled = {i.labelled for i in self.items}
+        if labelled == {False}:
+            return "agreement"
+        return "accuracy+agreement" if len(labelled) == 2 else "accuracy"
 
 
 def _jsonl(path: Path, model: type[Strict]) -> list[Any]:
@@ -180,13 +221,30 @@ def load_taskset(path_or_name: str | Path) -> TaskSet:
     if not sep:
         system, user = "", text
     skeleton = Skeleton(system.strip(), user.strip(), text)
+    fingerprint: dict[str, float] | None = None
+    fp_path = root / "fingerprint.json"
+    if fp_path.exists():
+        try:
+            raw_fp = json.loads(fp_path.read_text())
+            fingerprint = {k: float(raw_fp[k]) for k in FINGERPRINT_KEYS}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TaskSetError(
+                f"{fp_path}: needs numbers for {', '.join(FINGERPRINT_KEYS)} ({exc})"
+            ) from exc
     return TaskSet(
         meta=meta,
         items=items,
         docs=docs,
         skeleton=skeleton,
-        hash=_digest(meta_path, root / "items.jsonl", root / "corpus.jsonl", sk_path),
+        hash=_digest(
+            meta_path,
+            root / "items.jsonl",
+            root / "corpus.jsonl",
+            sk_path,
+            *([fp_path] if fingerprint is not None else []),
+        ),
         corpus_hash=_digest(root / "corpus.jsonl"),
+        fingerprint=fingerprint,
     )
 
 
@@ -196,9 +254,12 @@ def write_taskset(
     items: list[dict[str, Any]],
     docs: list[dict[str, Any]],
     skeleton: str,
+    fingerprint: dict[str, float] | None = None,
 ) -> None:
     """Write a task set directory in the format :func:`load_taskset` reads (stable, diffable)."""
     out.mkdir(parents=True, exist_ok=True)
+    if fingerprint is not None:
+        (out / "fingerprint.json").write_text(json.dumps(fingerprint, indent=2) + "\n")
     (out / "taskset.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "items.jsonl").write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
     (out / "corpus.jsonl").write_text("".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
