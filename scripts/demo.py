@@ -7,7 +7,9 @@
 4. the ceiling derived from the curve and pushed to the running sidecar (hot reload);
 5. requests of mixed sizes through the official ``openai`` SDK, with the ceiling observed,
    then the same ceiling pushed again with ``mode: enforce`` and the requests replayed;
-6. a summary: the curve, the ceiling, the utilization distribution, what was trimmed.
+6. the replayed requests, captured by the sidecar (capture on for workload rag), built into a task
+   set of your own traffic, exported for labelling, and a sweep on it dry-run;
+7. a summary: the curve, the ceiling, the utilization distribution, what was trimmed.
 
 Against a hosted API instead: set OPENAI_BASE_URL, OPENAI_API_KEY, CEILING_DEMO_MODEL and
 CEILING_DEMO_WINDOW (no local model is started).
@@ -192,6 +194,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "sweep"
+    import shutil as _shutil
+
+    for stale in ("capture", "traffic-taskset", "traffic-sweep"):  # step 6 starts afresh
+        _shutil.rmtree(out / stale, ignore_errors=True)
     reuse = args.reuse_sweep and (run_dir / "summary.json").exists()
     if run_dir.exists() and not reuse:
         import shutil
@@ -222,6 +228,12 @@ def main() -> int:
             ],
             "workloads": ["default", "rag"],
             "enforcement": {"mode": "observe", "default_output_reservation": 64},
+            # every rag request into the capture store: the loop from your own traffic (step 6)
+            "capture": {
+                "enabled": True,
+                "store": str(out / "capture" / "capture-{hostname}.sqlite"),
+                "workloads": {"rag": {"sample_rate": 1.0}},
+            },
         }
         with sidecar(cfg, out) as url:
             console.print(f"sidecar at {url}; metrics at {url}/metrics")
@@ -317,7 +329,45 @@ def main() -> int:
                 )
             console.print(t)
 
-            console.rule("[bold]6. Summary")
+            console.rule("[bold]6. A task set from the captured traffic")
+            traffic = out / "traffic-taskset"
+            time.sleep(1.0)  # the capture writer commits off the request path
+            captured = metric(
+                httpx.get(url + "/metrics").text, "llm_context_captured_total", workload="rag"
+            )
+            console.print(f"captured {captured:.0f} rag requests into {out / 'capture'}")
+            build = ["taskset", "build", "--capture", str(out / "capture"), "--out", str(traffic)]
+            if ceiling_cli(build) != 0:  # too few for a 5% tolerance: it says how many more
+                console.print(
+                    "(a demo's five distinct questions; a week of real traffic gives hundreds) "
+                    "building anyway with --min-items 5 to show the loop"
+                )
+                if ceiling_cli([*build, "--min-items", "5"]) != 0:
+                    raise SystemExit("no task set from the captured traffic")
+            ceiling_cli(["taskset", "export", str(traffic), "--out", str(out / "labels.csv")])
+            ceiling_cli(
+                [
+                    "sweep",
+                    "run",
+                    "--base-url",
+                    url + "/v1",
+                    "--model",
+                    model,
+                    "--taskset",
+                    str(traffic),
+                    "--window",
+                    str(window),
+                    "--items",
+                    "5",
+                    "--tokenizer",
+                    "o200k_base",
+                    "--dry-run",
+                    "--out",
+                    str(out / "traffic-sweep"),
+                ]
+            )
+
+            console.rule("[bold]7. Summary")
             summary = json.loads((run_dir / "summary.json").read_text())["analysis"]
             from context_ceiling.sweep.analysis import Analysis, LevelStats
             from context_ceiling.sweep.report import ceiling_line, table

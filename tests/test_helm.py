@@ -688,3 +688,41 @@ def test_config_schema_is_the_sidecars_own_model(helm: list[str], tmp_path: Path
             [*helm, "template", "t", str(CHART), "-f", str(f)], capture_output=True, text=True
         )
         assert r.returncode != 0 and needle in r.stderr, (bad, r.stderr)
+
+
+def test_capture_store_volume(helm: list[str], tmp_path: Path) -> None:
+    """config.capture on: the chart sets the store's path (one file per replica) and mounts a
+    claim there; more than one replica on a ReadWriteOnce claim is refused with a message."""
+    docs = render(helm, CHART / "ci" / "capture-values.yaml")
+    [pvc] = by_kind(docs, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    [dep] = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["capture"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["capture"]["mountPath"] == "/var/lib/context-ceiling/capture"
+    cfg = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config"))
+    (tmp_path / "sidecar.yaml").write_text(cfg["data"]["sidecar.yaml"])
+    s = load_settings(tmp_path / "sidecar.yaml")
+    assert s.capture.enabled and s.capture.rate("rag") == 0.05 and s.capture.rate("default") == 0
+    assert str(s.capture.store).startswith("/var/lib/context-ceiling/capture/capture-{hostname}")
+    r = subprocess.run(
+        [
+            *helm,
+            "template",
+            "t",
+            str(CHART),
+            "-f",
+            str(CHART / "ci" / "capture-values.yaml"),
+            "--set",
+            "capture.persistence.accessModes={ReadWriteOnce}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode != 0 and "needs ReadWriteMany" in r.stderr
+    # capture off: no volume at all
+    [dep] = by_kind(render(helm, None), "Deployment")
+    assert "capture" not in {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}

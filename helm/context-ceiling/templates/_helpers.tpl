@@ -36,6 +36,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $c "listen" (dict "host" "0.0.0.0" "port" 8787) -}}
 {{- $_ := set $c "ceilings_file" "/etc/context-ceiling/ceilings/ceilings.yaml" -}}
 {{- $_ := set $c "ceilings_persist" false -}}
+{{- if include "cc.captureEnabled" . -}}
+{{- $cap := deepCopy $c.capture -}}
+{{- $_ := set $cap "store" "/var/lib/context-ceiling/capture/capture-{hostname}.sqlite" -}}
+{{- $_ := set $c "capture" $cap -}}
+{{- end -}}
 {{- toYaml $c -}}
 {{- end -}}
 
@@ -49,4 +54,8 @@ serviceMonitor.jobLabel the value of that label on the Service (the operator's r
 
 {{- define "cc.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.name | default (include "cc.fullname" .) }}{{- else -}}{{ .Values.serviceAccount.name | default "default" }}{{- end -}}
+{{- end -}}
+
+{{- define "cc.captureEnabled" -}}
+{{- if and .Values.config.capture .Values.config.capture.enabled -}}true{{- end -}}
 {{- end -}}
