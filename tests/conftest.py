@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 
 from context_ceiling.sidecar.app import create_app
@@ -29,6 +32,19 @@ MODELS: list[dict[str, Any]] = [
         "tokenizer": {"kind": "calibrated", "encoding": "cl100k_base", "factor": 1.1},
     },
 ]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Until ``url``/healthz answers 200; fails with the process's output if it exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/healthz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
 
 
 @dataclass

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import pytest
 import yaml
 
 from context_ceiling import __version__
+from tests.conftest import wait_healthy
 from tests.hosted_provider_double import HostedProviderDouble, serve
 
 pytestmark = [
@@ -153,15 +153,7 @@ exec env -i {" ".join(f"{k}={v}" for k, v in env.items())} \\
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(url + "/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.2)
+            wait_healthy(url, proc, timeout=60)
             assert httpx.get(url + "/readyz").status_code == 200
             client = openai.OpenAI(base_url=url + "/v1", api_key="sk-image-test", max_retries=0)
             out = client.chat.completions.create(

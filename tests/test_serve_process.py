@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from context_ceiling import __version__
+from tests.conftest import wait_healthy
 from tests.hosted_provider_double import HostedProviderDouble, serve
 
 KEY = "sk-test-SECRET-4f9a1c"
@@ -57,15 +57,7 @@ def process(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
             env=env,
         )
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_healthy(url, proc)
         try:
             yield url, proc
         finally:

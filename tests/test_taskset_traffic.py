@@ -83,6 +83,10 @@ def stores(tmp_path: Path) -> Path:
     return folder
 
 
+def _build(capsys: pytest.CaptureFixture[str], stores: Path, out: Path, *extra: str) -> int:
+    return _run(capsys, "taskset", "build", "--capture", str(stores), "--out", str(out), *extra)[0]
+
+
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
@@ -167,20 +171,7 @@ def test_labelling_round_trip(
     stores: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
 ) -> None:
     ts_dir = tmp_path / "ts"
-    assert (
-        _run(
-            capsys,
-            "taskset",
-            "build",
-            "--capture",
-            str(stores),
-            "--out",
-            str(ts_dir),
-            "--min-items",
-            "10",
-        )[0]
-        == 0
-    )
+    assert _build(capsys, stores, ts_dir, "--min-items", "10") == 0
     labels = tmp_path / f"labels.{fmt}"
     code, stdout, _ = _run(capsys, "taskset", "export", str(ts_dir), "--out", str(labels))
     assert code == 0 and "24 items" in stdout
@@ -263,20 +254,7 @@ def test_reference_answers_and_a_sweep_that_reports_agreement(
     stores: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ts_dir = tmp_path / "ts"
-    assert (
-        _run(
-            capsys,
-            "taskset",
-            "build",
-            "--capture",
-            str(stores),
-            "--out",
-            str(ts_dir),
-            "--min-items",
-            "10",
-        )[0]
-        == 0
-    )
+    assert _build(capsys, stores, ts_dir, "--min-items", "10") == 0
     with serve(_model_double(ts_dir)) as url:
         code, stdout, err = _run(
             capsys, "taskset", "reference", str(ts_dir), "--base-url", url + "/v1", "--model", "m"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.core.errors import UserError
-from context_ceiling.sweep.taskset import AgreementAnswer, load_taskset
+from context_ceiling.sweep.taskset import AgreementAnswer, load_taskset, replace_answers
 
 COLUMNS = (
     "id",
@@ -178,16 +178,5 @@ def import_labels(path: str, labels: str) -> tuple[int, int]:
         if item_id in answers:
             raise UserError(f"{where}: id: {item_id!r} is labelled twice")
         answers[item_id] = _label(where, kind, raw, src.suffix == ".csv")
-    items = []
-    for it in ts.items:
-        d = it.model_dump(by_alias=True, exclude_defaults=True)
-        if it.id in answers:
-            d["answer"] = answers[it.id]
-        items.append(d)
-    root = Path(path)
-    tmp = root / "items.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
-    tmp.replace(root / "items.jsonl")
-    load_taskset(path)  # what was written loads
-    labelled = sum(1 for d in items if d["answer"]["kind"] != "agreement")
-    return labelled, len(items)
+    after = replace_answers(path, answers)
+    return sum(1 for i in after.items if i.labelled), len(after.items)

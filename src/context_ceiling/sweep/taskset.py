@@ -264,3 +264,19 @@ def write_taskset(
     (out / "items.jsonl").write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
     (out / "corpus.jsonl").write_text("".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
     (out / "skeleton.txt").write_text(skeleton + "\n")
+
+
+def replace_answers(path: str | Path, answers: dict[str, dict[str, Any]]) -> TaskSet:
+    """Rewrite ``items.jsonl`` with these items' answers replaced (atomically: a temp file
+    renamed over it), and return the task set as it now loads."""
+    root = Path(path)
+    items = []
+    for it in load_taskset(root).items:
+        d = it.model_dump(by_alias=True, exclude_defaults=True)
+        if it.id in answers:
+            d["answer"] = answers[it.id]
+        items.append(d)
+    tmp = root / "items.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
+    tmp.replace(root / "items.jsonl")
+    return load_taskset(root)

@@ -47,6 +47,7 @@ from context_ceiling.sweep.taskset import (
     AgreementAnswer,
     TaskSet,
     load_taskset,
+    replace_answers,
     write_taskset,
 )
 
@@ -353,18 +354,11 @@ def reference(path: str, ep: Endpoint, concurrency: int = 4) -> tuple[int, int]:
     ts = load_taskset(path)
     ids = [i.id for i in ts.items if isinstance(i.answer, AgreementAnswer)]
     got = asyncio.run(_reference(ts, ep, ids, concurrency))
-    items = []
-    for it in ts.items:
-        d = it.model_dump(by_alias=True, exclude_defaults=True)
-        if it.id in got:
-            d["answer"] = {
-                "kind": "agreement",
-                "value": got[it.id],
-                "source": f"reference:{ep.model}",
-            }
-        items.append(d)
-    root = Path(path)
-    tmp = root / "items.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
-    tmp.replace(root / "items.jsonl")
+    replace_answers(
+        path,
+        {
+            k: {"kind": "agreement", "value": v, "source": f"reference:{ep.model}"}
+            for k, v in got.items()
+        },
+    )
     return len(got), len(ids)
