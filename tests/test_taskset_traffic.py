@@ -293,6 +293,9 @@ def test_reference_answers_and_a_sweep_that_reports_agreement(
     page = (run / "report.html").read_text()
     assert "<th>agreement</th>" in page and "<th>accuracy</th>" not in page
     assert "unlabelled (24 items, graded as agreement" in page and "24 agree" in page
+    assert "accuracy" not in summary["analysis"]["metric"] and all(
+        "accuracy" not in line for line in summary["analysis"]["refusals"]
+    )
     code, _, err = _run(
         capsys, "sweep", "derive", str(run), "--model", "gpt-4o", "--workload", "rag", "--force"
     )

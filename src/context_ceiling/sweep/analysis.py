@@ -120,6 +120,8 @@ class Analysis:
     closed_book_accuracy: float | None = None
     closed_book_excluded: bool = True
     floor: float = DEFAULT_FLOOR
+    #: what the answers measure (the task set's metric): the word every message uses
+    metric: str = "accuracy"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,6 +175,7 @@ def analyse(
     docs: Mapping[str, str] | None = None,
     floor: float = DEFAULT_FLOOR,
     include_closed_book: bool = False,
+    metric: str = "accuracy",
 ) -> Analysis:
     """``seed`` and ``bootstrap`` are kept for callers of the first release; the intervals are
     analytic now and need neither."""
@@ -187,6 +190,7 @@ def analyse(
         design=design,
         floor=floor,
         include_closed_book=include_closed_book,
+        metric=metric,
     )
 
 
@@ -200,6 +204,7 @@ def analyse_graded(
     design: Design | None = None,
     floor: float = DEFAULT_FLOOR,
     include_closed_book: bool = False,
+    metric: str = "accuracy",
 ) -> Analysis:
     """The analysis of records already graded (``rows``: the ok ones, with ``correct`` and
     ``bucket``); the validity benchmark drives this with simulated outcomes."""
@@ -248,6 +253,7 @@ def analyse_graded(
         [],
         reference_level=design.reference,
         closed_book_excluded=not include_closed_book,
+        metric=metric,
         floor=floor,
     )
     _decide(a, ref, tolerance)
@@ -360,7 +366,7 @@ def _judge(
         return
     if ref.accuracy < a.floor:
         no.append(
-            f"the reference accuracy ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
+            f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
             f"floor ({a.floor:.0%}): the model does not do this task even with little context, "
             "so no fill is safe (--min-accuracy sets the floor)"
         )
@@ -375,7 +381,7 @@ def _judge(
             lo = difference_interval(diffs)[0]
             if lo <= 0:
                 no.append(
-                    f"the reference accuracy is not clearly above the closed-book control "
+                    f"the reference {a.metric} is not clearly above the closed-book control "
                     f"({a.closed_book_accuracy:.0%} with no documents; paired 95% lower bound "
                     f"{lo:+.0%}): the answers do not come from the context"
                 )
@@ -390,7 +396,7 @@ def _judge(
     for s in a.levels:
         if s.role == "low_fill" and s.n_items and s.diff_ci[0] > tolerance:
             no.append(
-                f"accuracy already falls before the reference: {s.accuracy:.0%} at level "
+                f"{a.metric} already falls before the reference: {s.accuracy:.0%} at level "
                 f"{s.level:g} against {ref.accuracy:.0%} at {ref.level:g} (paired difference "
                 f"{s.diff:+.0%}, 95% CI {s.diff_ci[0]:+.0%}..{s.diff_ci[1]:+.0%}); lower the reference"
             )
@@ -460,5 +466,6 @@ def analysis_of(
         docs={d.id: d.text for d in ts.docs.values()},
         floor=floor if floor is not None else (plan.min_accuracy or DEFAULT_FLOOR),
         include_closed_book=include_closed_book,
+        metric=ts.metric,
     )
     return RunAnalysis(a, plan, rows, ts)
