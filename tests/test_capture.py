@@ -255,3 +255,98 @@ def test_a_corrupt_or_foreign_store_is_refused_in_one_line(
     )
     r = _check(tmp_path, tmp_path / "fresh.sqlite")
     assert r.returncode == 0 and "capture on" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    ("shape", "body", "system", "question", "chunks"),
+    [
+        (
+            "responses",
+            {
+                "instructions": "Be brief.",
+                "input": [
+                    {"role": "user", "content": [{"type": "input_text", "text": DOCS + "Refunds?"}]}
+                ],
+            },
+            "Be brief.",
+            "Refunds?",
+            ["kb-17", "kb-4"],
+        ),
+        (
+            "gemini",
+            {
+                "systemInstruction": {"parts": [{"text": "Be brief."}]},
+                "contents": [{"role": "user", "parts": [{"text": DOCS + "Refunds?"}]}],
+            },
+            "Be brief.",
+            "Refunds?",
+            ["kb-17", "kb-4"],
+        ),
+        (
+            "anthropic",
+            {
+                "system": [{"type": "text", "text": "Be brief."}],
+                "messages": [{"role": "user", "content": "Refunds?"}],
+            },
+            "Be brief.",
+            "Refunds?",
+            [],
+        ),
+    ],
+)
+def test_extract_every_wire_format(
+    shape: str, body: dict[str, object], system: str, question: str, chunks: list[str]
+) -> None:
+    import re as _re
+
+    from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
+    from context_ceiling.sidecar.capture_text import extract
+
+    ex = extract(shape, body, _re.compile(DEFAULT_CHUNK_PATTERN))  # type: ignore[arg-type]
+    assert (ex.system, ex.question) == (system, question)
+    assert [src for _, src in ex.chunks or []] == chunks
+
+
+@pytest.mark.parametrize(
+    ("shape", "raw", "stream", "text", "finish"),
+    [
+        (
+            "anthropic",
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"30 "}}\n\n'
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"days"}}\n\n'
+            b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"}}\n\n',
+            True,
+            "30 days",
+            "end_turn",
+        ),
+        (
+            "responses",
+            b'data: {"type":"response.output_text.delta","delta":"30 days"}\n\n'
+            b'data: {"type":"response.completed","response":{}}\n\n',
+            True,
+            "30 days",
+            "completed",
+        ),
+        (
+            "responses",
+            b'{"status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"30 days"}]}]}',
+            False,
+            "30 days",
+            "completed",
+        ),
+        (
+            "gemini",
+            b'data: {"candidates":[{"content":{"parts":[{"text":"30 "}]}}]}\n\n'
+            b'data: {"candidates":[{"content":{"parts":[{"text":"days"}]},"finishReason":"STOP"}]}\n\n',
+            True,
+            "30 days",
+            "STOP",
+        ),
+    ],
+)
+def test_response_text_every_wire_format(
+    shape: str, raw: bytes, stream: bool, text: str, finish: str
+) -> None:
+    from context_ceiling.sidecar.capture_text import response_text
+
+    assert response_text(shape, raw, stream) == (text, finish)  # type: ignore[arg-type]
