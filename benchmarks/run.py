@@ -40,7 +40,7 @@ SENTENCE = (
     "Record {i}: the service contract between Northwind and client K{i:03d} renews on day "
     "{d} with a fee of {f} EUR and a notice period of {n} days. "
 )
-ORDER = ["direct", "bare", "litellm", "sidecar", "cached", "enforce"]
+ORDER = ["direct", "bare", "litellm", "sidecar", "bounded", "cached", "enforce"]
 
 
 def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
@@ -127,6 +127,8 @@ def main() -> int:
             started["bare"] = tg.bare(base)
         if "sidecar" in wanted:
             started["sidecar"] = tg.sidecar(base, work)
+        if "bounded" in wanted:
+            started["bounded"] = tg.sidecar(base, work, bounded=True)
         if "cached" in wanted:
             started["cached"] = tg.sidecar(base, work, cache=True)
         if "enforce" in wanted:
@@ -228,7 +230,9 @@ def main() -> int:
                     )
         peak = {n: started[n].peak_rss / 2**20 for n in names}
         actions = {
-            n: tg.over_ceiling(started[n]) for n in ("sidecar", "cached", "enforce") if n in started
+            n: tg.over_ceiling(started[n])
+            for n in ("sidecar", "bounded", "cached", "enforce")
+            if n in started
         }
     finally:
         for t in started.values():

@@ -133,11 +133,14 @@ def bare(up: str) -> Target:
     return Target("bare", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
-def sidecar(up: str, workdir: Path, enforce: bool = False, cache: bool = False) -> Target:
+def sidecar(
+    up: str, workdir: Path, enforce: bool = False, cache: bool = False, bounded: bool = False
+) -> Target:
     """The sidecar; ``cache`` off by default so every request is counted from scratch (the
-    benchmark repeats one body, which the count cache would otherwise answer)."""
+    benchmark repeats one body, which the count cache would otherwise answer); ``bounded``:
+    ``counting.strategy: bounded`` (a request a bound proves within budget is not counted)."""
     port = free_port()
-    name = "enforce" if enforce else "cached" if cache else "sidecar"
+    name = "enforce" if enforce else "cached" if cache else "bounded" if bounded else "sidecar"
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "upstreams": {"openai": {"base_url": up + "/v1"}},
@@ -147,7 +150,10 @@ def sidecar(up: str, workdir: Path, enforce: bool = False, cache: bool = False) 
         # as deployed: one JSON log line per request (to /dev/null here); its cost is the product's
         "log_level": "info",
         "enforcement": {"mode": "enforce" if enforce else "observe"},
-        "counting": {"cache_mib": 64 if cache else 0},
+        "counting": {
+            "cache_mib": 64 if cache else 0,
+            "strategy": "bounded" if bounded else "exact",
+        },
     }
     if enforce:
         # a ceiling at half of each request's size: every request is trimmed (retrieved chunks)

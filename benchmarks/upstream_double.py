@@ -2,7 +2,9 @@
 
 Raw ASGI, no framework: answers ``/v1/chat/completions`` with a fixed body, or, for
 ``stream: true``, a fixed stream of ``CHUNKS`` events ``PACE`` seconds apart. It never parses
-more than it must, so what the benchmarks measure is the proxy in front of it.
+more than it must, so what the benchmarks measure is the proxy in front of it. The usage it
+reports is the request's size in tokens as the benchmark's model name gives it (``bench-8000``:
+8,000), as a provider would report it (the sidecar's bounded counting calibrates on it).
 Run: ``python -m benchmarks.upstream_double PORT``.
 """
 
@@ -20,18 +22,58 @@ from benchmarks.asgi import lifespan, read_body, run
 CHUNKS = int(os.environ.get("DOUBLE_CHUNKS", "20"))
 PACE = float(os.environ.get("DOUBLE_PACE", "0"))
 
-BODY = orjson.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020},
+
+def _body(prompt_tokens: int) -> bytes:
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-4o",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 20,
+                "total_tokens": prompt_tokens + 20,
+            },
+        }
+    )
+
+
+def _usage_event(prompt_tokens: int) -> bytes:
+    u = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 20,
+        "total_tokens": prompt_tokens + 20,
     }
-)
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4o"}
+    return b"data: " + orjson.dumps({**chunk, "choices": [], "usage": u}) + b"\n\n"
+
+
+BODY = _body(1000)
+_MODEL = b'"model":"bench-'
+_bodies: dict[bytes, tuple[bytes, bytes]] = {}
+
+
+def _for(body: bytes) -> tuple[bytes, bytes]:
+    """(the answer, the usage event) for the size the request's model name says."""
+    i = body.find(_MODEL)
+    if i < 0:
+        return BODY, USAGE
+    j = body.find(b'"', i + len(_MODEL))
+    key = body[i + len(_MODEL) : j]
+    if key not in _bodies:
+        n = int(key) if key.isdigit() else 1000
+        _bodies[key] = (_body(n), _usage_event(n))
+    return _bodies[key]
+
+
 _chunk = orjson.dumps(
     {
         "id": "c",
@@ -41,18 +83,8 @@ _chunk = orjson.dumps(
         "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
     }
 )
-_usage = orjson.dumps(
-    {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [],
-        "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020},
-    }
-)
 EVENT = b"data: " + _chunk + b"\n\n"
-USAGE = b"data: " + _usage + b"\n\n"
+USAGE = _usage_event(1000)
 DONE = b"data: [DONE]\n\n"
 
 
@@ -69,7 +101,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 "headers": [(b"content-type", b"application/json")],
             }
         )
-        await send({"type": "http.response.body", "body": BODY})
+        await send({"type": "http.response.body", "body": _for(body)[0]})
         return
     await send(
         {
@@ -83,7 +115,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if PACE:
             await asyncio.sleep(PACE)
     if b"include_usage" in body:
-        await send({"type": "http.response.body", "body": USAGE, "more_body": True})
+        await send({"type": "http.response.body", "body": _for(body)[1], "more_body": True})
     await send({"type": "http.response.body", "body": DONE, "more_body": False})
 
 

@@ -21,7 +21,11 @@ def _cell(res: dict[str, Any], tokens: int, stream: bool, conc: int) -> dict[str
 
 def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    variants = {"sidecar": "", "cached": ", count cache on: repeated content"}
+    variants = {
+        "sidecar": "",
+        "bounded": ", counting.strategy: bounded",
+        "cached": ", count cache on: repeated content",
+    }
     for name, note in variants.items():
         for stream in (False, True):
             c = _cell(res, 8000, stream, 16)

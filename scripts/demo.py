@@ -340,9 +340,9 @@ def main() -> int:
             if ceiling_cli(build) != 0:  # too few for a 5% tolerance: it says how many more
                 console.print(
                     "(a demo's five distinct questions; a week of real traffic gives hundreds) "
-                    "building anyway with --min-items 5 to show the loop"
+                    "building anyway with --min-items 3 to show the loop"
                 )
-                if ceiling_cli([*build, "--min-items", "5"]) != 0:
+                if ceiling_cli([*build, "--min-items", "3"]) != 0:
                     raise SystemExit("no task set from the captured traffic")
             ceiling_cli(["taskset", "export", str(traffic), "--out", str(out / "labels.csv")])
             ceiling_cli(

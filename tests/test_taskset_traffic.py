@@ -303,3 +303,20 @@ def test_reference_answers_and_a_sweep_that_reports_agreement(
     [entry] = doc["entries"]
     assert entry["metric"] == "agreement"
     assert entry["fingerprint"] == ts.fingerprint
+
+
+def test_near_duplicates_need_the_same_numbers_and_identifiers() -> None:
+    from context_ceiling.sweep.traffic import _Candidate, _merge_near_duplicates
+
+    def cand(q: str, ts: float) -> _Candidate:
+        r = CaptureRecord(ts=ts, workload="w", model="m", request_model="m", api="a", question=q)
+        return _Candidate(r, [], frozenset(re.findall(r"[a-z0-9]+", q.lower())), 1)
+
+    qs = [
+        "What is the renewal fee in contract C-4417-T under the master agreement?",
+        "What is the renewal fee in contract C-4471-T under the master agreement?",  # other id
+        "what is the renewal fee in contract C-4417-T under the master agreement",  # same
+    ]
+    kept, merged = _merge_near_duplicates([cand(q, i) for i, q in enumerate(qs)], 0.8)
+    assert merged == 1 and [c.record.question for c in kept] == qs[:2]
+    assert kept[0].duplicates == 1

@@ -141,9 +141,22 @@ class Limits(_Section):
 
 class Counting(_Section):
     """Token counting. ``cache_mib``: remember the counts of long texts (system prompts, tool
-    schemas, resent history, recurring documents) up to this much text, in memory only; 0 = off."""
+    schemas, resent history, recurring documents) up to this much text, in memory only; 0 = off.
+
+    ``strategy``: ``exact`` counts every request before forwarding it. ``bounded`` counts only
+    the requests that could be over their budget: a request whose bound is within it goes
+    straight through and its utilization comes from the tokens the provider reports. The bound
+    in ``enforce`` mode is strict (a byte-level BPE token covers at least one byte, so the body's
+    bytes bound its tokens); in ``observe`` it may also be the body's bytes over the smallest
+    bytes-per-token this model has shown (``calibration``), with a 10% margin; in ``off``
+    nothing needs counting. Every ``sample_every``-th request is still counted exactly (the
+    components, the staleness check and the estimate error need a count)."""
 
     cache_mib: float = Field(default=64, ge=0)
+    strategy: Literal["exact", "bounded"] = "exact"
+    sample_every: int = Field(default=16, ge=1)
+    #: how many reported requests the observe bound needs before it is used (and keeps)
+    calibration: int = Field(default=32, ge=1)
 
 
 class Retrieval(_Section):

@@ -37,20 +37,19 @@ class Decision:
         return self.report is not None and self.report.before > (self.budget or 0)
 
 
-def decide(
+def budget_of(
     obj: dict[str, Any],
     api: Shape,
-    count: RequestCount,
     spec: ModelSpec | None,
     label: str,
     workload: str,
     doc: CeilingsDocument,
     cfg: Enforcement,
-    counter: TextCounter,
-    chunk_pattern: re.Pattern[str] | None,
     bypass: bool = False,
 ) -> Decision:
-    mode, policy = cfg.for_workload(workload)
+    """The mode in force and the input budget (the ceiling, within the window less the output
+    reservation), before anything is counted."""
+    mode, _ = cfg.for_workload(workload)
     entry = doc.lookup(label, workload)
     if entry is not None and entry.mode is not None:
         mode = entry.mode
@@ -65,6 +64,26 @@ def decide(
     ) + spec.reasoning_reservation
     d.reservation = min(d.reservation, spec.window - 1)
     d.budget = input_budget(spec.window, d.reservation, entry.ceiling_tokens if entry else None)
+    return d
+
+
+def decide(
+    obj: dict[str, Any],
+    api: Shape,
+    count: RequestCount,
+    spec: ModelSpec | None,
+    label: str,
+    workload: str,
+    doc: CeilingsDocument,
+    cfg: Enforcement,
+    counter: TextCounter,
+    chunk_pattern: re.Pattern[str] | None,
+    bypass: bool = False,
+) -> Decision:
+    d = budget_of(obj, api, spec, label, workload, doc, cfg, bypass)
+    if d.mode == "off" or spec is None or d.budget is None:
+        return d
+    _, policy = cfg.for_workload(workload)
     if count.total <= d.budget:
         return d
     # The trimmer works in the units of the per-part counts. When the engine counted the total
@@ -92,7 +111,7 @@ def decide(
         report.after = math.ceil(report.after / scale)
         report.removed = {k: round(v / scale) for k, v in report.removed.items()}
     d.report = report
-    if mode == "enforce":
+    if d.mode == "enforce":
         if report.fits:
             d.body = fitted
         else:

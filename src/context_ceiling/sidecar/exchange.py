@@ -178,6 +178,10 @@ class Exchange:
     #: arrived, the response (a body, or a stream's events)
     capture_body: dict[str, Any] | None = None
     capture_response: bytes | None = None
+    #: the request body's size, and whether counting was skipped because a bound proved the
+    #: request within its budget (counting.strategy: bounded)
+    body_bytes: int = 0
+    bounded: bool = False
 
     @property
     def forwarded_tokens(self) -> int:

@@ -29,9 +29,10 @@ from context_ceiling.core.trim import requested_output
 from context_ceiling.core.utilization import utilization
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_body, read_capped
+from context_ceiling.sidecar.bound import strict as strict_bound
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import context_error, decide
+from context_ceiling.sidecar.enforce import budget_of, context_error, decide
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
     ANTHROPIC_COUNT,
@@ -80,6 +81,7 @@ class Proxy:
 
     def __init__(self, state: State) -> None:
         self.state = state
+        self._requests = 0  # for counting.sample_every
         self.rec = Recorder(state)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -154,7 +156,7 @@ class Proxy:
         )
         try:
             raw, obj = await self._parse(request, route, ex)
-            counter = await self._measure(request, route, ex, obj)
+            counter = await self._measure(request, route, ex, obj, raw)
             target = self._decide(request, route, ex, obj, counter)
             body = raw if ex.decision is None or ex.decision.body is None else None
             return await self._forward(request, route, ex, obj, body, target)
@@ -228,10 +230,11 @@ class Proxy:
         return raw, obj
 
     async def _measure(
-        self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any]
+        self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
     ) -> TextCounter:
         """Measure: the model's spec, the ceilings in force, the token count (exact from the
-        engine where it tokenizes). Returns the counter the trimmer recounts with."""
+        engine where it tokenizes), or none when a bound proves the request within its budget
+        (``counting.strategy: bounded``). Returns the counter the trimmer recounts with."""
         st = self.state
         ex.ceilings = st.ceilings.current
         ex.max_tokens = requested_output(obj, route.shape)
@@ -243,6 +246,10 @@ class Proxy:
                 spec = spec.for_betas(request.headers.get("anthropic-beta"))
             ex.spec, ex.label = spec, spec.metric_label
         counter = st.registry.counter(spec) if spec else st.default_counter
+        ex.body_bytes = len(raw)
+        if st.settings.counting.strategy == "bounded" and self._within_bound(route, ex, obj, raw):
+            ex.bounded = True
+            return counter
         try:
             # On the event loop, deliberately: tiktoken holds the GIL while it encodes, so a
             # worker thread buys no parallelism and costs a GIL hand-off (measured: +5 ms at 64k).
@@ -254,6 +261,29 @@ class Proxy:
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
         return counter
+
+    def _within_bound(self, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
+        """Whether the request provably needs no count before forwarding: its mode decides
+        nothing, or a bound on its tokens is within its budget. Every ``sample_every``-th
+        request is counted anyway."""
+        st = self.state
+        if route.count_only:
+            return False
+        self._requests += 1
+        if self._requests % st.settings.counting.sample_every == 0:
+            return False
+        d = budget_of(
+            obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
+        )
+        if d.mode == "off" or d.budget is None:
+            return True
+        upper = strict_bound(raw, route.shape, ex.spec)
+        if upper is not None and upper <= d.budget:
+            return True
+        if d.mode == "observe" and upper is not None:  # nothing is cut on the estimate's word
+            est = st.calibration.estimate(ex.label, len(raw))
+            return est is not None and est <= d.budget
+        return False
 
     def _decide(
         self,
@@ -286,6 +316,18 @@ class Proxy:
                 raise Refused(403, f"{BYPASS_HEADER} needs this sidecar's admin token")
             ex.bypass = True
         if route.count_only:
+            return client, upstream_cfg
+        if ex.bounded:  # within budget: nothing to trim, nothing counted before forwarding
+            ex.decision = budget_of(
+                obj,
+                route.shape,
+                spec,
+                ex.label,
+                ex.workload,
+                ex.ceilings,
+                st.settings.enforcement,
+                ex.bypass,
+            )
             return client, upstream_cfg
         assert ex.count is not None
         d = decide(

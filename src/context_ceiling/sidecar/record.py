@@ -30,8 +30,14 @@ class Recorder:
             h["x-ceiling-input-tokens"] = str(ex.forwarded_tokens)
         if ex.util is not None:
             h["x-ceiling-utilization"] = f"{ex.util:.4f}"
+        if ex.bounded:
+            h["x-ceiling-count"] = "bound"  # within budget by a bound: not counted
         d = ex.decision
-        entry = ex.ceilings.lookup(ex.label, ex.workload) if ex.count is not None else None
+        entry = (
+            ex.ceilings.lookup(ex.label, ex.workload)
+            if ex.count is not None or ex.bounded
+            else None
+        )
         h["x-ceiling-ceiling-tokens"] = str(entry.ceiling_tokens) if entry else "none"
         h["x-ceiling-trimmed-tokens"] = str(d.report.trimmed if d and d.report else 0)
         h["x-ceiling-mode"] = (
@@ -85,6 +91,22 @@ class Recorder:
             m.utilization.labels(model=ex.label, workload=ex.workload).observe(
                 u.input_tokens / ex.spec.window
             )
+        elif ex.bounded and u.input_tokens and ex.spec:
+            # not counted (a bound proved it within budget): the provider's count is the input
+            ex.util = u.input_tokens / ex.spec.window
+            m.utilization.labels(model=ex.label, workload=ex.workload).observe(ex.util)
+            d = ex.decision
+            if d is not None and d.entry is not None:
+                m.ceiling_utilization.labels(model=ex.label, workload=ex.workload).observe(
+                    u.input_tokens / d.entry.ceiling_tokens
+                )
+        if (
+            u.input_tokens
+            and ex.body_bytes
+            and not ex.route.count_only
+            and (ex.decision is None or ex.decision.body is None)  # what was sent is the body
+        ):
+            self.state.calibration.observe(ex.label, ex.body_bytes, u.input_tokens)
         if ex.upstream_started is not None:
             m.upstream_duration.labels(model=ex.label, api=ex.route.metric_api).observe(
                 now - ex.upstream_started
@@ -116,6 +138,7 @@ class Recorder:
                 "workload": ex.workload,
                 "stream": ex.stream,
                 "input_tokens_estimated": ex.forwarded_tokens if c else None,
+                "counted": "exact" if c else ("bound" if ex.bounded else None),
                 "input_tokens_before_trim": c.total if c else None,
                 "input_tokens_exact": c.exact if c else None,
                 "input_tokens_partial": c.partial if c else None,

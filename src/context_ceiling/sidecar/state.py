@@ -14,6 +14,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.wire import Api
+from context_ceiling.sidecar.bound import Calibration
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token
@@ -41,6 +42,8 @@ class State:
     named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = field(default_factory=dict)
     #: traffic capture (None: capture.enabled is false)
     capture: Capturer | None = None
+    #: bytes per reported token, per model (counting.strategy: bounded)
+    calibration: Calibration = field(default_factory=lambda: Calibration(32))
 
     @classmethod
     def build(
@@ -94,6 +97,7 @@ class State:
             engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
             chunk_pattern=chunk_pattern,
             capture=capture,
+            calibration=Calibration(settings.counting.calibration),
             workloads=frozenset(settings.workloads),
             ceilings=store,
             staleness=staleness,

@@ -7,7 +7,7 @@ From the capture stores the sidecars wrote:
   neighbours);
 - the **items** are the captured questions with the chunks they were answered from as gold
   evidence; near-duplicate questions are merged (word-set Jaccard at or above
-  ``near_duplicate``), and the items are ordered round-robin over strata (workload x evidence
+  ``near_duplicate``, with the same numbers and identifiers), and the items are ordered round-robin over strata (workload x evidence
   size quartile), so any prefix the sweep draws is balanced;
 - the **skeleton** is the most common captured system prompt, with the documents and the
   question as the application sent them and the sweep's answer format;
@@ -120,6 +120,11 @@ class _Candidate:
     size: int
     duplicates: int = 0
 
+    @property
+    def ids(self) -> frozenset[str]:
+        """The numbers and identifiers in the question: near-duplicates must share them all."""
+        return frozenset(w for w in self.words if any(ch.isdigit() for ch in w))
+
 
 def _merge_near_duplicates(
     cands: list[_Candidate], threshold: float
@@ -146,7 +151,11 @@ def _merge_near_duplicates(
                 seen.add(j)
                 other = cands[j].words
                 union = len(c.words | other)
-                if union and len(c.words & other) / union >= threshold:
+                if (
+                    union
+                    and len(c.words & other) / union >= threshold
+                    and c.ids == cands[j].ids  # C-4417 and C-4471 are different questions
+                ):
                     parent[find(i)] = find(j)
             index[k].append(i)
     groups: dict[int, list[int]] = defaultdict(list)
@@ -220,7 +229,7 @@ def build(opts: BuildOptions) -> BuildReport:
     if len(kept) < needed:
         raise UserError(
             f"{len(kept)} items from {len(records)} captured requests (skipped: "
-            + ", ".join(f"{n} {why}" for why, n in skipped.items() if n)
+            + (", ".join(f"{n} {why}" for why, n in skipped.items() if n) or "none")
             + f"; {merged} near-duplicates merged); "
             + (
                 f"a {opts.tolerance:.0%} tolerance needs about {needed}"

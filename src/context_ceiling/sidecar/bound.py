@@ -1,0 +1,75 @@
+"""Bounds on a request's input tokens that need no tokenizer (``counting.strategy: bounded``).
+
+Strict: byte-level BPE (tiktoken's encodings, and a calibrated multiple of one) never makes more
+tokens than the text has bytes, and the JSON body has more bytes than its texts plus the chat
+framing (every message's ``{"role":...,"content":...}`` outweighs its framing tokens), so the
+body's size bounds the count; Anthropic's tool use adds a hidden system prompt, and images are
+priced apart from their bytes, so requests with images are always counted.
+
+Calibrated (observe mode only: nothing is cut on its word): per model, the smallest bytes per
+reported input token over recent requests; the body's bytes over that ratio, plus a margin, is
+what the request would cost if it were as dense as the densest one seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from context_ceiling.core.counting import ANTHROPIC_TOOL_SYSTEM_TOKENS
+from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
+from context_ceiling.core.wire import Shape
+
+#: what the strict bound adds for hidden prompt text a provider inserts
+SLACK = 64
+MARGIN = 1.1
+_IMAGE_MARKERS = (
+    b'"image_url"',
+    b'"input_image"',
+    b'"type":"image"',
+    b'"type": "image"',
+    b'"inlineData"',
+    b'"inline_data"',
+    b'"fileData"',
+    b'"file_data"',
+)
+
+
+def strict(raw: bytes, shape: Shape, spec: ModelSpec | None) -> int | None:
+    """An upper bound on the request's input tokens, or None when there is none without
+    counting (images; a tokenizer that is not byte-level BPE)."""
+    tok = spec.tokenizer if spec is not None else TiktokenSpec()
+    if isinstance(tok, TiktokenSpec):
+        factor = 1.0
+    elif isinstance(tok, CalibratedSpec):
+        factor = max(1.0, tok.factor)
+    else:
+        return None
+    if any(m in raw for m in _IMAGE_MARKERS):
+        return None
+    extra = SLACK + (
+        ANTHROPIC_TOOL_SYSTEM_TOKENS if shape == "anthropic" and b'"tools"' in raw else 0
+    )
+    return math.ceil(len(raw) * factor) + extra
+
+
+class Calibration:
+    """Per model label, the smallest body-bytes per reported input token of recent requests."""
+
+    def __init__(self, needed: int, window: int = 256) -> None:
+        self.needed = needed
+        self._seen: dict[str, deque[float]] = {}
+
+        self._window = window
+
+    def observe(self, label: str, body_bytes: int, reported_tokens: int | None) -> None:
+        if reported_tokens and body_bytes:
+            self._seen.setdefault(label, deque(maxlen=self._window)).append(
+                body_bytes / reported_tokens
+            )
+
+    def estimate(self, label: str, body_bytes: int) -> int | None:
+        seen = self._seen.get(label)
+        if seen is None or len(seen) < self.needed:
+            return None
+        return math.ceil(body_bytes / min(seen) * MARGIN)

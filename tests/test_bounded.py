@@ -1,0 +1,156 @@
+"""counting.strategy: bounded: a request that a bound proves within its budget is forwarded
+without being counted, its utilization taken from the provider's count; anything that could be
+over its budget is counted and trimmed exactly as with exact counting. The upstream is the
+hosted-provider test double; the client the official SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+
+from context_ceiling.core.models import ModelSpec
+from context_ceiling.sidecar.bound import strict
+from tests.ceiling_docs import doc, entry
+from tests.conftest import Running
+
+CHUNK = (
+    '<document id="d{i}">' + "The renewal fee of contract C-{i} is {i} EUR. " * 8 + "</document>\n"
+)
+
+
+def _rag(n: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "Answer from the documents."},
+        {"role": "user", "content": "".join(CHUNK.format(i=i) for i in range(n)) + "Fee of C-1?"},
+    ]
+
+
+def _call(sc: Running, n: int) -> Any:
+    client = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=_rag(n),
+        max_tokens=50,  # type: ignore[arg-type]
+    )
+
+
+def test_within_budget_is_not_counted_and_measured_from_usage(
+    make_sidecar: Callable[..., Running],
+) -> None:
+    sc = make_sidecar(
+        counting={"strategy": "bounded", "sample_every": 1000, "cache_mib": 0},
+        enforcement={"mode": "observe"},
+    )
+    sc.double.prompt_tokens = 640
+    raw = _call(sc, 4)
+    assert raw.headers["x-ceiling-count"] == "bound"
+    assert "x-ceiling-input-tokens" not in raw.headers
+    # the utilization comes from the provider's count: 640 / 128000
+    assert sc.sample("llm_context_utilization_ratio_count", model="gpt-4o", workload="default") == 1
+    assert sc.sample(
+        "llm_context_utilization_ratio_sum", model="gpt-4o", workload="default"
+    ) == pytest.approx(640 / 128000)
+    # what was forwarded is the client's body, byte for byte
+    assert sc.double.received[-1].body == raw.http_response.request.content
+
+
+def test_the_strict_bound_is_above_the_exact_count() -> None:
+    """The property the enforce path relies on, on request bodies of every size and script."""
+    import json
+
+    from context_ceiling.core.counting import count_openai
+    from context_ceiling.core.tokenizers import TiktokenCounter
+
+    spec = ModelSpec(match="gpt-4o", window=128000)
+    counter = TiktokenCounter("o200k_base")
+    texts = [
+        "plain English text " * 50,
+        "数字化转型的关键在于数据治理与模型评估。" * 40,
+        "Ελληνικά κείμενα με τόνους και σημεία στίξης. " * 30,
+        "".join(chr(c) for c in range(0x1F600, 0x1F650)) * 10,
+        "0123456789" * 200,
+        "a",
+    ]
+    for t in texts:
+        for shape_msgs in (
+            [{"role": "user", "content": t}],
+            [*_rag(3), {"role": "user", "content": t}],
+        ):
+            body = {"model": "gpt-4o", "messages": shape_msgs}
+            raw = json.dumps(body, ensure_ascii=False).encode()
+            exact = count_openai(body, counter, spec.chat_format, None).total
+            upper = strict(raw, "openai", spec)
+            assert upper is not None and upper >= exact, (t[:20], upper, exact)
+    # images are priced apart from their bytes: no bound
+    img = json.dumps(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                }
+            ]
+        }
+    ).encode()
+    assert strict(img, "openai", spec) is None
+
+
+def test_over_the_bound_is_counted_and_trimmed_exactly(
+    make_sidecar: Callable[..., Running], tmp_path: Any
+) -> None:
+    """Enforce: the strict bound decides; a request that could be over is counted and trimmed
+    exactly as with exact counting."""
+    import yaml
+
+    ceilings = tmp_path / "ceilings.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=600, window=128000))))
+    trimmed: dict[str, bytes] = {}
+    for strategy in ("exact", "bounded"):
+        sc = make_sidecar(
+            counting={"strategy": strategy, "sample_every": 1000, "cache_mib": 0},
+            enforcement={"mode": "enforce"},
+            ceilings_file=str(ceilings),
+        )
+        small = _call(sc, 1)
+        big = _call(sc, 12)
+        assert big.headers["x-ceiling-mode"] == "enforce"
+        assert int(big.headers["x-ceiling-trimmed-tokens"]) > 0
+        assert "x-ceiling-count" not in big.headers  # counted
+        trimmed[strategy] = sc.double.received[-1].body
+        if strategy == "bounded":
+            assert small.headers.get("x-ceiling-count") == "bound"
+    assert trimmed["exact"] == trimmed["bounded"]
+
+
+def test_sampled_requests_are_counted_and_observe_calibrates(
+    make_sidecar: Callable[..., Running], tmp_path: Any
+) -> None:
+    import yaml
+
+    ceilings = tmp_path / "ceilings.yaml"
+    # a ceiling below the bodies' bytes but far above their tokens
+    ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=3000, window=128000))))
+    sc = make_sidecar(
+        counting={"strategy": "bounded", "sample_every": 4, "cache_mib": 0, "calibration": 3},
+        enforcement={"mode": "observe"},
+        ceilings_file=str(ceilings),
+    )
+    sc.double.prompt_tokens = 1500  # what the provider reports for these bodies
+    heads = [_call(sc, 25).headers for _ in range(8)]
+    counted = ["x-ceiling-count" not in h for h in heads]
+    # the first requests are counted (the bytes exceed the ceiling, nothing is calibrated yet);
+    # once three reports calibrated bytes per token, only every 4th is
+    assert counted[:3] == [True, True, True]
+    assert counted[3:] == [True, False, False, False, True]
+    assert (
+        sc.sample(
+            "llm_context_input_tokens_count",
+            model="gpt-4o",
+            workload="default",
+            component="retrieved",
+        )
+        == 5
+    )
