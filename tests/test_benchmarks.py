@@ -31,7 +31,7 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
             "--concurrency",
             "1,4",
             "--targets",
-            "direct,bare,sidecar,enforce",
+            "direct,bare,sidecar,bounded,enforce",
             "--streams",
             "20",
             "--no-trim",
@@ -51,13 +51,14 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
         (True, 4),
     }
     for c in res["cells"]:
-        assert set(c["targets"]) == {"direct", "bare", "sidecar", "enforce"}
+        assert set(c["targets"]) == {"direct", "bare", "sidecar", "bounded", "enforce"}
         for name, t in c["targets"].items():
             assert t["errors"] == 0 and t["rps"]["median"] > 0, (name, t)
             assert t["cpu_ms_per_request"]["median"] > 0, name
     # the enforcing sidecar trimmed requests; the observing one forwarded all untouched
     assert res["over_ceiling"]["enforce"].get("trimmed", 0) > 0
     assert not res["over_ceiling"]["sidecar"].get("trimmed")
+    assert not res["over_ceiling"]["bounded"].get("trimmed")
     streams = res["slow_streams"]["targets"]
     assert {n: v["completed"] for n, v in streams.items()} == {"sidecar": 20, "bare": 20}
     assert all(v["peak_mib"] >= v["idle_mib"] > 0 for v in streams.values())
