@@ -312,7 +312,7 @@ class _Sweep:
             f"dry run: {calls} calls, about {tokens:,} tokens (window {self.window:,}, levels "
             f"{', '.join(f'{lv:g}' for lv in plan.levels)}, {plan.repeats} repeats, {drawn} items, "
             f"{plan.groups} haystack group(s)); expected paired-difference 95% CI "
-            f"±{hw:.1%} at 80% accuracy against a tolerance of {plan.tolerance:.0%}{more}; "
+            f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.tolerance:.0%}{more}; "
             "nothing was sent"
         )
         return 0
