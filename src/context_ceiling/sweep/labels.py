@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.core.errors import UserError
-from context_ceiling.sweep.taskset import AgreementAnswer, load_taskset, replace_answers
+from context_ceiling.sweep.taskset import (
+    AgreementAnswer,
+    load_taskset,
+    read_jsonl,
+    replace_answers,
+)
 
 COLUMNS = (
     "id",
@@ -91,24 +96,18 @@ def export(path: str, out: str) -> int:
 
 
 def _rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if path.suffix == ".csv":
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from exc
         reader = csv.DictReader(io.StringIO(text))
         missing = {"id", "answer_kind", "answer"} - set(reader.fieldnames or [])
         if missing:
             raise UserError(f"{path}:1: the header lacks {', '.join(sorted(missing))}")
         return [(n, row) for n, row in enumerate(reader, 2)]
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{n}: not valid JSON: {exc.msg}") from exc
+    for n, row in read_jsonl(path):
         if not isinstance(row, dict):
             raise UserError(f"{path}:{n}: each line must be a JSON object")
         out.append((n, row))

@@ -144,19 +144,27 @@ class TaskSet:
         return "accuracy+agreement" if len(labelled) == 2 else "accuracy"
 
 
-def _jsonl(path: Path, model: type[Strict]) -> list[Any]:
-    out = []
+def read_jsonl(path: Path, error: type[UserError] = UserError) -> list[tuple[int, Any]]:
+    """Each non-empty line's number and JSON value; a line that is not JSON raises ``error``
+    naming the file and the line."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise TaskSetError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
+            out.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise TaskSetError(f"{path}:{n}: not valid JSON: {exc.msg}") from exc
+            raise error(f"{path}:{n}: not valid JSON: {exc.msg}") from exc
+    return out
+
+
+def _jsonl(path: Path, model: type[Strict]) -> list[Any]:
+    out = []
+    for n, raw in read_jsonl(path, TaskSetError):
         try:
             out.append(model.model_validate(raw))
         except ValidationError as exc:
