@@ -375,7 +375,7 @@ class Proxy:
             st.capture is not None
             and not route.count_only
             and not ex.bypass
-            and st.capture.sample(ex.workload, len(body) if body is not None else 0)
+            and st.capture.sample(ex.workload, ex.body_bytes)
         ):
             ex.capture_body = obj  # the client's request, before any trimming
         d = ex.decision
