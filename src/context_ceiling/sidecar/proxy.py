@@ -9,6 +9,7 @@ by event as they arrive, errors with the upstream's own status and body.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import time
@@ -275,6 +276,7 @@ class Proxy:
         d = budget_of(
             obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
         )
+        ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
         if d.mode == "off" or d.budget is None:
             return True
         upper = strict_bound(raw, route.shape, ex.spec)
@@ -318,16 +320,8 @@ class Proxy:
         if route.count_only:
             return client, upstream_cfg
         if ex.bounded:  # within budget: nothing to trim, nothing counted before forwarding
-            ex.decision = budget_of(
-                obj,
-                route.shape,
-                spec,
-                ex.label,
-                ex.workload,
-                ex.ceilings,
-                st.settings.enforcement,
-                ex.bypass,
-            )
+            if ex.bypass and ex.decision is not None:
+                ex.decision = dataclasses.replace(ex.decision, mode="off", budget=None)
             return client, upstream_cfg
         assert ex.count is not None
         d = decide(
