@@ -96,6 +96,13 @@ def test_the_strict_bound_is_above_the_exact_count() -> None:
         }
     ).encode()
     assert strict(img, "openai", spec) is None
+    for priced_apart in (
+        b'{"messages":[{"role":"user","content":[{"type": "image","source":{}}]}]}',
+        b'{"input":[{"role":"user","content":[{"type":"input_file","file_id":"f-1"}]}]}',
+        b'{"contents":[{"parts":[{"fileData":{"fileUri":"gs://b/v.mp4"}}]}]}',
+    ):
+        assert strict(priced_apart, "anthropic", spec) is None, priced_apart
+    assert strict(b'{"messages":[{"role":"user","content":"an image of a cat"}]}', "openai", spec)
 
 
 def test_over_the_bound_is_counted_and_trimmed_exactly(
