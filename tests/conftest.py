@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,14 @@ MODELS: list[dict[str, Any]] = [
         "tokenizer": {"kind": "calibrated", "encoding": "cl100k_base", "factor": 1.1},
     },
 ]
+
+
+#: promtool (the Debian package prometheus; .ci/run installs it) for the rule tests
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool comes from the Debian package prometheus (.ci/run installs it)",
+)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:

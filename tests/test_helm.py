@@ -16,6 +16,7 @@ import yaml
 
 from context_ceiling.core.ceilings import parse_document
 from context_ceiling.sidecar.config import load_settings
+from tests.conftest import PROMTOOL, needs_promtool
 
 pytestmark = [pytest.mark.helm]
 
@@ -23,11 +24,6 @@ pytestmark = [pytest.mark.helm]
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "context-ceiling"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="promtool comes from the Debian package prometheus (.ci/run installs it)",
-)
 MONITORING = [
     "--api-versions",
     "monitoring.coreos.com/v1/ServiceMonitor",

@@ -5,26 +5,19 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 
 from dashboards import mixin
 from dashboards.config import ALERTS, RUNBOOK
 from dashboards.panels import dashboard
 from dashboards.rule_tests import STANDALONE_TARGET, cases
 from dashboards.rules import alerts, rules_file
-from tests.conftest import Running
+from tests.conftest import PROMTOOL, Running, needs_promtool
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="promtool comes from the Debian package prometheus (.ci/run installs it)",
-)
 
 
 def test_generated_files_are_current() -> None:
