@@ -20,6 +20,7 @@ from collections import deque
 from context_ceiling.core.counting import ANTHROPIC_TOOL_SYSTEM_TOKENS
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
 from context_ceiling.core.wire import Shape
+from context_ceiling.sidecar.enforce import Decision
 
 #: what the strict bound adds for hidden prompt text a provider inserts
 SLACK = 64
@@ -70,3 +71,25 @@ class Calibration:
         if seen is None or len(seen) < self.needed:
             return None
         return math.ceil(body_bytes / min(seen) * MARGIN)
+
+
+def provably_within(
+    raw: bytes,
+    shape: Shape,
+    spec: ModelSpec | None,
+    d: Decision,
+    calibration: Calibration,
+    label: str,
+) -> bool:
+    """Whether a request needs no count before forwarding under decision ``d`` (its mode and
+    budget): its mode decides nothing, or a bound on its tokens is within the budget (in
+    ``enforce`` only the strict bound; in ``observe`` the calibrated one too)."""
+    if d.mode == "off" or d.budget is None:
+        return True
+    upper = strict(raw, shape, spec)
+    if upper is not None and upper <= d.budget:
+        return True
+    if d.mode == "observe" and upper is not None:  # nothing is cut on the estimate's word
+        est = calibration.estimate(label, len(raw))
+        return est is not None and est <= d.budget
+    return False

@@ -30,7 +30,7 @@ from context_ceiling.core.trim import requested_output
 from context_ceiling.core.utilization import utilization
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_body, read_capped
-from context_ceiling.sidecar.bound import strict as strict_bound
+from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
 from context_ceiling.sidecar.enforce import budget_of, context_error, decide
@@ -277,15 +277,7 @@ class Proxy:
             obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
         )
         ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
-        if d.mode == "off" or d.budget is None:
-            return True
-        upper = strict_bound(raw, route.shape, ex.spec)
-        if upper is not None and upper <= d.budget:
-            return True
-        if d.mode == "observe" and upper is not None:  # nothing is cut on the estimate's word
-            est = st.calibration.estimate(ex.label, len(raw))
-            return est is not None and est <= d.budget
-        return False
+        return provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label)
 
     def _decide(
         self,
