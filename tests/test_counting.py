@@ -265,3 +265,37 @@ def test_count_cache_bound_is_in_bytes_for_any_script() -> None:
     held = [t for t in texts if (ENC.name, t) in cache._lru]
     assert held and sum(sys.getsizeof(t) for t in held) <= 20_000 == cache.max_bytes
     assert cache.bytes == sum(sys.getsizeof(t) for t in held)
+
+
+def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
+    """Enforcing recounts the fitted body; the texts it kept are not encoded a second time."""
+    from context_ceiling.core.tokenizers import RequestMemo
+    from context_ceiling.core.trim import fit
+
+    encoded: list[str] = []
+
+    class Spy:
+        name = ENC.name
+
+        def count(self, text: str) -> int:
+            encoded.append(text)
+            return ENC.count(text)
+
+    docs = [
+        f'<document id="{i}">' + f"clause {i} of the agreement. " * 40 + "</document>"
+        for i in range(12)
+    ]
+    body = {"model": "m", "messages": [{"role": "user", "content": "\n".join(docs) + "\nQ?"}]}
+    memo = RequestMemo(Spy(), min_chars=64)
+    count = count_openai(body, memo, None, CHUNKS)
+    first = len(encoded)
+    out, report = fit(
+        body, api="openai", budget=count.total // 2, counter=memo, count=count, chunk_pattern=CHUNKS
+    )
+    assert report.fits and report.after == count_openai(out, ENC, None, CHUNKS).total
+    again = [t for t in encoded[first:] if len(t) >= 64]
+    assert not any(t in docs for t in again), "kept chunks were counted from the memo"
+    plain, plain_report = fit(
+        body, api="openai", budget=count.total // 2, counter=ENC, chunk_pattern=CHUNKS
+    )
+    assert (plain, plain_report) == (out, report)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
-from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
 from context_ceiling.core.trim import PLACEHOLDER, Policy, fit
 from tests.agent_traffic import generate, violations
 
@@ -81,6 +81,9 @@ def test_trimmed_agent_traffic_stays_valid_and_honest(
             assert m in body["messages"], "assistant messages are never edited"
     again, _ = fit(body, api=api, budget=budget, policy=policy)  # type: ignore[arg-type]
     assert again == out, "deterministic"
+    memo = RequestMemo(TiktokenCounter("o200k_base"), min_chars=8)
+    fast, fast_report = fit(body, api=api, budget=budget, policy=policy, counter=memo)  # type: ignore[arg-type]
+    assert (fast, fast_report) == (out, report), "the per-request memo changes nothing but time"
 
 
 def test_a_tool_result_that_shares_its_message_with_text_stays_with_its_call() -> None:

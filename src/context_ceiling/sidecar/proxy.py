@@ -25,7 +25,7 @@ from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.engine import EngineCountError, count_chat
 from context_ceiling.core.models import OTHER, UpstreamSpec
 from context_ceiling.core.shape import RequestShapeError
-from context_ceiling.core.tokenizers import TextCounter
+from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.trim import requested_output
 from context_ceiling.core.utilization import utilization
 from context_ceiling.core.wire import Api
@@ -251,6 +251,8 @@ class Proxy:
         if st.settings.counting.strategy == "bounded" and self._within_bound(route, ex, obj, raw):
             ex.bounded = True
             return counter
+        # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
+        counter = RequestMemo(counter)
         try:
             # On the event loop, deliberately: tiktoken holds the GIL while it encodes, so a
             # worker thread buys no parallelism and costs a GIL hand-off (measured: +5 ms at 64k).
