@@ -40,7 +40,7 @@ SENTENCE = (
     "Record {i}: the service contract between Northwind and client K{i:03d} renews on day "
     "{d} with a fee of {f} EUR and a notice period of {n} days. "
 )
-ORDER = ["direct", "bare", "litellm", "sidecar", "bounded", "cached", "enforce"]
+ORDER = ["direct", "bare", "litellm", "sidecar", "bounded", "workers", "cached", "enforce"]
 
 
 def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
@@ -129,6 +129,8 @@ def main() -> int:
             started["sidecar"] = tg.sidecar(base, work)
         if "bounded" in wanted:
             started["bounded"] = tg.sidecar(base, work, bounded=True)
+        if "workers" in wanted:
+            started["workers"] = tg.sidecar(base, work, workers=2)
         if "cached" in wanted:
             started["cached"] = tg.sidecar(base, work, cache=True)
         if "enforce" in wanted:
@@ -231,7 +233,7 @@ def main() -> int:
         peak = {n: started[n].peak_rss / 2**20 for n in names}
         actions = {
             n: tg.over_ceiling(started[n])
-            for n in ("sidecar", "bounded", "cached", "enforce")
+            for n in ("sidecar", "bounded", "workers", "cached", "enforce")
             if n in started
         }
     finally:

@@ -134,13 +134,29 @@ def bare(up: str) -> Target:
 
 
 def sidecar(
-    up: str, workdir: Path, enforce: bool = False, cache: bool = False, bounded: bool = False
+    up: str,
+    workdir: Path,
+    enforce: bool = False,
+    cache: bool = False,
+    bounded: bool = False,
+    workers: int = 1,
 ) -> Target:
     """The sidecar; ``cache`` off by default so every request is counted from scratch (the
     benchmark repeats one body, which the count cache would otherwise answer); ``bounded``:
-    ``counting.strategy: bounded`` (a request a bound proves within budget is not counted)."""
+    ``counting.strategy: bounded`` (a request a bound proves within budget is not counted);
+    ``workers``: worker processes behind the one port (exact counting)."""
     port = free_port()
-    name = "enforce" if enforce else "cached" if cache else "bounded" if bounded else "sidecar"
+    name = (
+        "enforce"
+        if enforce
+        else "cached"
+        if cache
+        else "bounded"
+        if bounded
+        else "workers"
+        if workers > 1
+        else "sidecar"
+    )
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "upstreams": {"openai": {"base_url": up + "/v1"}},
@@ -149,6 +165,7 @@ def sidecar(
         ],
         # as deployed: one JSON log line per request (to /dev/null here); its cost is the product's
         "log_level": "info",
+        "workers": workers,
         "enforcement": {"mode": "enforce" if enforce else "observe"},
         "counting": {
             "cache_mib": 64 if cache else 0,

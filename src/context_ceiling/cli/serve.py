@@ -12,12 +12,24 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port")
     serve.add_argument(
+        "--workers",
+        type=_workers,
+        help="override workers: worker processes behind the one port (default 1)",
+    )
+    serve.add_argument(
         "--check",
         action="store_true",
         help="load the config, its tokenizers and the ceilings file as serving would, print one "
         "line and exit (0: it would start; 2: it would not, and why)",
     )
     serve.set_defaults(func=serve_command)
+
+
+def _workers(value: str) -> int:
+    n = int(value)
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError("must be between 1 and 64")
+    return n
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -33,16 +45,22 @@ def serve_command(args: argparse.Namespace) -> int:
         settings.listen.host = args.host
     if args.port is not None:
         settings.listen.port = args.port
+    if args.workers is not None:
+        settings.workers = args.workers
     if args.check:
         return _check(settings)
     configure(settings.log_level)
-    app = create_app(settings)
     try:
         import uvloop  # noqa: F401
 
         loop = "uvloop"
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         loop = "asyncio"
+    if settings.workers > 1:
+        from context_ceiling.sidecar.workers import serve_workers
+
+        return serve_workers(settings, loop)
+    app = create_app(settings)
     uvicorn.run(
         app,
         host=settings.listen.host,

@@ -81,7 +81,18 @@ class Admin:
             return _error(
                 422, "invalid_ceilings", "the document was rejected; nothing changed", exc.reasons
             )
-        return JSONResponse({"applied": True, "version": doc.version, "entries": len(doc.entries)})
+        body: dict[str, object] = {
+            "applied": True,
+            "version": doc.version,
+            "entries": len(doc.entries),
+        }
+        group = self.state.group
+        if group is not None:
+            # the other workers apply it from the shared file: answer once every one runs it,
+            # and say how many do if one has not within the wait
+            done, of = await group.wait_applied(group.publish(doc, force))
+            body["workers"], body["workers_applied"] = of, done
+        return JSONResponse(body)
 
     async def validate(self, request: Request) -> Response:
         denied = check_token(self.state, request.headers.get("authorization"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import signal
 import time
@@ -25,6 +26,7 @@ from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.admin import Admin
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
+from context_ceiling.sidecar.group import GroupCollector, WorkerGroup
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.passthrough import Passthrough
 from context_ceiling.sidecar.proxy import Proxy
@@ -80,10 +82,17 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     metrics: Metrics | None = None,
     tracing: Tracing | None = None,
+    group: WorkerGroup | None = None,
 ) -> HotPath:
-    """Build the sidecar. ``transport`` replaces the network to the upstreams (tests, benchmarks)."""
+    """Build the sidecar. ``transport`` replaces the network to the upstreams (tests, benchmarks);
+    ``group``: this process is one of several workers (``sidecar/workers.py``)."""
     state = State.build(settings, transport, metrics, tracing)
     state.ceilings.reload_file("startup")  # a bad file at startup raises CeilingsError
+    if group is not None:
+        state.group = group
+        group.join(state.ceilings, state.count_cache)
+        pod = GroupCollector(group)
+        state.metrics.expose_group(group.dir, pod, pod.stale_states)
     proxy = Proxy(state)
     admin = Admin(state)
     probe = UpstreamProbe(state)
@@ -113,7 +122,7 @@ def create_app(
         )
 
     async def metrics_endpoint(_: Request) -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(state.metrics.exposed), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -133,11 +142,15 @@ def create_app(
                     tg.start_soon(state.ceilings.watch)
                 if transport is None:
                     tg.start_soon(probe.run)
+                if group is not None:
+                    tg.start_soon(group.follow)
                 try:
                     yield
                 finally:
                     tg.cancel_scope.cancel()
         finally:
+            if group is not None:
+                group.leave()
             if hup:
                 loop.remove_signal_handler(signal.SIGHUP)
             if state.capture is not None:
@@ -188,6 +201,8 @@ def startup_fields(state: State) -> dict[str, object]:
         "admin_api": state.admin_token is not None,
         "tracing": state.tracing.tracer is not None,
         "capture": state.capture is not None,
+        "workers": s.workers,
+        "pid": os.getpid(),
     }
 
 

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -35,7 +36,8 @@ from context_ceiling.sidecar.staleness import StalenessTracker
 
 log = logging.getLogger("sidecar.ceilings")
 
-Source = Literal["startup", "file", "sighup", "api"]
+#: worker: a push taken by another worker of this pod (``workers`` > 1), see sidecar/group.py
+Source = Literal["startup", "file", "sighup", "api", "worker"]
 
 
 class CeilingStore:
@@ -56,6 +58,8 @@ class CeilingStore:
         self.reloads = metrics.config_reloads
         self.last_success = metrics.config_last_success
         self.version = metrics.config_version
+        #: called with every document applied (the worker group's snapshot)
+        self.listeners: list[Callable[[CeilingsDocument], None]] = []
         metrics.watch_ceilings(self)
 
     # -- validation and apply --------------------------------------------------------------
@@ -108,6 +112,8 @@ class CeilingStore:
         self.reloads.labels(source=source, result="success").inc()
         self.last_success.set(time.time())
         self.version.set(doc.version)
+        for listener in self.listeners:
+            listener(doc)
         log.info(
             "ceilings applied",
             extra={

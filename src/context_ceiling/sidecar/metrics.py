@@ -7,8 +7,9 @@ bounded: ``model`` is a registry label or ``other``, ``workload`` a configured n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import (
@@ -151,6 +152,10 @@ class _Staleness(Protocol):
     ) -> Iterable[tuple[tuple[str, str], dict[str, bool]]]: ...
 
 
+#: the staleness states to expose: ((model, workload), {reason: active}) pairs
+StaleStates = Callable[[], Iterable[tuple[tuple[str, str], dict[str, bool]]]]
+
+
 class RunningCeilings(Protocol):
     """What the ceiling gauges read: the running document and its staleness states."""
 
@@ -166,6 +171,8 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        #: what /metrics serves: this registry, or the pod's (expose_group)
+        self.exposed = self.registry
         r = self.registry
         # process_* (CPU, resident memory, open fds, start time), python_gc_*, python_info: the
         # standard runtime families, on the app's own registry like everything else
@@ -197,6 +204,7 @@ class Metrics:
             "Context window of each registered model.",
             ["model"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.estimate_error = Histogram(
             "llm_context_token_estimate_error_ratio",
@@ -264,6 +272,7 @@ class Metrics:
             "1 when the upstream accepted a TCP connection at the last probe, else 0.",
             ["upstream"],
             registry=r,
+            multiprocess_mode="livemax",  # up when any worker reaches it
         )
 
         # OpenTelemetry GenAI semantic-convention client metrics, with the spec's bucket boundaries
@@ -298,9 +307,13 @@ class Metrics:
             "llm_context_config_last_reload_success_timestamp_seconds",
             "When the ceilings were last applied successfully.",
             registry=r,
+            multiprocess_mode="livemin",  # the worker that is furthest behind
         )
         self.config_version = Gauge(
-            "llm_context_config_version", "Version of the running ceilings document.", registry=r
+            "llm_context_config_version",
+            "Version of the running ceilings document.",
+            registry=r,
+            multiprocess_mode="livemin",  # a worker still on an older document shows
         )
 
         # traffic capture (capture.enabled): what was written, what was not and why, what the
@@ -327,7 +340,22 @@ class Metrics:
 
     def watch_ceilings(self, store: RunningCeilings) -> None:
         """Expose the running ceilings (tokens, age, staleness), read at scrape time."""
+        self._ceilings = store
         self.registry.register(_CeilingCollector(store))
+
+    def expose_group(self, directory: Path, group: Collector, stale: StaleStates) -> None:
+        """Serve the pod's metrics rather than this worker's (``workers`` > 1): the families
+        with values summed over every worker's files in ``directory`` (Prometheus multiprocess
+        mode), plus the scrape-time families from ``group`` and the running ceilings with the
+        staleness ``stale`` merges over the workers."""
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        reg = CollectorRegistry(auto_describe=True)
+        MultiProcessCollector(reg, path=str(directory))  # type: ignore[no-untyped-call]
+        PlatformCollector(registry=reg)
+        reg.register(group)
+        reg.register(_CeilingCollector(self._ceilings, stale))
+        self.exposed = reg
 
     def watch_count_cache(self, cache: CountCache) -> None:
         """Expose the count cache's hit/miss counts, read at scrape time (nothing on the hot path)."""
@@ -373,8 +401,9 @@ class _CountCacheCollector(Collector):
 class _CeilingCollector(Collector):
     """Gauges computed at scrape time from the running document, so they are always current."""
 
-    def __init__(self, store: RunningCeilings) -> None:
+    def __init__(self, store: RunningCeilings, stale: StaleStates | None = None) -> None:
         self.store = store
+        self.stale = stale
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         doc = self.store.current
@@ -396,7 +425,8 @@ class _CeilingCollector(Collector):
             "1 while live traffic no longer looks like what the ceiling was measured on, by reason.",
             labels=["model", "workload", "reason"],
         )
-        for (model, workload), reasons in self.store.staleness.states(doc):
+        states = self.stale() if self.stale else self.store.staleness.states(doc)
+        for (model, workload), reasons in states:
             for reason, active in reasons.items():
                 stale.add_metric([model, workload, reason], 1.0 if active else 0.0)
         return [tokens, age, stale]

@@ -18,6 +18,7 @@ from context_ceiling.sidecar.bound import Calibration
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token
+from context_ceiling.sidecar.group import WorkerGroup
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.staleness import StalenessTracker
 from context_ceiling.sidecar.tracing import Tracing
@@ -44,6 +45,10 @@ class State:
     capture: Capturer | None = None
     #: bytes per reported token, per model (counting.strategy: bounded)
     calibration: Calibration = field(default_factory=lambda: Calibration(32))
+    #: the count cache (None: counting.cache_mib is 0)
+    count_cache: CountCache | None = None
+    #: this worker's siblings (None: one process; see sidecar/group.py)
+    group: WorkerGroup | None = None
 
     @classmethod
     def build(
@@ -98,6 +103,7 @@ class State:
             chunk_pattern=chunk_pattern,
             capture=capture,
             calibration=Calibration(settings.counting.calibration),
+            count_cache=cache,
             workloads=frozenset(settings.workloads),
             ceilings=store,
             staleness=staleness,

@@ -1,0 +1,112 @@
+"""``ceiling serve`` with ``workers`` > 1: several worker processes behind one port.
+
+Counting holds the GIL (tiktoken encodes under it), so one process is one core however many the
+pod has. With ``workers: N`` the command is a supervisor: uvicorn's own (the socket bound once
+and shared, the kernel spreading connections over the workers, a dead or hung worker replaced,
+SIGTERM drained in every worker), with two changes: SIGHUP reloads the ceilings in every worker
+instead of restarting them, and a dead worker's live gauges are dropped from the shared metrics.
+Each worker is the whole sidecar; what they share is one directory (``sidecar/group.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from uvicorn import Config
+from uvicorn.supervisors.multiprocess import Multiprocess
+
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.server import HeaderDeadline, uvicorn_options
+
+#: prometheus_client reads it when it is imported: set before the workers start
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def worker_app(settings: Settings, directory: Path) -> Any:
+    """The app of one worker (called in the worker process, by uvicorn's factory support)."""
+    from context_ceiling.sidecar.app import create_app
+    from context_ceiling.sidecar.group import WorkerGroup
+    from context_ceiling.sidecar.logs import configure
+
+    configure(settings.log_level)
+    # uvicorn configured its loggers before this ran (one process: after); no access log either way
+    logging.getLogger("uvicorn.access").propagate = False
+    # the protocol class travels to the worker by name (pickled), its deadline set here
+    HeaderDeadline.header_timeout = settings.limits.header_read_timeout
+    return create_app(settings, group=WorkerGroup(directory))
+
+
+def shared_dir() -> tuple[Path, bool]:
+    """The workers' shared directory, emptied: ``PROMETHEUS_MULTIPROC_DIR`` when set (kept),
+    else a fresh temporary one (removed at exit). Returns (path, created)."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for old in [*path.glob("*.db"), *path.glob("worker-*.json"), *path.glob("ceilings.*")]:
+            old.unlink(missing_ok=True)  # a previous run's values would be summed in
+        return path, False
+    return Path(tempfile.mkdtemp(prefix="context-ceiling-workers-")), True
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's supervisor, with the sidecar's SIGHUP and metric cleanup."""
+
+    def __init__(self, config: Config, sockets: list[Any], directory: Path) -> None:
+        super().__init__(config, sockets)
+        self.directory = directory
+
+    def handle_hup(self) -> None:
+        """Reload the ceilings in every worker (uvicorn would restart them all)."""
+        for process in self.processes:
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGHUP)
+
+    def keep_subprocess_alive(self) -> None:
+        before = {p.pid for p in self.processes}
+        super().keep_subprocess_alive()
+        for pid in before - {p.pid for p in self.processes}:
+            if pid is not None:
+                self.forget(pid)
+
+    def forget(self, pid: int) -> None:
+        """A worker is gone: its live gauges leave the sum, its snapshot the group."""
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, str(self.directory))  # type: ignore[no-untyped-call]
+        (self.directory / f"worker-{pid}.json").unlink(missing_ok=True)
+
+
+def serve_workers(settings: Settings, loop: str) -> int:
+    """Run ``settings.workers`` workers under the supervisor until SIGTERM/SIGINT."""
+    directory, created = shared_dir()
+    os.environ[MULTIPROC_ENV] = str(directory)
+    options = uvicorn_options(settings)
+    options["http"] = HeaderDeadline
+    config = Config(
+        functools.partial(worker_app, settings, directory),
+        factory=True,
+        host=settings.listen.host,
+        port=settings.listen.port,
+        workers=settings.workers,
+        loop=loop,
+        log_level=settings.log_level,
+        **options,
+    )
+    sock = config.bind_socket()
+    try:
+        Supervisor(config, [sock], directory).run()
+    finally:
+        sock.close()
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+    return 0

@@ -1,0 +1,224 @@
+"""`ceiling serve` with several worker processes, as deployed: one port, the pod's metrics summed
+over its workers whichever answers the scrape, a pushed ceiling running in every worker before the
+push is answered, a replaced worker catching up, SIGHUP reloading every worker, SIGTERM draining
+them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.ceiling_docs import doc, entry
+from tests.conftest import wait_healthy
+from tests.hosted_provider_double import HostedProviderDouble, serve
+from tests.test_serve_process import _free_port
+
+TOKEN = "admin-token-for-workers"
+BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+@dataclass
+class Pod:
+    url: str
+    proc: subprocess.Popen[bytes]
+    shared: Path
+    ceilings: Path
+    log: Path
+
+    def workers(self) -> set[int]:
+        return {int(p.stem.split("-")[1]) for p in self.shared.glob("worker-*.json")}
+
+    def call(self) -> httpx.Response:
+        """One request on a new connection (the kernel picks the worker per connection)."""
+        r = httpx.post(
+            self.url + "/v1/chat/completions", json=BODY, headers={"connection": "close"}
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    def scrape(self, name: str, **labels: str) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        return 0.0
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    double = HostedProviderDouble()
+    with serve(double.app()) as durl:
+        port = _free_port()
+        ceilings = tmp_path / "ceilings.yaml"
+        ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=90000))))
+        config = tmp_path / "sidecar.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "listen": {"host": "127.0.0.1", "port": port},
+                    "upstreams": {"openai": {"base_url": durl + "/v1"}},
+                    "models": [{"match": "gpt-4o", "window": 128000}],
+                    "enforcement": {"mode": "observe"},
+                    "ceilings_file": str(ceilings),
+                    "ceilings_persist": False,  # a push reaches the workers without the file
+                    "ceilings_watch": False,  # the file reaches them by SIGHUP only
+                    "admin_token": TOKEN,
+                    "workers": 2,
+                }
+            )
+        )
+        shared = tmp_path / "multiproc"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(shared)
+        log = tmp_path / "sidecar.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        p = Pod(f"http://127.0.0.1:{port}", proc, shared, ceilings, log)
+        try:
+            wait_healthy(p.url, proc)  # type: ignore[arg-type]
+            _until(lambda: len(p.workers()) == 2, "two workers up")
+            yield p
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _until(cond: object, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _served_by_each(shared: Path) -> dict[str, float]:
+    """Requests counted in each worker's own metric file."""
+    out: dict[str, float] = {}
+    for f in shared.glob("counter_*.db"):
+        for fam in MultiProcessCollector.merge([str(f)]):  # type: ignore[no-untyped-call]
+            for s in fam.samples:
+                if s.name == "llm_context_requests_total":
+                    out[f.stem] = out.get(f.stem, 0) + s.value
+    return out
+
+
+def test_metrics_are_the_pods_and_a_push_reaches_every_worker(pod: Pod) -> None:
+    for _ in range(40):
+        pod.call()
+    per_worker = _served_by_each(pod.shared)
+    assert len(per_worker) == 2 and sum(per_worker.values()) == 40, per_worker
+    # whichever worker answers the scrape, the count is the pod's
+    for _ in range(6):
+        assert pod.scrape("llm_context_requests_total", outcome="ok") == 40
+    assert pod.scrape("llm_context_config_version") == 1
+    assert pod.scrape("process_resident_memory_bytes") > 0
+
+    pushed = httpx.put(
+        pod.url + "/admin/ceilings",
+        json=doc(2, entry(tokens=50000)),
+        headers={"authorization": f"Bearer {TOKEN}"},
+    )
+    assert pushed.status_code == 200, pushed.text
+    assert pushed.json()["workers"] == 2 and pushed.json()["workers_applied"] == 2
+    # answered only once every worker runs it: no request after the push sees the old ceiling
+    for _ in range(20):
+        assert pod.call().headers["x-ceiling-ceiling-tokens"] == "50000"
+    assert pod.scrape("llm_context_config_version") == 2
+    assert pod.scrape("llm_context_ceiling_tokens", model="gpt-4o", workload="default") == 50000
+
+    # a replaced worker catches up with the push (not persisted to the file) and the counts of
+    # the one that died stay in the sum
+    victim = min(pod.workers())
+    os.kill(victim, signal.SIGKILL)
+    _until(lambda: victim not in pod.workers() and len(pod.workers()) == 2, "a replacement")
+    for _ in range(20):
+        assert pod.call().headers["x-ceiling-ceiling-tokens"] == "50000"
+    assert pod.scrape("llm_context_requests_total", outcome="ok") == 80
+    assert pod.scrape("llm_context_config_version") == 2
+
+
+def test_sighup_reloads_every_worker_and_sigterm_drains_them(pod: Pod) -> None:
+    pids = pod.workers()
+    pod.ceilings.write_text(yaml.safe_dump(doc(7, entry(tokens=33000))))
+    pod.proc.send_signal(signal.SIGHUP)
+    _until(lambda: pod.scrape("llm_context_config_version") == 7, "version 7 everywhere")
+    for _ in range(20):
+        assert pod.call().headers["x-ceiling-ceiling-tokens"] == "33000"
+    assert pod.workers() == pids, "reloaded, not restarted"
+    pod.proc.send_signal(signal.SIGTERM)
+    assert pod.proc.wait(timeout=30) == 0
+    lines = [json.loads(line) for line in pod.log.read_text().splitlines() if line.strip()]
+    assert all("message" in line for line in lines), "one JSON format from every process"
+    assert not [line for line in lines if line["logger"] == "uvicorn.access"]
+    assert not list(pod.shared.glob("worker-*.json")), "every worker left the group"
+
+
+def test_a_worker_running_a_newer_document_leaves_an_older_push_unconfirmed(
+    tmp_path: Path,
+) -> None:
+    """Two pushes racing to two workers: the older one is not applied over the newer one, and
+    the push that lost says so (workers_applied < workers) instead of claiming the pod."""
+    import asyncio
+
+    from context_ceiling.core.ceilings import parse_document
+    from context_ceiling.core.models import Registry
+    from context_ceiling.sidecar.ceilings_store import CeilingStore
+    from context_ceiling.sidecar.config import Settings
+    from context_ceiling.sidecar.group import WorkerGroup
+    from context_ceiling.sidecar.metrics import Metrics
+    from context_ceiling.sidecar.staleness import StalenessTracker
+
+    settings = Settings(models=[{"match": "gpt-4o", "window": 128000}])  # type: ignore[list-item]
+    registry = Registry(settings.models, None)
+
+    def worker(pid: int) -> tuple[WorkerGroup, CeilingStore]:
+        store = CeilingStore(registry, Metrics(), StalenessTracker())
+        group = WorkerGroup(tmp_path, pid=pid)
+        group.join(store, None)
+        return group, store
+
+    (a, sa), (b, sb) = worker(os.getpid()), worker(os.getppid())  # two live pids
+    newer = parse_document(json.dumps(doc(5, entry(tokens=40000))).encode(), "t")
+    older = parse_document(json.dumps(doc(4, entry(tokens=60000))).encode(), "t")
+    sb.apply(newer, "api")
+    b.write_snapshot()
+    sa.apply(older, "api")
+    digest = a.publish(older, force=False)
+    b.catch_up()
+    assert sb.current.version == 5, "the newer document stays"
+    done, of = asyncio.run(_wait(a, digest))
+    assert (done, of) == (1, 2)
+    # a forced push is applied everywhere, older or not
+    digest = a.publish(older, force=True)
+    b.catch_up()
+    assert sb.current.version == 4
+    assert asyncio.run(_wait(a, digest)) == (2, 2)
+
+
+async def _wait(group: object, digest: str) -> tuple[int, int]:
+    import context_ceiling.sidecar.group as g
+
+    g.PUSH_WAIT_S, old = 0.3, g.PUSH_WAIT_S
+    try:
+        return await group.wait_applied(digest)  # type: ignore[attr-defined, no-any-return]
+    finally:
+        g.PUSH_WAIT_S = old
