@@ -80,6 +80,7 @@ def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "met": k["ratio"] <= 1.1,
                 }
             )
+    out += performance(res)
     if not res.get("trim"):
         return out
     g = res["trim"]["growth_1m_over_100k"]
@@ -90,4 +91,85 @@ def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
             "met": g <= 12,
         }
     )
+    return out
+
+
+def _where(c: dict[str, Any]) -> str:
+    return f"{c['tokens'] // 1000}k {'stream' if c['stream'] else 'no stream'}"
+
+
+def _worst(
+    cells: list[dict[str, Any]], a: str, b: str, invert: bool = False
+) -> tuple[float, str, list[float]] | None:
+    """The cell where the paired ratio rps(a)/rps(b) (or b/a) has the lowest median."""
+    worst: tuple[float, str, list[float]] | None = None
+    for c in cells:
+        if a not in c["targets"] or b not in c["targets"]:
+            continue
+        ratios = [
+            (r[b]["rps"] / r[a]["rps"]) if invert else (r[a]["rps"] / r[b]["rps"])
+            for r in c["rounds"]
+        ]
+        m = statistics.median(ratios)
+        if worst is None or m < worst[0]:
+            worst = (m, _where(c), ratios)
+    return worst
+
+
+def performance(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The performance issue's targets (count cache off): >= 3x LiteLLM's throughput in every
+    size x stream cell at c=16; >= 0.8x the bare pass-through's at 1k and 8k; added p50 at c=1
+    within 0.5 ms of the bare pass-through's; enforcing (trimming every request) within 1.2x of
+    observing, judged by throughput, at every size. Each row names the worst cell."""
+    out: list[dict[str, Any]] = []
+    c16 = [c for c in res["cells"] if c["concurrency"] == 16]
+    names = {
+        "sidecar": "exact counting",
+        "bounded": "counting.strategy: bounded",
+        "workers": "exact counting, 2 workers",
+    }
+    for name, note in names.items():
+        w = _worst(c16, name, "litellm")
+        if w is not None:
+            out.append(
+                {
+                    "target": f"throughput >= 3x LiteLLM's in every cell, c=16 ({note})",
+                    "figure": f"worst x{fmt(spread(w[2]))} ({w[1]})",
+                    "met": w[0] >= 3,
+                }
+            )
+        w = _worst([c for c in c16 if c["tokens"] <= 8000], name, "bare")
+        if w is not None:
+            out.append(
+                {
+                    "target": f"throughput >= 0.8x the bare pass-through's at 1k and 8k, c=16 ({note})",
+                    "figure": f"worst x{fmt(spread(w[2]))} ({w[1]})",
+                    "met": w[0] >= 0.8,
+                }
+            )
+    w = _worst(c16, "sidecar", "enforce", invert=True)
+    if w is not None:
+        slow = [1 / x for x in w[2]]
+        out.append(
+            {
+                "target": "enforcing (every request trimmed) within 1.2x of observing, every size, c=16",
+                "figure": f"worst x{fmt(spread(slow))} slower ({w[1]})",
+                "met": 1 / w[0] <= 1.2,
+            }
+        )
+    for c in res["cells"]:
+        if c["concurrency"] != 1 or "bare" not in c["targets"]:
+            continue
+        for name in ("bounded", "sidecar"):
+            if name not in c["targets"]:
+                continue
+            gap = [r[name]["p50_ms"] - r["bare"]["p50_ms"] for r in c["rounds"]]
+            out.append(
+                {
+                    "target": f"added p50 within 0.5 ms of the bare pass-through's, c=1 "
+                    f"({_where(c)}, {names[name]})",
+                    "figure": f"+{fmt(spread(gap))} ms",
+                    "met": statistics.median(gap) <= 0.5,
+                }
+            )
     return out

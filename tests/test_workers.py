@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import yaml
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -99,8 +100,8 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
             yield p
         finally:
             if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                proc.terminate()
+                proc.wait(timeout=30)
 
 
 def _until(cond: object, what: str, timeout: float = 30.0) -> None:
@@ -170,6 +171,24 @@ def test_sighup_reloads_every_worker_and_sigterm_drains_them(pod: Pod) -> None:
     assert all("message" in line for line in lines), "one JSON format from every process"
     assert not [line for line in lines if line["logger"] == "uvicorn.access"]
     assert not list(pod.shared.glob("worker-*.json")), "every worker left the group"
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(pod: Pod) -> None:
+    """An OOM-killed supervisor passes no SIGTERM on: its workers notice and shut down."""
+    pids = pod.workers()
+    pod.proc.kill()
+    pod.proc.wait()
+
+    def running(pid: int) -> bool:  # a zombie (exited, not yet reaped by init) is not
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def gone() -> bool:
+        return not any(running(pid) for pid in pids)
+
+    _until(gone, "the orphaned workers to exit")
 
 
 def test_a_worker_running_a_newer_document_leaves_an_older_push_unconfirmed(

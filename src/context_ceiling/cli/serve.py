@@ -99,6 +99,6 @@ def _check(settings: Any) -> int:
     print(
         f"config ok: {len(registry.specs)} models, {len(settings.workloads)} workloads, "
         f"mode {settings.enforcement.mode}, {ceilings}, admin API {'on' if admin else 'off'}, "
-        f"{capture}"
+        f"{capture}, {settings.workers} worker{'s' if settings.workers > 1 else ''}"
     )
     return 0

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -182,10 +183,17 @@ class WorkerGroup:
         return True
 
     async def follow(self) -> None:
-        """Apply pushes taken by other workers; refresh this worker's snapshot."""
+        """Apply pushes taken by other workers; refresh this worker's snapshot. A worker whose
+        supervisor is gone (killed: no SIGTERM was passed on) shuts down gracefully rather than
+        serve on as an orphan."""
         last = 0.0
+        parent = os.getppid()
         while True:
             await asyncio.sleep(POLL_S)
+            if os.getppid() != parent:
+                log.warning("supervisor gone; shutting down", extra={"fields": {"pid": self.pid}})
+                os.kill(self.pid, signal.SIGTERM)
+                return
             self.catch_up()
             if time.monotonic() - last >= SNAPSHOT_S:
                 self.write_snapshot()
