@@ -32,22 +32,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def observing(port: int, upstream: str, **more: object) -> dict[str, object]:
+    """The config of a sidecar on ``port`` observing gpt-4o traffic to an OpenAI-style upstream."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "upstreams": {"openai": {"base_url": upstream + "/v1"}},
+        "models": [{"match": "gpt-4o", "window": 128000}],
+        "enforcement": {"mode": "observe"},
+        **more,
+    }
+
+
 @pytest.fixture
 def process(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     double = HostedProviderDouble()
     with serve(double.app()) as durl:  # uvicorn: it sends its own Date and `server: uvicorn`
         port = _free_port()
         config = tmp_path / "sidecar.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "listen": {"host": "127.0.0.1", "port": port},
-                    "upstreams": {"openai": {"base_url": durl + "/v1"}},
-                    "models": [{"match": "gpt-4o", "window": 128000}],
-                    "enforcement": {"mode": "observe"},
-                }
-            )
-        )
+        config.write_text(yaml.safe_dump(observing(port, durl)))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
         proc = subprocess.Popen(
             [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],

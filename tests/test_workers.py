@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.ceiling_docs import doc, entry
 from tests.conftest import wait_healthy
 from tests.hosted_provider_double import HostedProviderDouble, serve
-from tests.test_serve_process import _free_port
+from tests.test_serve_process import _free_port, observing
 
 TOKEN = "admin-token-for-workers"
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello there"}]}
@@ -69,17 +69,15 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
         config = tmp_path / "sidecar.yaml"
         config.write_text(
             yaml.safe_dump(
-                {
-                    "listen": {"host": "127.0.0.1", "port": port},
-                    "upstreams": {"openai": {"base_url": durl + "/v1"}},
-                    "models": [{"match": "gpt-4o", "window": 128000}],
-                    "enforcement": {"mode": "observe"},
-                    "ceilings_file": str(ceilings),
-                    "ceilings_persist": False,  # a push reaches the workers without the file
-                    "ceilings_watch": False,  # the file reaches them by SIGHUP only
-                    "admin_token": TOKEN,
-                    "workers": 2,
-                }
+                observing(
+                    port,
+                    durl,
+                    ceilings_file=str(ceilings),
+                    ceilings_persist=False,  # a push reaches the workers without the file
+                    ceilings_watch=False,  # the file reaches them by SIGHUP only
+                    admin_token=TOKEN,
+                    workers=2,
+                )
             )
         )
         shared = tmp_path / "multiproc"

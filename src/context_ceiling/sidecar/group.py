@@ -73,9 +73,13 @@ def alive(pid: int) -> bool:
 class WorkerGroup:
     """This worker's membership: its file, the shared push, the siblings' snapshots."""
 
-    def __init__(self, directory: Path, pid: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, pid: int | None = None, supervisor: int | None = None
+    ) -> None:
         self.dir = directory
         self.pid = pid or os.getpid()
+        #: the supervisor's pid, passed down at spawn (read here, it may already be init's)
+        self.supervisor = supervisor or os.getppid()
         self.file = directory / f"worker-{self.pid}.json"
         self.store: CeilingStore | None = None
         self.cache: CountCache | None = None
@@ -187,10 +191,9 @@ class WorkerGroup:
         supervisor is gone (killed: no SIGTERM was passed on) shuts down gracefully rather than
         serve on as an orphan."""
         last = 0.0
-        parent = os.getppid()
         while True:
             await asyncio.sleep(POLL_S)
-            if os.getppid() != parent:
+            if os.getppid() != self.supervisor:
                 log.warning("supervisor gone; shutting down", extra={"fields": {"pid": self.pid}})
                 os.kill(self.pid, signal.SIGTERM)
                 return

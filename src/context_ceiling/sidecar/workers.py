@@ -30,7 +30,7 @@ from context_ceiling.sidecar.server import HeaderDeadline, uvicorn_options
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def worker_app(settings: Settings, directory: Path) -> Any:
+def worker_app(settings: Settings, directory: Path, supervisor: int) -> Any:
     """The app of one worker (called in the worker process, by uvicorn's factory support)."""
     from context_ceiling.sidecar.app import create_app
     from context_ceiling.sidecar.group import WorkerGroup
@@ -41,7 +41,7 @@ def worker_app(settings: Settings, directory: Path) -> Any:
     logging.getLogger("uvicorn.access").propagate = False
     # the protocol class travels to the worker by name (pickled), its deadline set here
     HeaderDeadline.header_timeout = settings.limits.header_read_timeout
-    return create_app(settings, group=WorkerGroup(directory))
+    return create_app(settings, group=WorkerGroup(directory, supervisor=supervisor))
 
 
 def shared_dir() -> tuple[Path, bool]:
@@ -93,7 +93,7 @@ def serve_workers(settings: Settings, loop: str) -> int:
     options = uvicorn_options(settings)
     options["http"] = HeaderDeadline
     config = Config(
-        functools.partial(worker_app, settings, directory),
+        functools.partial(worker_app, settings, directory, os.getpid()),
         factory=True,
         host=settings.listen.host,
         port=settings.listen.port,
