@@ -118,3 +118,70 @@ def test_process_metrics(process: tuple[str, subprocess.Popen[str]]) -> None:
     assert samples["process_resident_memory_bytes"] > 10e6
     assert samples["process_open_fds"] > 0 and samples["process_start_time_seconds"] > 1e9
     assert "python_info{" in text and "python_gc_objects_collected_total" in text
+
+
+def test_streams_cut_at_any_moment_give_every_upstream_connection_back(tmp_path: Path) -> None:
+    """Clients dropping their connections at any moment, many at once (a load tool's end, a
+    fleet of impatient users), under the deployed event loop (uvloop) in front of a fast upstream:
+    every upstream connection comes back to the pool. With a pool of 4, a leaked slot shows as a
+    504 once the pool wait runs out. (Cancelling the relay with a bare task.cancel() instead of
+    an anyio cancel scope leaked slots here, inside httpcore's shielded clean-up.)"""
+    import asyncio
+    import contextlib
+    import random
+
+    from benchmarks import targets as tg
+
+    up = tg.upstream(tmp_path)  # the benchmarks' raw-ASGI upstream double, its own process
+    port = _free_port()
+    config = tmp_path / "sidecar.yaml"
+    base = up.url.rsplit("/v1/", 1)[0]
+    cfg = observing(port, base)
+    cfg["models"] = [{"match": "bench-1000", "window": 128000}]
+    cfg["upstreams"] = {
+        "openai": {"base_url": base + "/v1", "pool_size": 4, "timeouts": {"connect": 2}}
+    }
+    config.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+    with (tmp_path / "log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)  # type: ignore[arg-type]
+        rng = random.Random(3)
+        text = "Record 7: the fee is 300 EUR. " * 200
+        body = {"model": "bench-1000", "messages": [{"role": "user", "content": text}]}
+        streamed = {**body, "stream": True}
+
+        async def cut(c: httpx.AsyncClient) -> None:
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout(rng.uniform(0.0, 0.05)):
+                    async with c.stream(
+                        "POST",
+                        url + "/v1/chat/completions",
+                        json=streamed,
+                        headers={"connection": "close"},
+                    ) as r:
+                        async for _ in r.aiter_raw():
+                            pass
+
+        async def waves() -> None:
+            limits = httpx.Limits(max_connections=100)
+            async with httpx.AsyncClient(timeout=10, limits=limits) as c:
+                for _ in range(20):
+                    await asyncio.gather(*(cut(c) for _ in range(64)))
+
+        asyncio.run(waves())
+        with httpx.Client(timeout=10) as h:
+            for _ in range(8):
+                r = h.post(url + "/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        up.stop()
