@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
-from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
+from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter  # noqa: E402
 from context_ceiling.core.trim import Policy, fit  # noqa: E402
 
 CLAUSE = "Clause {i}: the renewal fee of contract K-{i} is {f} EUR; notice {n} days; governed by the law of Ruritania. "
@@ -67,14 +67,17 @@ def measure() -> dict[str, Any]:
         reps = 5 if size < 1_000_000 else 3
         counts, fits = [], []
         for _ in range(reps):
+            # as the sidecar does it: one per-request memo, so the recount after trimming
+            # encodes only the texts the trimmer rewrote
+            memo = RequestMemo(enc)
             t0 = time.perf_counter()
-            c = count_openai(body, enc, None, pattern)
+            c = count_openai(body, memo, None, pattern)
             t1 = time.perf_counter()
             _, report = fit(
                 body,
                 api="openai",
                 budget=c.total // 2,
-                counter=enc,
+                counter=memo,
                 count=c,
                 policy=Policy(tool_result_max_tokens=256),
                 chunk_pattern=pattern,
