@@ -138,10 +138,22 @@ def test_metrics_are_the_pods_and_a_push_reaches_every_worker(pod: Pod) -> None:
     )
     assert pushed.status_code == 200, pushed.text
     assert pushed.json()["workers"] == 2 and pushed.json()["workers_applied"] == 2
+    # `ceiling push` says so too
+    newer = pod.log.parent / "v3.yaml"
+    newer.write_text(yaml.safe_dump(doc(3, entry(tokens=50000))))
+    env = {**os.environ, "CEILING_ADMIN_TOKEN": TOKEN}
+    out = subprocess.run(
+        [sys.executable, "-m", "context_ceiling.cli", "push", str(newer), "--to", pod.url],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "applied version 3 (2/2 workers)" in out.stdout, out.stdout
     # answered only once every worker runs it: no request after the push sees the old ceiling
     for _ in range(20):
         assert pod.call().headers["x-ceiling-ceiling-tokens"] == "50000"
-    assert pod.scrape("llm_context_config_version") == 2
+    assert pod.scrape("llm_context_config_version") == 3
     assert pod.scrape("llm_context_ceiling_tokens", model="gpt-4o", workload="default") == 50000
 
     # a replaced worker catches up with the push (not persisted to the file) and the counts of
@@ -152,7 +164,7 @@ def test_metrics_are_the_pods_and_a_push_reaches_every_worker(pod: Pod) -> None:
     for _ in range(20):
         assert pod.call().headers["x-ceiling-ceiling-tokens"] == "50000"
     assert pod.scrape("llm_context_requests_total", outcome="ok") == 80
-    assert pod.scrape("llm_context_config_version") == 2
+    assert pod.scrape("llm_context_config_version") == 3
 
 
 def test_sighup_reloads_every_worker_and_sigterm_drains_them(pod: Pod) -> None:
@@ -239,3 +251,19 @@ async def _wait(group: object, digest: str) -> tuple[int, int]:
         return await group.wait_applied(digest)  # type: ignore[attr-defined, no-any-return]
     finally:
         g.PUSH_WAIT_S = old
+
+
+def test_a_push_that_missed_a_worker_is_a_failed_push() -> None:
+    from context_ceiling.core.push import PushError, _workers
+
+    full = httpx.Response(
+        200, json={"applied": True, "version": 4, "workers": 3, "workers_applied": 3}
+    )
+    assert _workers("http://pod", full) == " (3/3 workers)"
+    single = httpx.Response(200, json={"applied": True, "version": 4, "entries": 1})
+    assert _workers("http://pod", single) == ""
+    short = httpx.Response(
+        200, json={"applied": True, "version": 4, "workers": 3, "workers_applied": 2}
+    )
+    with pytest.raises(PushError, match="on 2 of 3 workers"):
+        _workers("http://pod", short)

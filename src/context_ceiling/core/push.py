@@ -31,6 +31,22 @@ class PushError(CeilingError):
     """A target refused or could not be reached; the message says which and why."""
 
 
+def _workers(base: str, r: httpx.Response) -> str:
+    """A sidecar with several workers says how many run the document; a push that did not reach
+    every one of them within the sidecar's wait is a failed push."""
+    try:
+        body = r.json()
+        of, done = int(body["workers"]), int(body["workers_applied"])
+    except (ValueError, KeyError, TypeError):
+        return ""  # one process (or an older sidecar): applied means applied
+    if done < of:
+        raise PushError(
+            f"{base}: applied version {body.get('version')} on {done} of {of} workers only (the "
+            "others still run another document; a newer one may have been pushed concurrently)"
+        )
+    return f" ({done}/{of} workers)"
+
+
 def _token() -> str:
     token = os.environ.get("CEILING_ADMIN_TOKEN", "")
     if not token:
@@ -157,7 +173,7 @@ def push(
                     )
                     if r.status_code != 200:
                         raise PushError(f"{base}: rejected ({r.status_code}): {_reason(r)}")
-                    lines.append(f"{base}: applied version {doc.version}")
+                    lines.append(f"{base}: applied version {doc.version}{_workers(base, r)}")
                 except (PushError, CeilingsError) as exc:
                     failures.append(str(exc))
                 except httpx.HTTPError as exc:
