@@ -139,3 +139,90 @@ def test_azure_openai_deployment_paths_with_the_azure_sdk() -> None:
         )
         == 1
     )
+
+
+def test_an_upstream_that_compresses_unasked_is_decoded_for_the_client() -> None:
+    """The measured routes send the client's own headers only (no ``Accept-Encoding``), and read
+    the transport's stream raw when it is unencoded. An upstream that gzips anyway must still
+    reach the client decoded, its usage read, unary and streamed."""
+    import gzip
+    import json
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    seen: list[str | None] = []
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        seen.append(request.headers.get("accept-encoding"))
+        usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+        if body.get("stream"):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4o"}
+            events = [
+                {**chunk, "choices": [{"index": 0, "delta": {"content": "hel"}}]},
+                {**chunk, "choices": [{"index": 0, "delta": {"content": "lo"}}]},
+                {**chunk, "choices": [], "usage": usage},
+            ]
+            raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+            raw += b"data: [DONE]\n\n"
+            media = "text/event-stream"
+        else:
+            raw = json.dumps(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "gpt-4o",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hello"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": usage,
+                }
+            ).encode()
+            media = "application/json"
+        return Response(gzip.compress(raw), media_type=media, headers={"content-encoding": "gzip"})
+
+    upstream = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    with serve(upstream) as up:
+        app = create_app(
+            Settings(
+                upstreams={"openai": {"base_url": up + "/v1"}},
+                models=[{"match": "gpt-4o", "window": 128000}],
+            )
+        )
+        with serve(app) as url:
+            oai = openai.OpenAI(base_url=url + "/v1", api_key="sk", max_retries=0)
+            reply = oai.chat.completions.create(model="gpt-4o", messages=MSG)
+            stream = oai.chat.completions.create(model="gpt-4o", messages=MSG, stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            raw = httpx.post(
+                url + "/v1/chat/completions",
+                json={"model": "gpt-4o", "messages": MSG},
+                headers={"accept-encoding": "identity"},
+            )
+        reg = app.state.sidecar.metrics.registry
+    assert reply.choices[0].message.content == "hello" and reply.usage is not None
+    assert text == "hello"
+    assert "content-encoding" not in raw.headers and raw.json()["usage"]["prompt_tokens"] == 7
+    assert seen == [None, None, None]
+    ok = {"model": "gpt-4o", "workload": "default", "api": "openai_chat", "outcome": "ok"}
+    assert reg.get_sample_value("llm_context_requests_total", ok) == 3
+    assert (
+        reg.get_sample_value(
+            "gen_ai_client_token_usage_sum",
+            {
+                "gen_ai_operation_name": "chat",
+                "gen_ai_provider_name": "openai",
+                "gen_ai_request_model": "gpt-4o",
+                "gen_ai_token_type": "input",
+            },
+        )
+        == 21
+    )

@@ -10,6 +10,7 @@ import httpx
 from starlette.requests import Request
 
 from context_ceiling.core.errors import CeilingError
+from context_ceiling.sidecar.upstream import body_chunks
 
 
 class TooLarge(CeilingError):
@@ -54,7 +55,7 @@ async def read_capped(resp: httpx.Response, cap: int) -> bytes:
     """A non-stream response body, refused past ``cap`` bytes (held whole to read its usage, so
     its size must be bounded: a 100 MiB body must not become 100 MiB of sidecar memory)."""
     return await collect(
-        resp.aiter_bytes(), resp.headers.get("content-length"), cap, ResponseTooLarge
+        body_chunks(resp), resp.headers.get("content-length"), cap, ResponseTooLarge
     )
 
 

@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.errors import CeilingError
 from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
+from context_ceiling.sidecar.upstream import body_chunks
 from context_ceiling.sidecar.usage import Usage
 
 
@@ -135,7 +136,7 @@ class SSERelay(Response):
         failure = ""
         try:
             async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
-                async for chunk in self.resp.aiter_bytes():
+                async for chunk in body_chunks(self.resp):
                     # the events that arrived together leave together: one send per upstream
                     # read, not per event (each send is a syscall and an ASGI round trip)
                     outs = [out for event in splitter.feed(chunk) if (out := tap.on_event(event))]

@@ -22,7 +22,7 @@ from context_ceiling.sidecar.group import WorkerGroup
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.staleness import StalenessTracker
 from context_ceiling.sidecar.tracing import Tracing
-from context_ceiling.sidecar.upstream import build_client
+from context_ceiling.sidecar.upstream import UpstreamClient
 
 
 @dataclass
@@ -30,7 +30,7 @@ class State:
     settings: Settings
     registry: Registry
     metrics: Metrics
-    clients: dict[Api, httpx.AsyncClient]
+    clients: dict[Api, UpstreamClient]
     engine_client: httpx.AsyncClient
     chunk_pattern: re.Pattern[str] | None
     workloads: frozenset[str]
@@ -40,7 +40,7 @@ class State:
     tracing: Tracing = field(default_factory=Tracing)
     default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
     #: named upstreams: name -> (its API, its client, its settings)
-    named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = field(default_factory=dict)
+    named: dict[str, tuple[Api, UpstreamClient, Upstream]] = field(default_factory=dict)
     #: traffic capture (None: capture.enabled is false)
     capture: Capturer | None = None
     #: bytes per reported token, per model (counting.strategy: bounded)
@@ -69,15 +69,15 @@ class State:
             metrics.watch_count_cache(cache)
         for spec in settings.models:
             metrics.declare_model(spec.metric_label, spec.window)
-        clients: dict[Api, httpx.AsyncClient] = {}
+        clients: dict[Api, UpstreamClient] = {}
         if settings.upstreams.openai:
-            clients["openai"] = build_client(settings.upstreams.openai, transport)
+            clients["openai"] = UpstreamClient(settings.upstreams.openai, transport)
         if settings.upstreams.anthropic:
-            clients["anthropic"] = build_client(settings.upstreams.anthropic, transport)
+            clients["anthropic"] = UpstreamClient(settings.upstreams.anthropic, transport)
         if settings.upstreams.gemini:
-            clients["gemini"] = build_client(settings.upstreams.gemini, transport)
-        named: dict[str, tuple[Api, httpx.AsyncClient, Upstream]] = {
-            name: (up.api, build_client(up, transport), up)
+            clients["gemini"] = UpstreamClient(settings.upstreams.gemini, transport)
+        named: dict[str, tuple[Api, UpstreamClient, Upstream]] = {
+            name: (up.api, UpstreamClient(up, transport), up)
             for name, up in settings.upstreams.named.items()
         }
         fallback = TiktokenCounter("o200k_base")
@@ -112,9 +112,7 @@ class State:
             default_counter=(cache.wrap(fallback) if cache is not None else fallback),
         )
 
-    def route(
-        self, api: Api, upstream: str | None
-    ) -> tuple[str, httpx.AsyncClient, Upstream] | None:
+    def route(self, api: Api, upstream: str | None) -> tuple[str, UpstreamClient, Upstream] | None:
         """Where a request of this API for a model served by ``upstream`` (None: the API's
         default) goes: (name, client, settings), or None when this sidecar has no such upstream
         (or the named one speaks the other API)."""

@@ -1,12 +1,17 @@
 """Connections to the upstream model APIs.
 
-One pooled, keep-alive ``httpx.AsyncClient`` per upstream, built once. The transport is
-injectable so tests and benchmarks can put any ASGI app or loopback server behind the sidecar.
+One pooled, keep-alive client per upstream, built once. The transport is injectable so tests and
+benchmarks can put any ASGI app or loopback server behind the sidecar.
+
+The measured routes send through :meth:`UpstreamClient.forward`, straight to the transport (the
+connection pool): everything ``httpx.AsyncClient.send`` adds on top (auth, redirects, cookies,
+default headers, URL merging, event hooks, a decoder per body) is what a proxy must not do or
+does not need, and it cost ~0.1-0.2 ms per request here. The other routes use the full client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from http.cookiejar import CookieJar
 from typing import Any
 
@@ -65,24 +70,77 @@ class _NoCookies(CookieJar):
         return None
 
 
-def build_client(
-    upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
-) -> httpx.AsyncClient:
-    t = upstream.timeouts
-    limits = httpx.Limits(
-        max_connections=upstream.pool_size,
-        max_keepalive_connections=upstream.pool_size,
-        keepalive_expiry=30.0,
-    )
-    return httpx.AsyncClient(
-        base_url=upstream.base_url,
-        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.read, pool=t.connect),
-        limits=limits,
-        transport=transport,
-        follow_redirects=False,
-        trust_env=False,
-        cookies=_NoCookies(),
-    )
+class UpstreamClient(httpx.AsyncClient):
+    """An ``httpx.AsyncClient`` (for the pass-through routes, the models list and the probes)
+    that also sends the measured requests the short way, straight to its transport."""
+
+    def __init__(
+        self, upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        t = upstream.timeouts
+        limits = httpx.Limits(
+            max_connections=upstream.pool_size,
+            max_keepalive_connections=upstream.pool_size,
+            keepalive_expiry=30.0,
+        )
+        timeout = httpx.Timeout(connect=t.connect, read=t.read, write=t.read, pool=t.connect)
+        #: the connection pool itself (or the injected transport)
+        self.pool = transport or httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+        super().__init__(
+            base_url=upstream.base_url,
+            timeout=timeout,
+            limits=limits,
+            transport=self.pool,
+            follow_redirects=False,
+            trust_env=False,
+            cookies=_NoCookies(),
+        )
+        self._fw_timeout = timeout.as_dict()
+        self._fw_prefix = str(self.base_url).rstrip("/")
+        self._fw_urls: dict[str, httpx.URL] = {}
+
+    def _url(self, path: str, params: list[tuple[str, str]] | None) -> httpx.URL:
+        if params:
+            return httpx.URL(self._fw_prefix + path, params=params)
+        url = self._fw_urls.get(path)
+        if url is None:
+            url = httpx.URL(self._fw_prefix + path)
+            if len(self._fw_urls) < 64:  # the fixed routes; a path with an id is built each time
+                self._fw_urls[path] = url
+        return url
+
+    async def forward(
+        self,
+        path: str,
+        content: bytes,
+        headers: list[tuple[str, str]],
+        params: list[tuple[str, str]] | None = None,
+    ) -> httpx.Response:
+        """POST ``content`` to ``path`` under the base URL; the response's body is not read.
+        Only the client's own headers go upstream (no ``Accept-Encoding`` among them: see
+        :func:`body_chunks`); the pool's timeouts apply as they do through the client."""
+        req = httpx.Request(
+            "POST",
+            self._url(path, params),
+            headers=headers,
+            content=content,
+            extensions={"timeout": self._fw_timeout},
+        )
+        resp = await self.pool.handle_async_request(req)
+        resp.request = req
+        return resp
+
+
+def body_chunks(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """A response's body as it arrives. The sidecar asks for no content encoding, so the
+    transport's stream is the body itself; an upstream that encodes anyway is decoded by httpx
+    (its ``content-encoding`` is dropped on the way back)."""
+    encoding = resp.headers.get("content-encoding")
+    if (encoding is None or encoding.lower() == "identity") and isinstance(
+        resp.stream, httpx.AsyncByteStream
+    ):
+        return resp.stream.__aiter__()
+    return resp.aiter_bytes()
 
 
 def _named_in_connection(values: Iterable[str]) -> set[str]:
