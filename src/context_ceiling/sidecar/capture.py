@@ -64,10 +64,19 @@ class CollectingTap:
     def upstream_error(self) -> bool:
         return self.inner.upstream_error
 
-    def on_event(self, event: bytes) -> bytes | None:
+    def _keep(self, raw: bytes) -> None:
         if self._size < self.limit:
-            self.events.append(event)
-            self._size += len(event)
+            self.events.append(raw)
+            self._size += len(raw)
+
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        out = self.inner.on_chunk(chunk)
+        if out is not None:  # else its events come through on_event
+            self._keep(chunk)
+        return out
+
+    def on_event(self, event: bytes) -> bytes | None:
+        self._keep(event)
         return self.inner.on_event(event)
 
     def error_event(self, message: str) -> bytes:

@@ -78,26 +78,30 @@ class Recorder:
     def _metrics(self, ex: Exchange, now: float) -> float | None:
         """The request counters and histograms; returns the estimate error it observed."""
         m = self.state.metrics
-        m.requests.labels(
-            model=ex.label, workload=ex.workload, api=ex.route.metric_api, outcome=ex.outcome
+        m.child(
+            m.requests,
+            model=ex.label,
+            workload=ex.workload,
+            api=ex.route.metric_api,
+            outcome=ex.outcome,
         ).inc()
         u = ex.usage
         est_error: float | None = None
         if ex.count is not None and u.input_tokens and not ex.count.partial:
             est_error = (ex.forwarded_tokens - u.input_tokens) / u.input_tokens
-            m.estimate_error.labels(model=ex.label).observe(est_error)
+            m.child(m.estimate_error, model=ex.label).observe(est_error)
         elif ex.count is not None and ex.count.partial and u.input_tokens and ex.spec:
             # the provider holds earlier turns: its reported input is the utilization
-            m.utilization.labels(model=ex.label, workload=ex.workload).observe(
+            m.child(m.utilization, model=ex.label, workload=ex.workload).observe(
                 u.input_tokens / ex.spec.window
             )
         elif ex.bounded and u.input_tokens and ex.spec:
             # not counted (a bound proved it within budget): the provider's count is the input
             ex.util = u.input_tokens / ex.spec.window
-            m.utilization.labels(model=ex.label, workload=ex.workload).observe(ex.util)
+            m.child(m.utilization, model=ex.label, workload=ex.workload).observe(ex.util)
             d = ex.decision
             if d is not None and d.entry is not None:
-                m.ceiling_utilization.labels(model=ex.label, workload=ex.workload).observe(
+                m.child(m.ceiling_utilization, model=ex.label, workload=ex.workload).observe(
                     u.input_tokens / d.entry.ceiling_tokens
                 )
         if (
@@ -108,11 +112,11 @@ class Recorder:
         ):
             self.state.calibration.observe(ex.label, ex.body_bytes, u.input_tokens)
         if ex.upstream_started is not None:
-            m.upstream_duration.labels(model=ex.label, api=ex.route.metric_api).observe(
+            m.child(m.upstream_duration, model=ex.label, api=ex.route.metric_api).observe(
                 now - ex.upstream_started
             )
         if u.output_tokens is not None and not ex.route.count_only:
-            m.output_tokens.labels(model=ex.label, workload=ex.workload).observe(u.output_tokens)
+            m.child(m.output_tokens, model=ex.label, workload=ex.workload).observe(u.output_tokens)
         return est_error
 
     def _staleness(self, ex: Exchange) -> frozenset[str]:
@@ -177,11 +181,11 @@ class Recorder:
             "gen_ai_request_model": ex.label,
         }
         if ex.upstream_started is not None:
-            m.genai_duration.labels(**base).observe(now - ex.upstream_started)
+            m.child(m.genai_duration, **base).observe(now - ex.upstream_started)
         if u.input_tokens is not None:
-            m.genai_tokens.labels(**base, gen_ai_token_type="input").observe(u.input_tokens)
+            m.child(m.genai_tokens, **base, gen_ai_token_type="input").observe(u.input_tokens)
         if u.output_tokens is not None:
-            m.genai_tokens.labels(**base, gen_ai_token_type="output").observe(u.output_tokens)
+            m.child(m.genai_tokens, **base, gen_ai_token_type="output").observe(u.output_tokens)
         if ex.span is None:
             return
         d = ex.decision
@@ -210,22 +214,22 @@ class Recorder:
     def record_decision(self, ex: Exchange, d: Decision) -> None:
         m, model, wl = self.state.metrics, ex.label, ex.workload
         if d.entry is not None and ex.count is not None:
-            m.ceiling_utilization.labels(model=model, workload=wl).observe(
+            m.child(m.ceiling_utilization, model=model, workload=wl).observe(
                 ex.count.total / d.entry.ceiling_tokens
             )
         r = d.report
         if r is None:
             return
         action = "rejected" if d.reject else ("trimmed" if d.body is not None else "observed")
-        m.over_ceiling.labels(model=model, workload=wl, action=action).inc()
+        m.child(m.over_ceiling, model=model, workload=wl, action=action).inc()
         if action == "rejected":
             return
         family = m.trimmed_tokens if action == "trimmed" else m.would_trim_tokens
         for kind, tokens in r.removed.items():
             if tokens:
-                family.labels(model=model, workload=wl, kind=kind).inc(tokens)
+                m.child(family, model=model, workload=wl, kind=kind).inc(tokens)
         if action == "trimmed" and r.cache_loss_tokens:
-            m.cache_loss_tokens.labels(model=model, workload=wl).inc(r.cache_loss_tokens)
+            m.child(m.cache_loss_tokens, model=model, workload=wl).inc(r.cache_loss_tokens)
 
     @staticmethod
     def forwarded_components(ex: Exchange) -> dict[Component, int]:

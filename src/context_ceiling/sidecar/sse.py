@@ -30,6 +30,11 @@ class EventSplitter:
         self._size = 0
         self._max = max_event_bytes
 
+    @property
+    def idle(self) -> bool:
+        """No incomplete event is held back: a read that ends on a blank line is whole events."""
+        return not self._parts
+
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._parts:
             # a boundary may straddle the previous read: look from its last 3 bytes on

@@ -7,6 +7,7 @@ Anthropic's input is ``input_tokens + cache_read_input_tokens + cache_creation_i
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,18 @@ class _StreamState:
         self.complete = False
         self.upstream_error = False
 
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        """A whole upstream read of complete events, as one: the bytes to forward when no event
+        in it carries anything this tap reads or changes beyond :meth:`forward_all` (checked
+        with byte scans), else None and each event goes through :meth:`on_event`. Most reads
+        of a stream are one plain content delta; this skips splitting them into events."""
+        return None
+
+
+#: what makes a chat.completion.chunk read worth splitting and parsing: a usage or finish reason
+#: that is not null, the end of the stream, an error (JSON-escaped text cannot hold the quotes)
+_OPENAI_NOTABLE = re.compile(rb'"(?:usage|finish_reason)"\s*:\s*(?!null)|\[DONE\]|"error"')
+
 
 class OpenAIStreamTap(_StreamState):
     """Reads usage from chat.completion.chunk events.
@@ -127,6 +140,13 @@ class OpenAIStreamTap(_StreamState):
                 or (b'"finish_reason":null' not in event and b'"finish_reason": null' not in event)
             )
         return False
+
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        # plain: the model is known, and no usage or finish_reason in it is anything but null,
+        # no end, no error (one regex scan of the read)
+        if self.usage.response_model is None or _OPENAI_NOTABLE.search(chunk):
+            return None
+        return self._as_sent(chunk)
 
     def on_event(self, event: bytes) -> bytes | None:
         """The bytes to forward for this event (None: drop it)."""
@@ -178,6 +198,11 @@ class AnthropicStreamTap(_StreamState):
         """Anthropic's mid-stream failure: ``event: error`` (the SDK raises on it)."""
         err = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
+
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        if b"message_" in chunk or b"error" in chunk:  # message_start/_delta/_stop, error
+            return None
+        return chunk
 
     def on_event(self, event: bytes) -> bytes | None:
         name, data = event_data(event)
@@ -260,6 +285,13 @@ class ResponsesStreamTap(_StreamState):
 
     error_event = staticmethod(OpenAIStreamTap.error_event)
 
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        if b"response.completed" in chunk or b"response.incomplete" in chunk:
+            return None
+        if b"response.failed" in chunk or b"error" in chunk:
+            return None
+        return chunk
+
     def on_event(self, event: bytes) -> bytes | None:
         if (
             b"response.completed" not in event
@@ -323,6 +355,11 @@ class GeminiStreamTap(_StreamState):
     def error_event(message: str) -> bytes:
         err = {"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}}
         return b"data: " + orjson.dumps(err) + b"\n\n"
+
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        if b"usageMetadata" in chunk or b"finishReason" in chunk or b'"error"' in chunk:
+            return None
+        return chunk
 
     def on_event(self, event: bytes) -> bytes | None:
         if (

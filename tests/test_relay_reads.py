@@ -1,0 +1,188 @@
+"""The stream relay's fast path: a read of whole events that no tap needs is forwarded as one,
+without splitting it into events. Property: for every protocol's streams, cut into reads at any
+points, the client gets byte for byte what the event-by-event path gives it, and the tap ends
+with the same usage, completeness and upstream-error verdict."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from context_ceiling.sidecar.relay import Tap, forward_read
+from context_ceiling.sidecar.sse import EventSplitter
+from context_ceiling.sidecar.usage import (
+    AnthropicStreamTap,
+    GeminiStreamTap,
+    OpenAIStreamTap,
+    ResponsesStreamTap,
+)
+
+TEXTS = st.sampled_from(["hel", "lo", " usage", "error: none", "[DONE] is text", 'a "quote"', ""])
+
+
+def _sse(obj: Any, name: str | None = None, sep: str = "\n\n", spaced: bool = False) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    text = json.dumps(obj, separators=(", ", ": ") if spaced else (",", ":"))
+    return (head + "data: " + text + sep).encode()
+
+
+@st.composite
+def openai_stream(draw: st.DrawFn) -> list[bytes]:
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4o"}
+    nulls = draw(st.booleans())  # an upstream asked for include_usage: "usage":null everywhere
+    out = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(["delta", "delta", "finish", "usage", "error"]))
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": draw(TEXTS)}}
+        choice["finish_reason"] = "stop" if kind == "finish" else None
+        ev: dict[str, Any] = {**base, "choices": [choice]}
+        if kind == "usage":
+            ev = {**base, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+        elif kind == "error":
+            ev = {"error": {"message": "overloaded", "type": "server_error"}}
+        elif nulls:
+            ev["usage"] = None
+        sep = draw(st.sampled_from(["\n\n", "\n\n", "\r\n\r\n"]))
+        out.append(_sse(ev, sep=sep, spaced=draw(st.booleans())))
+    if draw(st.booleans()):
+        out.append(b"data: [DONE]\n\n")
+    return out
+
+
+@st.composite
+def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
+    out = [
+        _sse(
+            {"type": "message_start", "message": {"model": "claude", "usage": {"input_tokens": 5}}},
+            "message_start",
+        )
+    ]
+    for _ in range(draw(st.integers(0, 6))):
+        kind = draw(st.sampled_from(["delta", "delta", "ping", "stop_block", "error"]))
+        if kind == "delta":
+            delta = {"type": "text_delta", "text": draw(TEXTS)}
+            out.append(_sse({"type": "content_block_delta", "delta": delta}, "content_block_delta"))
+        elif kind == "ping":
+            out.append(_sse({"type": "ping"}, "ping"))
+        elif kind == "stop_block":
+            out.append(_sse({"type": "content_block_stop", "index": 0}, "content_block_stop"))
+        else:
+            out.append(_sse({"type": "error", "error": {"type": "overloaded_error"}}, "error"))
+    if draw(st.booleans()):
+        delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}
+        out.append(_sse({**delta, "usage": {"output_tokens": 7}}, "message_delta"))
+        out.append(_sse({"type": "message_stop"}, "message_stop"))
+    return out
+
+
+@st.composite
+def responses_stream(draw: st.DrawFn) -> list[bytes]:
+    out = []
+    for _ in range(draw(st.integers(0, 6))):
+        out.append(_sse({"delta": draw(TEXTS)}, "response.output_text.delta"))
+    end = draw(st.sampled_from(["response.completed", "response.incomplete", "error", None]))
+    if end is not None:
+        resp = {"model": "gpt-4o", "status": "completed", "usage": {"input_tokens": 3}}
+        out.append(_sse({"response": resp}, end))
+    return out
+
+
+@st.composite
+def gemini_stream(draw: st.DrawFn) -> list[bytes]:
+    out = []
+    for _ in range(draw(st.integers(0, 6))):
+        part = {"content": {"parts": [{"text": draw(TEXTS)}]}}
+        out.append(_sse({"candidates": [part]}))
+    if draw(st.booleans()):
+        last = {"candidates": [{"finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 4}}
+        out.append(_sse(last))
+    if draw(st.booleans()):
+        out.append(_sse({"error": {"code": 503}}))
+    return out
+
+
+class EventByEvent:
+    """The same tap with the fast path off: every read is split into events."""
+
+    def __init__(self, inner: Tap) -> None:
+        self.inner = inner
+
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        return None
+
+    def on_event(self, event: bytes) -> bytes | None:
+        return self.inner.on_event(event)
+
+
+def _relay(tap: Any, reads: list[bytes]) -> bytes:
+    splitter = EventSplitter()
+    return b"".join(forward_read(splitter, tap, r) for r in reads)
+
+
+def _cuts(data: bytes, draw: st.DrawFn) -> list[bytes]:
+    """``data`` cut into reads: mostly on event boundaries (as upstreams send), sometimes not."""
+    points = sorted(draw(st.sets(st.integers(1, max(1, len(data) - 1)), max_size=6)))
+    bounds = [0, *(p for p in points if p < len(data)), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _check(make: Callable[[], Any], events: list[bytes], draw: st.DrawFn) -> None:
+    whole = draw(st.booleans())
+    reads = events if whole else _cuts(b"".join(events), draw)
+    fast, slow = make(), make()
+    assert _relay(fast, reads) == _relay(EventByEvent(slow), reads)
+    assert (fast.usage, fast.complete, fast.upstream_error) == (
+        slow.usage,
+        slow.complete,
+        slow.upstream_error,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.booleans())
+def test_openai_reads_forwarded_whole_match_event_by_event(
+    data: st.DataObject, injected: bool
+) -> None:
+    events = data.draw(openai_stream())
+    _check(lambda: OpenAIStreamTap(injected), events, data.draw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_anthropic_reads_forwarded_whole_match_event_by_event(data: st.DataObject) -> None:
+    _check(AnthropicStreamTap, data.draw(anthropic_stream()), data.draw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_responses_reads_forwarded_whole_match_event_by_event(data: st.DataObject) -> None:
+    _check(ResponsesStreamTap, data.draw(responses_stream()), data.draw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_gemini_reads_forwarded_whole_match_event_by_event(data: st.DataObject) -> None:
+    _check(GeminiStreamTap, data.draw(gemini_stream()), data.draw)
+
+
+def test_a_plain_delta_is_forwarded_without_being_split() -> None:
+    """The fast path is taken (not only equivalent): a read of plain deltas never reaches
+    ``on_event``, and the injected ``"usage":null`` is still removed."""
+    seen: list[bytes] = []
+
+    class Spy(OpenAIStreamTap):
+        def on_event(self, event: bytes) -> bytes | None:
+            seen.append(event)
+            return super().on_event(event)
+
+    tap = Spy(injected=True)
+    tap.usage.response_model = "gpt-4o"  # the first event, already seen
+    read = b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}],"usage":null}\n\n'
+    out = forward_read(EventSplitter(), tap, read * 3)
+    assert seen == []
+    assert out == read.replace(b',"usage":null', b"") * 3
