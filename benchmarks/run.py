@@ -40,7 +40,17 @@ SENTENCE = (
     "Record {i}: the service contract between Northwind and client K{i:03d} renews on day "
     "{d} with a fee of {f} EUR and a notice period of {n} days. "
 )
-ORDER = ["direct", "bare", "litellm", "sidecar", "bounded", "workers", "cached", "enforce"]
+ORDER = [
+    "direct",
+    "bare",
+    "litellm",
+    "sidecar",
+    "first",
+    "bounded",
+    "workers",
+    "cached",
+    "enforce",
+]
 
 
 def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
@@ -127,6 +137,8 @@ def main() -> int:
             started["bare"] = tg.bare(base)
         if "sidecar" in wanted:
             started["sidecar"] = tg.sidecar(base, work)
+        if "first" in wanted:
+            started["first"] = tg.sidecar(base, work, overlap=False)
         if "bounded" in wanted:
             started["bounded"] = tg.sidecar(base, work, bounded=True)
         if "workers" in wanted:
@@ -233,7 +245,7 @@ def main() -> int:
         peak = {n: started[n].peak_rss / 2**20 for n in names}
         actions = {
             n: tg.over_ceiling(started[n])
-            for n in ("sidecar", "bounded", "workers", "cached", "enforce")
+            for n in ("sidecar", "first", "bounded", "workers", "cached", "enforce")
             if n in started
         }
     finally:

@@ -115,11 +115,13 @@ def _wait(url: str, proc: subprocess.Popen[bytes], name: str, timeout: float = 9
     raise SystemExit(f"{name} did not come up at {url}")
 
 
-def upstream(workdir: Path, pace: float = 0.0, chunks: int = 20) -> Target:
+def upstream(workdir: Path, pace: float = 0.0, chunks: int = 20, think: float = 0.0) -> Target:
+    """The upstream double; ``think``: seconds before it answers (a model's time to first
+    token), ``pace``: seconds between a stream's events."""
     port = free_port()
     proc = _spawn(
         [sys.executable, "-m", "benchmarks.upstream_double", str(port)],
-        {"DOUBLE_PACE": str(pace), "DOUBLE_CHUNKS": str(chunks)},
+        {"DOUBLE_PACE": str(pace), "DOUBLE_CHUNKS": str(chunks), "DOUBLE_THINK": str(think)},
     )
     base = f"http://127.0.0.1:{port}"
     _wait(base + "/", proc, "upstream double")
@@ -140,11 +142,13 @@ def sidecar(
     cache: bool = False,
     bounded: bool = False,
     workers: int = 1,
+    overlap: bool = True,
 ) -> Target:
     """The sidecar; ``cache`` off by default so every request is counted from scratch (the
     benchmark repeats one body, which the count cache would otherwise answer); ``bounded``:
     ``counting.strategy: bounded`` (a request a bound proves within budget is not counted);
-    ``workers``: worker processes behind the one port (exact counting)."""
+    ``workers``: worker processes behind the one port (exact counting); ``overlap`` off: every
+    request counted before it is forwarded (``counting.overlap_bytes: 0``, before session 7)."""
     port = free_port()
     name = (
         "enforce"
@@ -156,6 +160,8 @@ def sidecar(
         else "workers"
         if workers > 1
         else "sidecar"
+        if overlap
+        else "first"
     )
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -170,6 +176,7 @@ def sidecar(
         "counting": {
             "cache_mib": 64 if cache else 0,
             "strategy": "bounded" if bounded else "exact",
+            "overlap_bytes": 65536 if overlap else 0,
         },
     }
     if enforce:

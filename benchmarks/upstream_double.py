@@ -1,7 +1,8 @@
 """A fast stand-in for a hosted model API (a test double): the floor every proxy is measured on.
 
 Raw ASGI, no framework: answers ``/v1/chat/completions`` with a fixed body, or, for
-``stream: true``, a fixed stream of ``CHUNKS`` events ``PACE`` seconds apart. It never parses
+``stream: true``, a fixed stream of ``CHUNKS`` events ``PACE`` seconds apart; both after
+``THINK`` seconds (a model's time to first token; 0 by default). It never parses
 more than it must, so what the benchmarks measure is the proxy in front of it. The usage it
 reports is the request's size in tokens as the benchmark's model name gives it (``bench-8000``:
 8,000), as a provider would report it (the sidecar's bounded counting calibrates on it).
@@ -21,6 +22,7 @@ from benchmarks.asgi import lifespan, read_body, run
 
 CHUNKS = int(os.environ.get("DOUBLE_CHUNKS", "20"))
 PACE = float(os.environ.get("DOUBLE_PACE", "0"))
+THINK = float(os.environ.get("DOUBLE_THINK", "0"))
 
 
 def _body(prompt_tokens: int) -> bytes:
@@ -93,6 +95,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await lifespan(receive, send)
         return
     body = await read_body(receive)
+    if THINK:
+        await asyncio.sleep(THINK)
     if b'"stream":true' not in body and b'"stream": true' not in body:
         await send(
             {

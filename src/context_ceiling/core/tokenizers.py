@@ -164,14 +164,16 @@ class CountCache:
     (hash + compare) is ~30x cheaper than encoding it. Only texts of at least ``min_chars`` are
     kept (shorter ones encode faster than they hash), the total is bounded by ``max_bytes`` of
     memory held by the texts (``sys.getsizeof``: 1, 2 or 4 bytes a character, so non-Latin text
-    is not kept at 4x the budget), and it lives in process memory only: nothing is logged or written. Not thread-safe by
-    design: the sidecar counts on its event loop.
+    is not kept at 4x the budget), and it lives in process memory only: nothing is logged or
+    written. A lock guards the table (the sidecar also counts on worker threads); the counting
+    itself runs outside it.
     """
 
     def __init__(self, max_bytes: int, min_chars: int = 512) -> None:
         self.max_bytes = max_bytes
         self.min_chars = min_chars
         self._lru: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -186,20 +188,22 @@ class CountCache:
         if len(text) < self.min_chars:
             return counter.count(text)
         key = (counter.name, text)
-        n = self._lru.get(key)
-        if n is not None:
-            self._lru.move_to_end(key)
-            self.hits += 1
-            return n
+        with self._lock:
+            n = self._lru.get(key)
+            if n is not None:
+                self._lru.move_to_end(key)
+                self.hits += 1
+                return n
         n = counter.count(text)
-        self.misses += 1
         size = sys.getsizeof(text)  # bytes the string holds (1, 2 or 4 per character), O(1)
-        if size <= self.max_bytes:
-            self._lru[key] = n
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                (_, old), _ = self._lru.popitem(last=False)
-                self.bytes -= sys.getsizeof(old)
+        with self._lock:
+            self.misses += 1
+            if size <= self.max_bytes and key not in self._lru:
+                self._lru[key] = n
+                self.bytes += size
+                while self.bytes > self.max_bytes:
+                    (_, old), _ = self._lru.popitem(last=False)
+                    self.bytes -= sys.getsizeof(old)
         return n
 
 

@@ -78,18 +78,20 @@ def provably_within(
     shape: Shape,
     spec: ModelSpec | None,
     d: Decision,
-    calibration: Calibration,
+    calibration: Calibration | None,
     label: str,
 ) -> bool:
     """Whether a request needs no count before forwarding under decision ``d`` (its mode and
     budget): its mode decides nothing, or a bound on its tokens is within the budget (in
-    ``enforce`` only the strict bound; in ``observe`` the calibrated one too)."""
+    ``enforce`` only the strict bound; in ``observe`` the calibrated one too, unless
+    ``calibration`` is None: the strict bound only)."""
     if d.mode == "off" or d.budget is None:
         return True
     upper = strict(raw, shape, spec)
     if upper is not None and upper <= d.budget:
         return True
-    if d.mode == "observe" and upper is not None:  # nothing is cut on the estimate's word
+    if d.mode == "observe" and upper is not None and calibration is not None:
+        # nothing is cut on the estimate's word
         est = calibration.estimate(label, len(raw))
         return est is not None and est <= d.budget
     return False

@@ -5,6 +5,7 @@ span."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import Callable
@@ -182,6 +183,10 @@ class Exchange:
     #: request within its budget (counting.strategy: bounded)
     body_bytes: int = 0
     bounded: bool = False
+    #: counted on a worker thread while the upstream call runs (counting.overlap_bytes): the
+    #: count and the decision on it, settled into ``count`` and ``decision``
+    beside: bool = False
+    pending: asyncio.Future[tuple[RequestCount, Decision]] | None = None
 
     @property
     def forwarded_tokens(self) -> int:

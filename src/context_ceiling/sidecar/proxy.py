@@ -33,7 +33,7 @@ from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import budget_of, context_error, decide
+from context_ceiling.sidecar.enforce import Decision, budget_of, context_error, decide
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
     ANTHROPIC_COUNT,
@@ -162,12 +162,18 @@ class Proxy:
             body = raw if ex.decision is None or ex.decision.body is None else None
             return await self._forward(request, route, ex, obj, body, target)
         except Refused as r:
+            if ex.upstream_started is None:
+                self._drop(ex)
+            else:  # forwarded, then failed: its count is still this request's
+                await self._settle(ex)
             return self._fail(ex, r.status, r.outcome, r.message, r.code)
         except ClientDisconnect:
+            self._drop(ex)
             ex.outcome = "cancelled"
             self.rec.finish(ex)
             return Response(status_code=499)
         except Exception:
+            self._drop(ex)
             # a bug, not bad input (bad input is a 4xx before this): logged with its type and
             # traceback, counted as internal_error, its span ended, answered in the client's
             # error shape with the request id, so it can be found
@@ -253,6 +259,9 @@ class Proxy:
             return counter
         # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
         counter = RequestMemo(counter)
+        if self._overlaps(route, ex, obj, raw):
+            ex.beside = True  # counted beside the upstream call, from _decide on
+            return counter
         try:
             # On the event loop, deliberately: tiktoken holds the GIL while it encodes, so a
             # worker thread buys no parallelism and costs a GIL hand-off (measured: +5 ms at 64k).
@@ -280,6 +289,85 @@ class Proxy:
         )
         ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
         return provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label)
+
+    def _overlaps(self, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
+        """Whether the request's count can run beside its upstream call: a long body, counted by
+        a local tokenizer, whose forwarding does not wait on its count. In ``observe`` (and
+        ``off``) nothing is ever trimmed; in ``enforce`` the strict bound must prove it within
+        its budget (so nothing can be trimmed)."""
+        st = self.state
+        least = st.settings.counting.overlap_bytes
+        if not least or len(raw) < least or route.count_only or st.count_pool is None:
+            return False
+        if ex.spec is not None and isinstance(ex.spec.tokenizer, UpstreamSpec):
+            return False
+        d = budget_of(
+            obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
+        )
+        if d.mode == "enforce" and not provably_within(
+            raw, route.shape, ex.spec, d, None, ex.label
+        ):
+            return False
+        ex.decision = d  # until the count settles: "forward as it is"
+        return True
+
+    def _count_beside(
+        self, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter
+    ) -> None:
+        """Start the count (and the decision on it) on a worker thread. The thread gets its own
+        top-level dict: forwarding may add ``stream_options`` to this one meanwhile; nothing
+        else is changed (the trimmer never mutates its input)."""
+        st, spec = self.state, ex.spec
+        body = dict(obj)
+
+        def work() -> tuple[RequestCount, Decision]:
+            count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
+            d = decide(
+                body,
+                route.shape,
+                count,
+                spec,
+                ex.label,
+                ex.workload,
+                ex.ceilings,
+                st.settings.enforcement,
+                counter,
+                st.chunk_pattern,
+                ex.bypass,
+            )
+            return count, d
+
+        ex.pending = asyncio.get_running_loop().run_in_executor(st.count_pool, work)
+
+    async def _settle(self, ex: Exchange) -> None:
+        """The count that ran beside the upstream call, recorded as :meth:`_decide` records a
+        count taken first. Its decision cannot have trimmed (the request was forwarded as it
+        is: ``enforce`` was proved within budget); in ``observe`` it reports what trimming would
+        have removed."""
+        pending, ex.pending = ex.pending, None
+        if pending is None:
+            return
+        try:
+            ex.count, d = await pending
+        except RequestShapeError:
+            return  # forwarded already: the upstream judges the body; recorded uncounted
+        d.body, d.reject = None, False
+        ex.decision = d
+        self.rec.record_decision(ex, d)
+        if ex.spec is not None:
+            ex.util = utilization(ex.forwarded_tokens, ex.spec.window)
+        if not ex.count.partial:
+            self.state.metrics.observe_input(
+                ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
+            )
+
+    @staticmethod
+    def _drop(ex: Exchange) -> None:
+        """A count beside an upstream call that will not be recorded (the request ended before
+        it was forwarded): not waited for."""
+        if ex.pending is not None:
+            ex.pending.cancel()
+            ex.pending = None
 
     def _decide(
         self,
@@ -313,9 +401,11 @@ class Proxy:
             ex.bypass = True
         if route.count_only:
             return client, upstream_cfg
-        if ex.bounded:  # within budget: nothing to trim, nothing counted before forwarding
+        if ex.bounded or ex.beside:  # nothing to trim: forwarded before (or without) a count
             if ex.bypass and ex.decision is not None:
                 ex.decision = dataclasses.replace(ex.decision, mode="off", budget=None)
+            if ex.beside:
+                self._count_beside(route, ex, obj, counter)
             return client, upstream_cfg
         assert ex.count is not None
         d = decide(
@@ -408,6 +498,12 @@ class Proxy:
                 502, f"upstream unreachable: {type(exc).__name__}", "unreachable"
             ) from None
         ex.status = resp.status_code
+        if ex.pending is not None:  # the answer goes back with its count, as without overlap
+            try:
+                await self._settle(ex)
+            except BaseException:
+                await resp.aclose()
+                raise
         if not ex.stream or resp.status_code != 200:
             return await self._unary(ex, resp, deadline)
         return self._relay(ex, resp, route.tap(injected), deadline)

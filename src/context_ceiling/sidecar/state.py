@@ -5,7 +5,9 @@ Built once at startup; the ceilings (reload issue) are swapped atomically on top
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
@@ -49,6 +51,9 @@ class State:
     count_cache: CountCache | None = None
     #: this worker's siblings (None: one process; see sidecar/group.py)
     group: WorkerGroup | None = None
+    #: the threads that count requests beside their upstream call (None: counting.overlap_bytes
+    #: is 0)
+    count_pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def build(
@@ -110,6 +115,7 @@ class State:
             admin_token=admin_token(settings),
             tracing=tracing or Tracing(),
             default_counter=(cache.wrap(fallback) if cache is not None else fallback),
+            count_pool=_count_pool(settings),
         )
 
     def route(self, api: Api, upstream: str | None) -> tuple[str, UpstreamClient, Upstream] | None:
@@ -145,4 +151,17 @@ class State:
         for client in self.all_clients().values():
             await client.aclose()
         await self.engine_client.aclose()
+        if self.count_pool is not None:
+            self.count_pool.shutdown(wait=False, cancel_futures=True)
         self.tracing.shutdown()
+
+
+def _count_pool(settings: Settings) -> ThreadPoolExecutor | None:
+    c = settings.counting
+    if not c.overlap_bytes:
+        return None
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 2
+    return ThreadPoolExecutor(c.count_threads or cpus, thread_name_prefix="ceiling-count")
