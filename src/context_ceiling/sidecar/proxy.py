@@ -263,8 +263,8 @@ class Proxy:
             ex.beside = True  # counted beside the upstream call, from _decide on
             return counter
         try:
-            # On the event loop, deliberately: tiktoken holds the GIL while it encodes, so a
-            # worker thread buys no parallelism and costs a GIL hand-off (measured: +5 ms at 64k).
+            # Counted first, on the event loop: the forwarding waits on this count, and a short
+            # body's count costs less than a worker thread's GIL hand-offs (see _overlaps)
             ex.count = route.count(
                 obj, counter, spec.chat_format if spec else None, st.chunk_pattern
             )
