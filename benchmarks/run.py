@@ -301,6 +301,7 @@ def report(res: dict[str, Any]) -> str:
                 f"{fmt(t['cpu_ms_per_request'])} |"
                 + (f" {t['errors']} errors" if t["errors"] else "")
             )
+    lines += ["", *readme_tables(res)]
     lines += ["", "Peak RSS of each process tree over the whole run (MiB): "]
     lines[-1] += ", ".join(f"{n} {v:.0f}" for n, v in res["peak_rss_mib"].items())
     for n, acts in res.get("over_ceiling", {}).items():
@@ -324,6 +325,87 @@ def report(res: dict[str, Any]) -> str:
     for v in verdicts(res):
         lines.append(f"| {v['target']} | {v['figure']} | {'met' if v['met'] else '**missed**'} |")
     return "\n".join(lines)
+
+
+def _levers(res: dict[str, Any]) -> list[str]:
+    """The levers against each other at c=16, as paired throughput ratios."""
+    pairs = [
+        ("exact vs LiteLLM", "sidecar", "litellm"),
+        ("exact, counted first, vs LiteLLM", "first", "litellm"),
+        ("bounded vs LiteLLM", "bounded", "litellm"),
+        ("2 workers (exact) vs LiteLLM", "workers", "litellm"),
+        ("bounded vs bare", "bounded", "bare"),
+        ("enforce vs observe (both counted first)", "first", "enforce"),
+    ]
+    cells = [c for c in res["cells"] if c["concurrency"] == 16]
+    have = [x for x in pairs if all(x[1] in c["targets"] and x[2] in c["targets"] for c in cells)]
+    out = [
+        "| tokens | stream | "
+        + " | ".join(h for h, _, _ in have)
+        + " | CPU ms/req first -> exact -> bounded |",
+        "|---:|---|" + "---:|" * (len(have) + 1),
+    ]
+    for c in cells:
+        row = [
+            "x" + fmt(spread([r[a]["rps"] / r[b]["rps"] for r in c["rounds"]])) for _, a, b in have
+        ]
+        cpu = " -> ".join(
+            f"{c['targets'][n]['cpu_ms_per_request']['median']:.2f}"
+            for n in ("first", "sidecar", "bounded")
+            if n in c["targets"]
+        )
+        out.append(
+            f"| {c['tokens']:,} | {'yes' if c['stream'] else 'no'} | "
+            + " | ".join(row)
+            + f" | {cpu} |"
+        )
+    return out
+
+
+def readme_tables(res: dict[str, Any]) -> list[str]:
+    """The README's two summary tables: concurrency 16 against LiteLLM (paired per round), and
+    the latency each proxy adds at concurrency 1."""
+    names = [n for n in res["targets"] if n != "direct"]
+    out = [
+        "| tokens | stream | target | req/s | vs LiteLLM (paired) | added p50 ms | added TTFB ms "
+        "| CPU ms/req |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in (c for c in res["cells"] if c["concurrency"] == 16):
+        for n in names:
+            t = c["targets"][n]
+            vs = (
+                fmt(spread([r[n]["rps"] / r["litellm"]["rps"] for r in c["rounds"]]))
+                if "litellm" in c["targets"] and n != "litellm"
+                else None
+            )
+            out.append(
+                f"| {c['tokens']:,} | {'yes' if c['stream'] else 'no'} | {n} | {fmt(t['rps'], 0)} "
+                f"| {'x' + vs if vs else '-'} | {fmt(t.get('added_p50_ms'))} "
+                f"| {fmt(t.get('added_ttfb_ms'))} | {fmt(t['cpu_ms_per_request'])} |"
+            )
+    out += ["", *_levers(res)]
+    one = [c for c in res["cells"] if c["concurrency"] == 1]
+    cols = [n for n in names if n in ("bare", "sidecar", "first", "bounded")]
+    out += [
+        "",
+        "| tokens | stream | direct p50 ms | "
+        + " | ".join(f"{n} added p50 ms" for n in cols)
+        + " | counting ms | LiteLLM added p50 ms |",
+        "|---:|---|---:|" + "---:|" * (len(cols) + 2),
+    ]
+    for c in one:
+        t = c["targets"]
+        k = c.get("counting") or {}
+        counting = (
+            f"{k['sidecar_count_ms']:.2f} (tiktoken {k['raw_tiktoken_ms']:.2f})" if k else "-"
+        )
+        out.append(
+            f"| {c['tokens']:,} | {'yes' if c['stream'] else 'no'} | {fmt(t['direct']['p50_ms'])} | "
+            + " | ".join(fmt(t[n].get("added_p50_ms")) for n in cols)
+            + f" | {counting} | {fmt(t['litellm'].get('added_p50_ms')) if 'litellm' in t else '-'} |"
+        )
+    return out
 
 
 if __name__ == "__main__":
