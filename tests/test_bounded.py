@@ -15,17 +15,7 @@ from context_ceiling.core.models import ModelSpec
 from context_ceiling.sidecar.bound import strict
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
-
-CHUNK = (
-    '<document id="d{i}">' + "The renewal fee of contract C-{i} is {i} EUR. " * 8 + "</document>\n"
-)
-
-
-def _rag(n: int) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": "Answer from the documents."},
-        {"role": "user", "content": "".join(CHUNK.format(i=i) for i in range(n)) + "Fee of C-1?"},
-    ]
+from tests.rag_bodies import rag_messages as _rag
 
 
 def _call(sc: Running, n: int) -> Any:

@@ -20,18 +20,8 @@ from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.sidecar.logs import REQUEST_LOGGER
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
-
-CHUNK = (
-    '<document id="d{i}">' + "The renewal fee of contract C-{i} is {i} EUR. " * 8 + "</document>\n"
-)
-
-
-def _rag(n: int) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": "Answer from the documents."},
-        {"role": "user", "content": "".join(CHUNK.format(i=i) for i in range(n)) + "Fee of C-1?"},
-    ]
-
+from tests.rag_bodies import CHUNK
+from tests.rag_bodies import rag_messages as _rag
 
 LONG = 200  # ~85 kB of body: over the default overlap_bytes (64 kB)
 

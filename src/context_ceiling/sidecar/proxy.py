@@ -322,20 +322,7 @@ class Proxy:
 
         def work() -> tuple[RequestCount, Decision]:
             count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
-            d = decide(
-                body,
-                route.shape,
-                count,
-                spec,
-                ex.label,
-                ex.workload,
-                ex.ceilings,
-                st.settings.enforcement,
-                counter,
-                st.chunk_pattern,
-                ex.bypass,
-            )
-            return count, d
+            return count, self._verdict(route, ex, body, count, counter)
 
         ex.pending = asyncio.get_running_loop().run_in_executor(st.count_pool, work)
 
@@ -354,12 +341,7 @@ class Proxy:
         d.body, d.reject = None, False
         ex.decision = d
         self.rec.record_decision(ex, d)
-        if ex.spec is not None:
-            ex.util = utilization(ex.forwarded_tokens, ex.spec.window)
-        if not ex.count.partial:
-            self.state.metrics.observe_input(
-                ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
-            )
+        self._observe_counted(ex)
 
     @staticmethod
     def _drop(ex: Exchange) -> None:
@@ -408,11 +390,32 @@ class Proxy:
                 self._count_beside(route, ex, obj, counter)
             return client, upstream_cfg
         assert ex.count is not None
-        d = decide(
+        d = self._verdict(route, ex, obj, ex.count, counter)
+        ex.decision = d
+        self.rec.record_decision(ex, d)
+        if d.reject:
+            assert spec is not None
+            message = context_error(route.api, ex.label, ex.workload, d, spec.window)
+            raise Refused(400, message, "rejected", "context_length_exceeded")
+        self._observe_counted(ex)
+        return client, upstream_cfg
+
+    def _verdict(
+        self,
+        route: Route,
+        ex: Exchange,
+        obj: dict[str, Any],
+        count: RequestCount,
+        counter: TextCounter,
+    ) -> Decision:
+        """The ceiling's verdict on a counted request, for this exchange's model, workload,
+        ceilings and bypass (forward, trim or reject)."""
+        st = self.state
+        return decide(
             obj,
             route.shape,
-            ex.count,
-            spec,
+            count,
+            ex.spec,
             ex.label,
             ex.workload,
             ex.ceilings,
@@ -421,19 +424,17 @@ class Proxy:
             st.chunk_pattern,
             ex.bypass,
         )
-        ex.decision = d
-        self.rec.record_decision(ex, d)
-        if d.reject:
-            assert spec is not None
-            message = context_error(route.api, ex.label, ex.workload, d, spec.window)
-            raise Refused(400, message, "rejected", "context_length_exceeded")
-        if spec is not None:
-            ex.util = utilization(ex.forwarded_tokens, spec.window)
-        if not ex.count.partial:  # partial: observed from the reported usage at the end
-            st.metrics.observe_input(
+
+    def _observe_counted(self, ex: Exchange) -> None:
+        """A counted request's utilization and input components, as forwarded (a partial count
+        is observed from the reported usage at the end instead)."""
+        assert ex.count is not None
+        if ex.spec is not None:
+            ex.util = utilization(ex.forwarded_tokens, ex.spec.window)
+        if not ex.count.partial:
+            self.state.metrics.observe_input(
                 ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
             )
-        return client, upstream_cfg
 
     async def _forward(
         self,
