@@ -27,13 +27,13 @@ from context_ceiling.core.models import OTHER, UpstreamSpec
 from context_ceiling.core.shape import RequestShapeError
 from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.trim import requested_output
-from context_ceiling.core.utilization import utilization
 from context_ceiling.core.wire import Api
+from context_ceiling.sidecar import beside
 from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_body, read_capped
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import Decision, budget_of, context_error, decide
+from context_ceiling.sidecar.enforce import budget_of, context_error
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
     ANTHROPIC_COUNT,
@@ -163,17 +163,17 @@ class Proxy:
             return await self._forward(request, route, ex, obj, body, target)
         except Refused as r:
             if ex.upstream_started is None:
-                self._drop(ex)
+                beside.drop(ex)
             else:  # forwarded, then failed: its count is still this request's
-                await self._settle(ex)
+                await beside.settle(self.state, self.rec, ex)
             return self._fail(ex, r.status, r.outcome, r.message, r.code)
         except ClientDisconnect:
-            self._drop(ex)
+            beside.drop(ex)
             ex.outcome = "cancelled"
             self.rec.finish(ex)
             return Response(status_code=499)
         except Exception:
-            self._drop(ex)
+            beside.drop(ex)
             # a bug, not bad input (bad input is a 4xx before this): logged with its type and
             # traceback, counted as internal_error, its span ended, answered in the client's
             # error shape with the request id, so it can be found
@@ -259,12 +259,12 @@ class Proxy:
             return counter
         # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
         counter = RequestMemo(counter)
-        if self._overlaps(route, ex, obj, raw):
+        if beside.overlaps(st, route, ex, obj, raw):
             ex.beside = True  # counted beside the upstream call, from _decide on
             return counter
         try:
             # Counted first, on the event loop: the forwarding waits on this count, and a short
-            # body's count costs less than a worker thread's GIL hand-offs (see _overlaps)
+            # body's count costs less than a worker thread's GIL hand-offs (see beside.overlaps)
             ex.count = route.count(
                 obj, counter, spec.chat_format if spec else None, st.chunk_pattern
             )
@@ -289,67 +289,6 @@ class Proxy:
         )
         ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
         return provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label)
-
-    def _overlaps(self, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
-        """Whether the request's count can run beside its upstream call: a long body, counted by
-        a local tokenizer, whose forwarding does not wait on its count. In ``observe`` (and
-        ``off``) nothing is ever trimmed; in ``enforce`` the strict bound must prove it within
-        its budget (so nothing can be trimmed)."""
-        st = self.state
-        least = st.settings.counting.overlap_bytes
-        if not least or len(raw) < least or route.count_only or st.count_pool is None:
-            return False
-        if ex.spec is not None and isinstance(ex.spec.tokenizer, UpstreamSpec):
-            return False
-        d = budget_of(
-            obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
-        )
-        if d.mode == "enforce" and not provably_within(
-            raw, route.shape, ex.spec, d, None, ex.label
-        ):
-            return False
-        ex.decision = d  # until the count settles: "forward as it is"
-        return True
-
-    def _count_beside(
-        self, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter
-    ) -> None:
-        """Start the count (and the decision on it) on a worker thread. The thread gets its own
-        top-level dict: forwarding may add ``stream_options`` to this one meanwhile; nothing
-        else is changed (the trimmer never mutates its input)."""
-        st, spec = self.state, ex.spec
-        body = dict(obj)
-
-        def work() -> tuple[RequestCount, Decision]:
-            count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
-            return count, self._verdict(route, ex, body, count, counter)
-
-        ex.pending = asyncio.get_running_loop().run_in_executor(st.count_pool, work)
-
-    async def _settle(self, ex: Exchange) -> None:
-        """The count that ran beside the upstream call, recorded as :meth:`_decide` records a
-        count taken first. Its decision cannot have trimmed (the request was forwarded as it
-        is: ``enforce`` was proved within budget); in ``observe`` it reports what trimming would
-        have removed."""
-        pending, ex.pending = ex.pending, None
-        if pending is None:
-            return
-        try:
-            ex.count, d = await pending
-        except RequestShapeError:
-            return  # forwarded already: the upstream judges the body; recorded uncounted
-        d.body, d.reject = None, False
-        ex.decision = d
-        self.rec.record_decision(ex, d)
-        self._observe_counted(ex)
-
-    @staticmethod
-    def _drop(ex: Exchange) -> None:
-        """A count beside an upstream call that will not be recorded (the request ended before
-        it was forwarded): not waited for."""
-        if ex.pending is not None:
-            ex.pending.cancel()
-            ex.pending = None
 
     def _decide(
         self,
@@ -387,54 +326,18 @@ class Proxy:
             if ex.bypass and ex.decision is not None:
                 ex.decision = dataclasses.replace(ex.decision, mode="off", budget=None)
             if ex.beside:
-                self._count_beside(route, ex, obj, counter)
+                beside.start(st, route, ex, obj, counter)
             return client, upstream_cfg
         assert ex.count is not None
-        d = self._verdict(route, ex, obj, ex.count, counter)
+        d = beside.verdict(st, route, ex, obj, ex.count, counter)
         ex.decision = d
         self.rec.record_decision(ex, d)
         if d.reject:
             assert spec is not None
             message = context_error(route.api, ex.label, ex.workload, d, spec.window)
             raise Refused(400, message, "rejected", "context_length_exceeded")
-        self._observe_counted(ex)
+        beside.observe_counted(st, self.rec, ex)
         return client, upstream_cfg
-
-    def _verdict(
-        self,
-        route: Route,
-        ex: Exchange,
-        obj: dict[str, Any],
-        count: RequestCount,
-        counter: TextCounter,
-    ) -> Decision:
-        """The ceiling's verdict on a counted request, for this exchange's model, workload,
-        ceilings and bypass (forward, trim or reject)."""
-        st = self.state
-        return decide(
-            obj,
-            route.shape,
-            count,
-            ex.spec,
-            ex.label,
-            ex.workload,
-            ex.ceilings,
-            st.settings.enforcement,
-            counter,
-            st.chunk_pattern,
-            ex.bypass,
-        )
-
-    def _observe_counted(self, ex: Exchange) -> None:
-        """A counted request's utilization and input components, as forwarded (a partial count
-        is observed from the reported usage at the end instead)."""
-        assert ex.count is not None
-        if ex.spec is not None:
-            ex.util = utilization(ex.forwarded_tokens, ex.spec.window)
-        if not ex.count.partial:
-            self.state.metrics.observe_input(
-                ex.label, ex.workload, ex.util, self.rec.forwarded_components(ex)
-            )
 
     async def _forward(
         self,
@@ -501,7 +404,7 @@ class Proxy:
         ex.status = resp.status_code
         if ex.pending is not None:  # the answer goes back with its count, as without overlap
             try:
-                await self._settle(ex)
+                await beside.settle(self.state, self.rec, ex)
             except BaseException:
                 await resp.aclose()
                 raise

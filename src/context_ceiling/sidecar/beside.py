@@ -1,0 +1,116 @@
+"""Counting a request beside its upstream call (``counting.overlap_bytes``), and what a count
+turns into: the ceiling's verdict and the observed utilization.
+
+A long request whose forwarding cannot depend on its count (``observe`` and ``off`` never trim;
+in ``enforce`` the strict bound must prove it within its budget) is forwarded at once. Its count,
+and the decision on it, run on a worker thread while the upstream works (tiktoken releases the
+GIL while it encodes), and are settled before the answer goes back: the response headers, the log
+line and the metrics carry what they carry when the request is counted first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from context_ceiling.core.counting import RequestCount
+from context_ceiling.core.models import UpstreamSpec
+from context_ceiling.core.shape import RequestShapeError
+from context_ceiling.core.tokenizers import TextCounter
+from context_ceiling.core.utilization import utilization
+from context_ceiling.sidecar.bound import provably_within
+from context_ceiling.sidecar.enforce import Decision, budget_of, decide
+from context_ceiling.sidecar.exchange import Exchange, Route
+from context_ceiling.sidecar.record import Recorder
+from context_ceiling.sidecar.state import State
+
+
+def verdict(
+    st: State,
+    route: Route,
+    ex: Exchange,
+    obj: dict[str, Any],
+    count: RequestCount,
+    counter: TextCounter,
+) -> Decision:
+    """The ceiling's verdict on a counted request, for the exchange's model, workload, ceilings
+    and bypass (forward, trim or reject)."""
+    return decide(
+        obj,
+        route.shape,
+        count,
+        ex.spec,
+        ex.label,
+        ex.workload,
+        ex.ceilings,
+        st.settings.enforcement,
+        counter,
+        st.chunk_pattern,
+        ex.bypass,
+    )
+
+
+def observe_counted(st: State, rec: Recorder, ex: Exchange) -> None:
+    """A counted request's utilization and input components, as forwarded (a partial count is
+    observed from the reported usage at the end instead)."""
+    assert ex.count is not None
+    if ex.spec is not None:
+        ex.util = utilization(ex.forwarded_tokens, ex.spec.window)
+    if not ex.count.partial:
+        st.metrics.observe_input(ex.label, ex.workload, ex.util, rec.forwarded_components(ex))
+
+
+def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
+    """Whether the request's count can run beside its upstream call: a long body, counted by a
+    local tokenizer, whose forwarding does not wait on its count. Sets the decision it is
+    forwarded under ("as it is") until the count settles."""
+    least = st.settings.counting.overlap_bytes
+    if not least or len(raw) < least or route.count_only or st.count_pool is None:
+        return False
+    if ex.spec is not None and isinstance(ex.spec.tokenizer, UpstreamSpec):
+        return False
+    d = budget_of(
+        obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
+    )
+    if d.mode == "enforce" and not provably_within(raw, route.shape, ex.spec, d, None, ex.label):
+        return False
+    ex.decision = d
+    return True
+
+
+def start(st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter) -> None:
+    """Start the count and the verdict on it on a worker thread. The thread gets its own
+    top-level dict: forwarding may add ``stream_options`` to this one meanwhile; nothing else is
+    changed (the trimmer never mutates its input)."""
+    spec, body = ex.spec, dict(obj)
+
+    def work() -> tuple[RequestCount, Decision]:
+        count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
+        return count, verdict(st, route, ex, body, count, counter)
+
+    ex.pending = asyncio.get_running_loop().run_in_executor(st.count_pool, work)
+
+
+async def settle(st: State, rec: Recorder, ex: Exchange) -> None:
+    """The count that ran beside the upstream call, recorded as a count taken first is. Its
+    decision cannot have trimmed (the request was forwarded as it is: ``enforce`` was proved
+    within budget); in ``observe`` it reports what trimming would have removed."""
+    pending, ex.pending = ex.pending, None
+    if pending is None:
+        return
+    try:
+        ex.count, d = await pending
+    except RequestShapeError:
+        return  # forwarded already: the upstream judges the body; recorded uncounted
+    d.body, d.reject = None, False
+    ex.decision = d
+    rec.record_decision(ex, d)
+    observe_counted(st, rec, ex)
+
+
+def drop(ex: Exchange) -> None:
+    """A count beside an upstream call that will not be recorded (the request ended before it
+    was forwarded): not waited for."""
+    if ex.pending is not None:
+        ex.pending.cancel()
+        ex.pending = None
