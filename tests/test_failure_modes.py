@@ -229,12 +229,12 @@ def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
 def test_an_internal_error_is_logged_counted_and_findable(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import context_ceiling.sidecar.proxy as proxy
+    import context_ceiling.sidecar.beside as beside
 
     def boom(*a: Any, **k: Any) -> Any:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(proxy, "decide", boom)
+    monkeypatch.setattr(beside, "decide", boom)  # the ceiling's verdict, mid-request
     before = sidecar.outcome("openai_chat", "internal_error")
     with caplog.at_level(logging.ERROR, logger="context_ceiling.sidecar.proxy"):
         r = httpx.post(

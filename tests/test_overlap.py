@@ -87,6 +87,11 @@ def spy(make_sidecar: Callable[..., Running], monkeypatch: pytest.MonkeyPatch) -
 
 
 def _log_fields(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    """The request log lines, once there is one (the metrics are recorded a moment before the
+    line is written, on the server's thread)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(r.name == REQUEST_LOGGER for r in caplog.records):
+        time.sleep(0.01)
     out = []
     for r in caplog.records:
         if r.name == REQUEST_LOGGER:
