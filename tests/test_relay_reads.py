@@ -186,3 +186,6 @@ def test_a_plain_delta_is_forwarded_without_being_split() -> None:
     out = forward_read(EventSplitter(), tap, read * 3)
     assert seen == []
     assert out == read.replace(b',"usage":null', b"") * 3
+    spaced = b'data: {"choices": [{"delta": {"content": "a"}, "finish_reason": null}], "usage": null}\n\n'
+    assert forward_read(EventSplitter(), tap, spaced) == spaced.replace(b', "usage": null', b"")
+    assert seen == []  # spaced nulls are plain too

@@ -95,15 +95,15 @@ class _StreamState:
 
     def on_chunk(self, chunk: bytes) -> bytes | None:
         """A whole upstream read of complete events, as one: the bytes to forward when no event
-        in it carries anything this tap reads or changes beyond :meth:`forward_all` (checked
-        with byte scans), else None and each event goes through :meth:`on_event`. Most reads
-        of a stream are one plain content delta; this skips splitting them into events."""
+        in it carries anything this tap reads (checked with byte scans), else None and each
+        event goes through :meth:`on_event`. Most reads of a stream are one plain content delta;
+        this skips splitting them into events. This base forwards nothing whole."""
         return None
 
 
 #: what makes a chat.completion.chunk read worth splitting and parsing: a usage or finish reason
 #: that is not null, the end of the stream, an error (JSON-escaped text cannot hold the quotes)
-_OPENAI_NOTABLE = re.compile(rb'"(?:usage|finish_reason)"\s*:\s*(?!null)|\[DONE\]|"error"')
+_OPENAI_NOTABLE = re.compile(rb'"(?:usage|finish_reason)"\s*:(?!\s*null)|\[DONE\]|"error"')
 
 
 class OpenAIStreamTap(_StreamState):
