@@ -139,9 +139,10 @@ def test_sampled_requests_are_counted_and_observe_calibrates(
     heads = [_call(sc, 25).headers for _ in range(8)]
     counted = ["x-ceiling-count" not in h for h in heads]
     # the first requests are counted (the bytes exceed the ceiling, nothing is calibrated yet);
-    # once three reports calibrated bytes per token, only every 4th is
+    # once three reports calibrated bytes per token, only every 4th of those the bound lets
+    # through is
     assert counted[:3] == [True, True, True]
-    assert counted[3:] == [True, False, False, False, True]
+    assert counted[3:] == [False, False, False, True, False]
     assert (
         sc.sample(
             "llm_context_input_tokens_count",
@@ -149,5 +150,51 @@ def test_sampled_requests_are_counted_and_observe_calibrates(
             workload="default",
             component="retrieved",
         )
-        == 5
+        == 4
     )
+
+
+def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
+    """Every ``every``-th request a bound let through is due, but only while the sampled counts
+    have used at most ``share`` of a core: a count's CPU is paid back before the next one."""
+    from context_ceiling.sidecar.bound import Sampler
+
+    now = [0.0]
+    s = Sampler(every=4, share=0.05, clock=lambda: now[0])
+    assert [s.due() for _ in range(8)] == [False, False, False, True] * 2
+    s.spend(0.02)
+    s.spend(0.02)  # credit: 0.05 - 0.04 = 0.01 >= 0 -> still due at the next 4th
+    assert [s.due() for _ in range(4)] == [False, False, False, True]
+    s.spend(0.11)  # credit -0.1: 2 s of refill at 0.05/s
+    assert [s.due() for _ in range(6)] == [False] * 6  # due, but in debt: stays due
+    now[0] = 1.0
+    assert not s.due()  # -0.05
+    now[0] = 2.0
+    assert s.due()  # paid back: the first request after it is counted, whichever it is
+    assert [s.due() for _ in range(4)] == [False, False, False, True]
+    # an idle hour saves up at most one second's worth
+    now[0] = 3600.0
+    s.due()
+    s.spend(0.06)
+    assert [s.due() for _ in range(4)] == [False] * 4
+
+
+@pytest.mark.parametrize("share, counted", [(1.0, 6), (1e-6, 1)])
+def test_sampled_counts_stay_within_their_cpu_share(
+    make_sidecar: Callable[..., Running], share: float, counted: int
+) -> None:
+    """sample_every 1: every request a bound lets through is due. With a whole core to spend all
+    six are counted; with a millionth of one, the first count puts the sampler in debt for far
+    longer than the test, and the rest go through on the bound."""
+    sc = make_sidecar(
+        counting={"strategy": "bounded", "sample_every": 1, "sample_cpu": share, "cache_mib": 0},
+        enforcement={"mode": "observe"},
+    )
+    sc.double.prompt_tokens = 640
+    kinds = [
+        "exact" if "x-ceiling-input-tokens" in h else h["x-ceiling-count"]
+        for h in (_call(sc, 4).headers for _ in range(6))
+    ]
+    assert kinds.count("exact") == counted, kinds
+    assert kinds[0] == "exact"
+    assert kinds.count("bound") == 6 - counted

@@ -11,6 +11,7 @@ line and the metrics carry what they carry when the request is counted first.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from context_ceiling.core.counting import RequestCount
@@ -84,9 +85,10 @@ def start(st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: T
     changed (the trimmer never mutates its input)."""
     spec, body = ex.spec, dict(obj)
 
-    def work() -> tuple[RequestCount, Decision]:
+    def work() -> tuple[RequestCount, Decision, float]:
+        cpu = time.thread_time()
         count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
-        return count, verdict(st, route, ex, body, count, counter)
+        return count, verdict(st, route, ex, body, count, counter), time.thread_time() - cpu
 
     ex.pending = asyncio.get_running_loop().run_in_executor(st.count_pool, work)
 
@@ -99,9 +101,11 @@ async def settle(st: State, rec: Recorder, ex: Exchange) -> None:
     if pending is None:
         return
     try:
-        ex.count, d = await pending
+        ex.count, d, cpu = await pending
     except RequestShapeError:
         return  # forwarded already: the upstream judges the body; recorded uncounted
+    if ex.sampled:
+        st.sampler.spend(cpu)
     d.body, d.reject = None, False
     ex.decision = d
     rec.record_decision(ex, d)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import deque
+from collections.abc import Callable
 
 from context_ceiling.core.counting import ANTHROPIC_TOOL_SYSTEM_TOKENS
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
@@ -49,6 +51,51 @@ def strict(raw: bytes, shape: Shape, spec: ModelSpec | None) -> int | None:
         ANTHROPIC_TOOL_SYSTEM_TOKENS if shape == "anthropic" and b'"tools"' in raw else 0
     )
     return math.ceil(len(raw) * factor) + extra
+
+
+class Sampler:
+    """Which of the requests a bound let through are counted anyway (``counting.sample_every``,
+    ``counting.sample_cpu``), so the components, the staleness check and the estimate error
+    still see exact counts.
+
+    Every ``every``-th such request is due, as long as the sampled counts have used no more than
+    ``share`` of one core on average: a sampled count's seconds are spent from a credit that
+    refills at ``share`` seconds per second (at most one second's worth is saved up), and while
+    it is negative no request is due. Why: a fixed 1-in-16 costs in proportion to the bodies'
+    length (at 64k tokens a count is ~20 ms, so 1-in-16 at 250 requests a second is a third of a
+    core, measured at +2 ms of CPU per request); the credit bounds the cost whatever the sizes.
+    The sample is not biased by size: the first request due after the credit recovers is
+    counted, whichever it is. Per process (each worker has its own)."""
+
+    def __init__(
+        self, every: int, share: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every, self.share, self._clock = every, share, clock
+        self._seen = 0
+        self._credit = share  # one second's worth to start with
+        self._at = clock()
+
+    def due(self) -> bool:
+        """Whether this request (one a bound let through) is counted anyway."""
+        self._seen += 1
+        if self._seen < self.every:
+            return False
+        self._refill()
+        if self._credit < 0:
+            return False  # stays due: the next request after the credit recovers is counted
+        self._seen = 0
+        return True
+
+    def spend(self, seconds: float) -> None:
+        """A sampled count took ``seconds`` of CPU (the credit refilled to now first, so time
+        idle before the count does not pay for it beyond the one second saved up)."""
+        self._refill()
+        self._credit -= seconds
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._credit = min(self.share, self._credit + (now - self._at) * self.share)
+        self._at = now
 
 
 class Calibration:

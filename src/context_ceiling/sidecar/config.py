@@ -149,8 +149,11 @@ class Counting(_Section):
     in ``enforce`` mode is strict (a byte-level BPE token covers at least one byte, so the body's
     bytes bound its tokens); in ``observe`` it may also be the body's bytes over the smallest
     bytes-per-token this model has shown (``calibration``), with a 10% margin; in ``off``
-    nothing needs counting. Every ``sample_every``-th request is still counted exactly (the
-    components, the staleness check and the estimate error need a count).
+    nothing needs counting. Every ``sample_every``-th request a bound let through is still
+    counted exactly (the components, the staleness check and the estimate error need a count),
+    as long as these sampled counts have used at most ``sample_cpu`` of one core (0.02: 20 ms a
+    second; per worker): a 64k-token count takes ~20 ms, so a fixed 1-in-16 would cost a third
+    of a core at 250 requests a second.
 
     ``overlap_bytes``: a request body of at least this many bytes is forwarded at once and
     counted exactly on worker threads while the upstream call runs, when its forwarding cannot
@@ -167,6 +170,7 @@ class Counting(_Section):
     cache_mib: float = Field(default=64, ge=0)
     strategy: Literal["exact", "bounded"] = "exact"
     sample_every: int = Field(default=16, ge=1)
+    sample_cpu: float = Field(default=0.02, gt=0, le=1)
     #: how many reported requests the observe bound needs before it is used (and keeps)
     calibration: int = Field(default=32, ge=1)
     overlap_bytes: int = Field(default=65536, ge=0)

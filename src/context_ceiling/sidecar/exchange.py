@@ -183,10 +183,13 @@ class Exchange:
     #: request within its budget (counting.strategy: bounded)
     body_bytes: int = 0
     bounded: bool = False
+    #: a bound let it through, and it is counted anyway (counting.sample_every): its count's CPU
+    #: seconds are spent from the sampler's credit
+    sampled: bool = False
     #: counted on a worker thread while the upstream call runs (counting.overlap_bytes): the
     #: count and the decision on it, settled into ``count`` and ``decision``
     beside: bool = False
-    pending: asyncio.Future[tuple[RequestCount, Decision]] | None = None
+    pending: asyncio.Future[tuple[RequestCount, Decision, float]] | None = None
 
     @property
     def forwarded_tokens(self) -> int:

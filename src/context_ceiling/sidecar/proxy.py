@@ -82,7 +82,6 @@ class Proxy:
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self._requests = 0  # for counting.sample_every
         self.rec = Recorder(state)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -262,6 +261,7 @@ class Proxy:
         if beside.overlaps(st, route, ex, obj, raw):
             ex.beside = True  # counted beside the upstream call, from _decide on
             return counter
+        cpu = time.thread_time()
         try:
             # Counted first, on the event loop: the forwarding waits on this count, and a short
             # body's count costs less than a worker thread's GIL hand-offs (see beside.overlaps)
@@ -270,25 +270,27 @@ class Proxy:
             )
         except RequestShapeError as exc:
             raise Refused(400, str(exc)) from None
+        if ex.sampled:
+            st.sampler.spend(time.thread_time() - cpu)
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
         return counter
 
     def _within_bound(self, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
         """Whether the request provably needs no count before forwarding: its mode decides
-        nothing, or a bound on its tokens is within its budget. Every ``sample_every``-th
-        request is counted anyway."""
+        nothing, or a bound on its tokens is within its budget. Some of these are counted
+        anyway (``State.sampler``)."""
         st = self.state
         if route.count_only:
-            return False
-        self._requests += 1
-        if self._requests % st.settings.counting.sample_every == 0:
             return False
         d = budget_of(
             obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
         )
         ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
-        return provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label)
+        if not provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label):
+            return False
+        ex.sampled = st.sampler.due()
+        return not ex.sampled
 
     def _decide(
         self,

@@ -16,7 +16,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.wire import Api
-from context_ceiling.sidecar.bound import Calibration
+from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token
@@ -47,6 +47,8 @@ class State:
     capture: Capturer | None = None
     #: bytes per reported token, per model (counting.strategy: bounded)
     calibration: Calibration = field(default_factory=lambda: Calibration(32))
+    #: which requests a bound let through are counted anyway (counting.strategy: bounded)
+    sampler: Sampler = field(default_factory=lambda: Sampler(16, 0.02))
     #: the count cache (None: counting.cache_mib is 0)
     count_cache: CountCache | None = None
     #: this worker's siblings (None: one process; see sidecar/group.py)
@@ -108,6 +110,7 @@ class State:
             chunk_pattern=chunk_pattern,
             capture=capture,
             calibration=Calibration(settings.counting.calibration),
+            sampler=Sampler(settings.counting.sample_every, settings.counting.sample_cpu),
             count_cache=cache,
             workloads=frozenset(settings.workloads),
             ceilings=store,
