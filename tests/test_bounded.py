@@ -179,7 +179,7 @@ def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
     assert [s.due() for _ in range(4)] == [False] * 4
 
 
-@pytest.mark.parametrize("share, counted", [(1.0, 6), (1e-6, 1)])
+@pytest.mark.parametrize(("share", "counted"), [(1.0, 6), (1e-6, 1)])
 def test_sampled_counts_stay_within_their_cpu_share(
     make_sidecar: Callable[..., Running], share: float, counted: int
 ) -> None:

@@ -184,9 +184,12 @@ def test_counted_beside_or_first_the_outputs_are_the_same(
         assert lines[0]["trimmed"]
 
 
-def test_over_its_budget_it_is_counted_first_and_trimmed(spy: Any, tmp_path: Any) -> None:
+def test_over_its_budget_it_is_counted_first_and_trimmed(
+    spy: Any, make_sidecar: Callable[..., Running], tmp_path: Any
+) -> None:
     """The bound cannot prove it within budget: counted before forwarding (trimming needs the
-    count), on the event loop, as ever."""
+    count), and, being long, on a counting thread, so the event loop serves other requests
+    meanwhile; trimmed there too."""
     ceilings = tmp_path / "ceilings.yaml"
     ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=2000, window=128000))))
     sc, s = spy(
@@ -194,8 +197,19 @@ def test_over_its_budget_it_is_counted_first_and_trimmed(spy: Any, tmp_path: Any
     )
     raw = _call(sc, LONG)
     assert int(raw.headers["x-ceiling-trimmed-tokens"]) > 0
-    assert s.threads and not any(t.startswith("ceiling-count") for t in s.threads)
+    assert s.threads and all(t.startswith("ceiling-count") for t in s.threads), s.threads
     assert s.forwarded_first and not any(s.forwarded_first)
+    # what went upstream is the trimmed body, the same as counting on the event loop gives
+    trimmed = sc.double.received[-1].body
+    sc2 = make_sidecar(
+        counting={"cache_mib": 0, "overlap_bytes": 0},
+        enforcement={"mode": "enforce"},
+        ceilings_file=str(ceilings),
+    )
+    raw2 = _call(sc2, LONG)
+    assert sc2.double.received[-1].body == trimmed
+    assert raw2.headers["x-ceiling-trimmed-tokens"] == raw.headers["x-ceiling-trimmed-tokens"]
+    assert raw2.headers["x-ceiling-input-tokens"] == raw.headers["x-ceiling-input-tokens"]
 
 
 def test_a_short_request_is_counted_first(spy: Any) -> None:

@@ -61,15 +61,19 @@ def observe_counted(st: State, rec: Recorder, ex: Exchange) -> None:
         st.metrics.observe_input(ex.label, ex.workload, ex.util, rec.forwarded_components(ex))
 
 
-def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
-    """Whether the request's count can run beside its upstream call: a long body, counted by a
-    local tokenizer, whose forwarding does not wait on its count. Sets the decision it is
-    forwarded under ("as it is") until the count settles."""
+def on_threads(st: State, route: Route, ex: Exchange, raw: bytes) -> bool:
+    """Whether the request is counted on the counting threads: a long body counted by a local
+    tokenizer. Below ``counting.overlap_bytes`` a count costs less than the GIL hand-offs."""
     least = st.settings.counting.overlap_bytes
     if not least or len(raw) < least or route.count_only or st.count_pool is None:
         return False
-    if ex.spec is not None and isinstance(ex.spec.tokenizer, UpstreamSpec):
-        return False
+    return ex.spec is None or not isinstance(ex.spec.tokenizer, UpstreamSpec)
+
+
+def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
+    """Whether a request counted on the threads (:func:`on_threads`) is counted beside its
+    upstream call: its forwarding does not wait on its count. Sets the decision it is forwarded
+    under ("as it is") until the count settles."""
     d = budget_of(
         obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
     )
@@ -79,10 +83,12 @@ def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: by
     return True
 
 
-def start(st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter) -> None:
-    """Start the count and the verdict on it on a worker thread. The thread gets its own
-    top-level dict: forwarding may add ``stream_options`` to this one meanwhile; nothing else is
-    changed (the trimmer never mutates its input)."""
+def _work(
+    st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter
+) -> asyncio.Future[tuple[RequestCount, Decision, float]]:
+    """The count and the verdict on it, on a counting thread, with the thread's CPU seconds.
+    The thread gets its own top-level dict: forwarding may add ``stream_options`` to this one
+    meanwhile; nothing else is changed (the trimmer never mutates its input)."""
     spec, body = ex.spec, dict(obj)
 
     def work() -> tuple[RequestCount, Decision, float]:
@@ -90,7 +96,27 @@ def start(st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: T
         count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
         return count, verdict(st, route, ex, body, count, counter), time.thread_time() - cpu
 
-    ex.pending = asyncio.get_running_loop().run_in_executor(st.count_pool, work)
+    return asyncio.get_running_loop().run_in_executor(st.count_pool, work)
+
+
+def start(st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter) -> None:
+    """Start the count and the verdict on it beside the upstream call (:func:`settle` takes
+    them)."""
+    ex.pending = _work(st, route, ex, obj, counter)
+
+
+async def first(
+    st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter
+) -> Decision:
+    """Count a long request that must be counted before it is forwarded (``enforce`` and not
+    proved within budget) on a counting thread, and take the verdict there too (trimming
+    recounts what it rewrote): the event loop serves other requests meanwhile, so under load
+    the count runs on another core (tiktoken releases the GIL). Sets the count; returns the
+    verdict."""
+    ex.count, d, cpu = await _work(st, route, ex, obj, counter)
+    if ex.sampled:
+        st.sampler.spend(cpu)
+    return d
 
 
 async def settle(st: State, rec: Recorder, ex: Exchange) -> None:

@@ -160,12 +160,14 @@ class Counting(_Section):
     depend on the count: in ``observe`` (nothing is ever trimmed) and ``off``, or in ``enforce``
     when the strict bound proves it within its budget. The count, and the decision on it, are
     awaited before the answer's headers go back, so headers, log line and metrics carry them as
-    before (in ``observe``, what trimming would have removed too). tiktoken releases the GIL
-    while it encodes, so the count runs on another core; behind a model that takes longer to
-    answer than the count (64k tokens: ~15-25 ms here) it adds no latency. Below the default
-    (~15k tokens) the threads' GIL hand-offs cost more than they save. ``count_threads``: the
-    worker threads (0: as many as the CPUs this process may use). ``overlap_bytes: 0`` counts
-    every request before forwarding it."""
+    before (in ``observe``, what trimming would have removed too). A long body that must be
+    counted before forwarding (``enforce``, not proved within budget) is counted, and trimmed,
+    on the worker threads too, the event loop serving other requests meanwhile. tiktoken
+    releases the GIL while it encodes, so the count runs on another core; behind a model that
+    takes longer to answer than the count (64k tokens: ~15-25 ms here) it adds no latency.
+    Below the default (~15k tokens) the threads' GIL hand-offs cost more than they save.
+    ``count_threads``: the worker threads (0: as many as the CPUs this process may use).
+    ``overlap_bytes: 0`` counts every request before forwarding it, on the event loop."""
 
     cache_mib: float = Field(default=64, ge=0)
     strategy: Literal["exact", "bounded"] = "exact"

@@ -190,6 +190,9 @@ class Exchange:
     #: count and the decision on it, settled into ``count`` and ``decision``
     beside: bool = False
     pending: asyncio.Future[tuple[RequestCount, Decision, float]] | None = None
+    #: a long body that must be counted before it is forwarded, counted (and trimmed) on a
+    #: counting thread while the event loop serves other requests (``_decide`` awaits it)
+    off_loop: bool = False
 
     @property
     def forwarded_tokens(self) -> int:

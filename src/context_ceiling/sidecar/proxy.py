@@ -157,7 +157,7 @@ class Proxy:
         try:
             raw, obj = await self._parse(request, route, ex)
             counter = await self._measure(request, route, ex, obj, raw)
-            target = self._decide(request, route, ex, obj, counter)
+            target = await self._decide(request, route, ex, obj, counter)
             body = raw if ex.decision is None or ex.decision.body is None else None
             return await self._forward(request, route, ex, obj, body, target)
         except Refused as r:
@@ -258,13 +258,16 @@ class Proxy:
             return counter
         # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
         counter = RequestMemo(counter)
-        if beside.overlaps(st, route, ex, obj, raw):
-            ex.beside = True  # counted beside the upstream call, from _decide on
+        if beside.on_threads(st, route, ex, raw):
+            # a long body, counted on the counting threads from _decide on: beside the upstream
+            # call when its forwarding cannot depend on the count, else before forwarding
+            ex.beside = beside.overlaps(st, route, ex, obj, raw)
+            ex.off_loop = not ex.beside
             return counter
         cpu = time.thread_time()
         try:
             # Counted first, on the event loop: the forwarding waits on this count, and a short
-            # body's count costs less than a worker thread's GIL hand-offs (see beside.overlaps)
+            # body's count costs less than a worker thread's GIL hand-offs (see beside.on_threads)
             ex.count = route.count(
                 obj, counter, spec.chat_format if spec else None, st.chunk_pattern
             )
@@ -292,7 +295,7 @@ class Proxy:
         ex.sampled = st.sampler.due()
         return not ex.sampled
 
-    def _decide(
+    async def _decide(
         self,
         request: Request,
         route: Route,
@@ -330,8 +333,14 @@ class Proxy:
             if ex.beside:
                 beside.start(st, route, ex, obj, counter)
             return client, upstream_cfg
-        assert ex.count is not None
-        d = beside.verdict(st, route, ex, obj, ex.count, counter)
+        if ex.off_loop:
+            try:
+                d = await beside.first(st, route, ex, obj, counter)
+            except RequestShapeError as exc:
+                raise Refused(400, str(exc)) from None
+        else:
+            assert ex.count is not None
+            d = beside.verdict(st, route, ex, obj, ex.count, counter)
         ex.decision = d
         self.rec.record_decision(ex, d)
         if d.reject:
