@@ -335,7 +335,8 @@ def _levers(res: dict[str, Any]) -> list[str]:
         ("bounded vs LiteLLM", "bounded", "litellm"),
         ("2 workers (exact) vs LiteLLM", "workers", "litellm"),
         ("bounded vs bare", "bounded", "bare"),
-        ("enforce vs observe (both counted first)", "first", "enforce"),
+        ("enforce vs observe, both counted first", "first", "enforce"),
+        ("enforce vs observe as deployed", "sidecar", "enforce"),
     ]
     cells = [c for c in res["cells"] if c["concurrency"] == 16]
     have = [x for x in pairs if all(x[1] in c["targets"] and x[2] in c["targets"] for c in cells)]
