@@ -160,22 +160,22 @@ def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
     from context_ceiling.sidecar.bound import Sampler
 
     now = [0.0]
-    s = Sampler(every=4, share=0.05, clock=lambda: now[0])
+    s = Sampler(every=4, share=0.05, clock=lambda: now[0])  # saves up 10 s: 0.5 s of CPU
     assert [s.due() for _ in range(8)] == [False, False, False, True] * 2
     s.spend(0.02)
-    s.spend(0.02)  # credit: 0.05 - 0.04 = 0.01 >= 0 -> still due at the next 4th
+    s.spend(0.02)  # credit: 0.5 - 0.04 = 0.46 >= 0 -> still due at the next 4th
     assert [s.due() for _ in range(4)] == [False, False, False, True]
-    s.spend(0.11)  # credit -0.1: 2 s of refill at 0.05/s
+    s.spend(0.55)  # credit -0.09: 1.8 s of refill at 0.05/s
     assert [s.due() for _ in range(6)] == [False] * 6  # due, but in debt: stays due
     now[0] = 1.0
-    assert not s.due()  # -0.05
+    assert not s.due()  # -0.04
     now[0] = 2.0
-    assert s.due()  # paid back: the first request after it is counted, whichever it is
+    assert s.due()  # +0.01, paid back: the first request after it is counted, whichever it is
     assert [s.due() for _ in range(4)] == [False, False, False, True]
-    # an idle hour saves up at most one second's worth
+    # an idle hour saves up at most ten seconds' worth
     now[0] = 3600.0
     s.due()
-    s.spend(0.06)
+    s.spend(0.56)
     assert [s.due() for _ in range(4)] == [False] * 4
 
 

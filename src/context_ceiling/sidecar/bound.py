@@ -60,19 +60,24 @@ class Sampler:
 
     Every ``every``-th such request is due, as long as the sampled counts have used no more than
     ``share`` of one core on average: a sampled count's seconds are spent from a credit that
-    refills at ``share`` seconds per second (at most one second's worth is saved up), and while
-    it is negative no request is due. Why: a fixed 1-in-16 costs in proportion to the bodies'
+    refills at ``share`` seconds per second (at most ``BURST`` seconds' worth is saved up, so a
+    quiet pod still samples a burst of long requests), and while it is negative no request is
+    due. Why: a fixed 1-in-16 costs in proportion to the bodies'
     length (at 64k tokens a count is ~20 ms, so 1-in-16 at 250 requests a second is a third of a
     core, measured at +2 ms of CPU per request); the credit bounds the cost whatever the sizes.
     The sample is not biased by size: the first request due after the credit recovers is
     counted, whichever it is. Per process (each worker has its own)."""
+
+    #: seconds of refill the credit saves up at most
+    BURST = 10.0
 
     def __init__(
         self, every: int, share: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.every, self.share, self._clock = every, share, clock
         self._seen = 0
-        self._credit = share  # one second's worth to start with
+        self._cap = share * self.BURST
+        self._credit = self._cap
         self._at = clock()
 
     def due(self) -> bool:
@@ -88,13 +93,13 @@ class Sampler:
 
     def spend(self, seconds: float) -> None:
         """A sampled count took ``seconds`` of CPU (the credit refilled to now first, so time
-        idle before the count does not pay for it beyond the one second saved up)."""
+        idle before the count does not pay for it beyond what the cap saves up)."""
         self._refill()
         self._credit -= seconds
 
     def _refill(self) -> None:
         now = self._clock()
-        self._credit = min(self.share, self._credit + (now - self._at) * self.share)
+        self._credit = min(self._cap, self._credit + (now - self._at) * self.share)
         self._at = now
 
 

@@ -152,8 +152,8 @@ class Counting(_Section):
     nothing needs counting. Every ``sample_every``-th request a bound let through is still
     counted exactly (the components, the staleness check and the estimate error need a count),
     as long as these sampled counts have used at most ``sample_cpu`` of one core (0.02: 20 ms a
-    second; per worker): a 64k-token count takes ~20 ms, so a fixed 1-in-16 would cost a third
-    of a core at 250 requests a second.
+    second, averaged over 10 s; per worker): a 64k-token count takes ~20 ms, so a fixed 1-in-16
+    would cost a third of a core at 250 requests a second.
 
     ``overlap_bytes``: a request body of at least this many bytes is forwarded at once and
     counted exactly on worker threads while the upstream call runs, when its forwarding cannot
