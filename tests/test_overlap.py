@@ -212,6 +212,32 @@ def test_over_its_budget_it_is_counted_first_and_trimmed(
     assert raw2.headers["x-ceiling-input-tokens"] == raw.headers["x-ceiling-input-tokens"]
 
 
+def test_a_long_malformed_request_counted_off_the_loop_is_refused_as_on_it(
+    make_sidecar: Callable[..., Running], tmp_path: Any
+) -> None:
+    """Counted on a counting thread before forwarding (enforce, over its budget), a body the
+    counter cannot read is refused with the same 400 in the client's error format as on the
+    event loop, and nothing reaches the upstream."""
+    import httpx
+
+    ceilings = tmp_path / "ceilings.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=2000, window=128000))))
+    body = {"model": "gpt-4o", "messages": [*_rag(LONG), {"content": "no role"}]}
+    answers = []
+    for overlap in (65536, 0):
+        sc = make_sidecar(
+            counting={"cache_mib": 0, "overlap_bytes": overlap},
+            enforcement={"mode": "enforce"},
+            ceilings_file=str(ceilings),
+        )
+        r = httpx.post(sc.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        assert "role" in r.json()["error"]["message"]
+        assert not sc.double.received
+        answers.append(r.json())
+    assert answers[0] == answers[1]
+
+
 def test_a_short_request_is_counted_first(spy: Any) -> None:
     sc, s = spy(counting={"cache_mib": 0, "overlap_bytes": 200_000})
     raw = _call(sc, LONG)
