@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.logs import JsonFormatter
+from context_ceiling.sidecar.logs import REQUEST_LOGGER, JsonFormatter, configure, log_request
 from context_ceiling.sidecar.server import uvicorn_options
 from context_ceiling.sidecar.state import State
 from tests.conftest import MODELS
@@ -311,6 +311,30 @@ def test_hop_by_hop_headers_do_not_cross() -> None:
         )
     )
     assert back == {"x-request-id": "r"}
+
+
+def test_request_lines_skip_the_lookups_the_format_never_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``logs.configure`` turns off the caller, thread and process lookups (the logging HOWTO's
+    optimization switches), and the request line it writes is still the whole JSON line."""
+    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, flag, getattr(logging, flag))  # restored afterwards
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    req = logging.getLogger(REQUEST_LOGGER)
+    monkeypatch.setattr(req, "level", req.level)
+    seen: list[logging.LogRecord] = []
+    monkeypatch.setattr(req, "filters", [lambda r: seen.append(r) or True])
+
+    configure("info")
+    log_request({"request_id": "r1", "input_tokens_estimated": 42})
+
+    [rec] = seen
+    assert (rec.funcName, rec.thread, rec.process) == ("(unknown function)", None, None)
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["logger"] == REQUEST_LOGGER and line["message"] == "request"
+    assert (line["request_id"], line["input_tokens_estimated"], line["level"]) == ("r1", 42, "info")
 
 
 def test_client_strings_are_bounded_in_logs(

@@ -12,6 +12,7 @@ import pytest
 
 from context_ceiling.core.counting import count_openai
 from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.sidecar.usage import ask_for_usage
 from tests.conftest import Running
 
 MESSAGES: list[Any] = [
@@ -99,6 +100,25 @@ def test_stream_without_include_usage_is_unchanged_for_the_client(sidecar: Runni
     assert r.content == b"".join(expected)
     assert sidecar.sample("llm_context_token_estimate_error_ratio_count", model="gpt-4o") == 1
     assert sidecar.sample("llm_context_output_tokens_sum", model="gpt-4o", workload="default") == 7
+
+
+def test_include_usage_is_added_to_the_clients_bytes_untouched(sidecar: Running) -> None:
+    """The option is spliced into the body as sent: key order, spacing and escapes of every
+    other member reach the upstream byte for byte (no re-serialization)."""
+    sent = (
+        b' {"model" : "gpt-4o",  "stream": true, "messages": [{"role": "user", '
+        b'"content": "caf\\u00e9 \\"quoted\\""}], "temperature": 0.5}'
+    )
+    with httpx.Client() as h:
+        r = h.post(
+            sidecar.url + "/v1/chat/completions",
+            content=sent,
+            headers={"content-type": "application/json"},
+        )
+    assert r.status_code == 200
+    got = sidecar.double.received[-1].body
+    assert got == b' {"stream_options":{"include_usage":true},' + sent[2:]
+    assert orjson.loads(got) == orjson.loads(sent) | {"stream_options": {"include_usage": True}}
 
 
 def test_stream_with_include_usage_passes_through_byte_for_byte(
@@ -248,3 +268,32 @@ def test_upstream_cookies_reach_the_client_but_are_never_replayed_upstream(
         headers={"authorization": "Bearer sk-client-b"},
     )
     assert "cookie" not in sidecar.double.received[-1].headers  # client B never gets A's cookie
+
+
+@pytest.mark.parametrize(
+    ("body", "sent"),
+    [
+        (b'{"stream":true}', b'{"stream_options":{"include_usage":true},"stream":true}'),
+        (b"\n\t{ }", b'\n\t{"stream_options":{"include_usage":true} }'),
+        (b'{"stream_options":{"x":1},"stream":true}', None),  # merged: serialized again
+        (b'{"stream_options":null,"stream":true}', None),
+    ],
+)
+def test_include_usage_is_spliced_into_the_clients_bytes(body: bytes, sent: bytes | None) -> None:
+    obj = orjson.loads(body)
+    out, injected = ask_for_usage(obj, body)
+    assert injected and out == sent
+    assert obj["stream_options"]["include_usage"] is True
+    assert orjson.loads(out or orjson.dumps(obj)) == obj
+    if b'"x"' in body:
+        assert obj["stream_options"] == {"x": 1, "include_usage": True}
+
+
+def test_include_usage_asked_by_the_client_is_left_alone() -> None:
+    body = b'{"stream":true,"stream_options":{"include_usage":true}}'
+    obj = orjson.loads(body)
+    assert ask_for_usage(obj, body) == (body, False)
+    assert ask_for_usage(obj, None) == (None, False)
+    fresh = {"stream": True}
+    assert ask_for_usage(fresh, None) == (None, True)  # no bytes to splice: serialize
+    assert fresh["stream_options"] == {"include_usage": True}

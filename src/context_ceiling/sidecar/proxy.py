@@ -55,9 +55,7 @@ from context_ceiling.sidecar.record import Recorder
 from context_ceiling.sidecar.relay import SSERelay, Tap
 from context_ceiling.sidecar.state import State
 from context_ceiling.sidecar.upstream import UpstreamClient, request_headers, response_headers
-from context_ceiling.sidecar.usage import (
-    Usage,
-)
+from context_ceiling.sidecar.usage import Usage, ask_for_usage
 
 log = logging.getLogger("context_ceiling.sidecar.proxy")
 
@@ -380,13 +378,7 @@ class Proxy:
         )
         injected = False
         if ex.stream and route in (OPENAI_CHAT, AZURE_CHAT):
-            opts = obj.get("stream_options")
-            if not (isinstance(opts, dict) and opts.get("include_usage")):
-                obj["stream_options"] = {
-                    **(opts if isinstance(opts, dict) else {}),
-                    "include_usage": True,
-                }
-                body, injected = None, True
+            body, injected = ask_for_usage(obj, body)
         content = body if body is not None else orjson.dumps(obj)
         headers = request_headers(request.headers.items())
         if ex.span is not None:

@@ -82,6 +82,35 @@ def anthropic_body_usage(body: bytes) -> Usage:
     return u
 
 
+_JSON_SPACE = b" \t\r\n"
+
+
+def ask_for_usage(obj: dict[str, Any], body: bytes | None) -> tuple[bytes | None, bool]:
+    """An OpenAI chat stream's request with ``stream_options.include_usage`` set, so that the
+    stream ends with the provider's own token counts: (the bytes to send, None to serialize
+    ``obj``; whether the option was added, which the stream tap then hides from the client).
+
+    When ``body`` is still the client's bytes and they carry no ``stream_options`` at all (the
+    usual case), the option is spliced in as the object's first member and every other byte
+    goes upstream as the client sent it: re-serializing the parsed body instead cost ~0.03 ms in
+    a tight loop and ~0.06 ms on the request path for a 64k-token body."""
+    opts = obj.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage"):
+        return body, False
+    absent = "stream_options" not in obj
+    obj["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    if body is None or not absent:
+        return None, True
+    start = body.index(b"{") + 1  # ``obj`` parsed from it: a JSON object, blanks before it
+    end = start
+    while end < len(body) and body[end] in _JSON_SPACE:
+        end += 1
+    member = b'"stream_options":{"include_usage":true}' + (
+        b"" if body[end : end + 1] == b"}" else b","
+    )
+    return b"".join((body[:start], member, memoryview(body)[start:])), True
+
+
 class _StreamState:
     """What every stream tap tracks: the usage read so far, whether the protocol's last event
     arrived (``complete``), and whether the upstream reported its own failure in the stream."""
