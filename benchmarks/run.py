@@ -118,6 +118,12 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--targets", default=",".join(ORDER))
     ap.add_argument("--streams", type=int, default=500, help="concurrent slow streams (0: skip)")
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=15,
+        help="c=1 rounds of the bare pass-through against the sidecar back to back (0: skip)",
+    )
     ap.add_argument("--no-trim", action="store_true", help="skip the trimming growth benchmark")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench"))
     args = ap.parse_args()
@@ -242,6 +248,25 @@ def main() -> int:
                         ),
                         flush=True,
                     )
+        paired: list[dict[str, Any]] = []
+        duo = [n for n in ("bare", "bounded", "sidecar") if n in started]
+        if args.pairs and len(duo) > 1:
+            from benchmarks.paired import measure as paired_measure
+
+            for size in sizes:
+                for stream in (False, True):
+                    m = paired_measure(
+                        started, duo, work / f"body-{size}-{stream}.json", args.pairs, 1.0, wrk_bin
+                    )
+                    paired.append({"tokens": size, "stream": stream, **m})
+                    print(
+                        f"{size:>6} tok stream={stream!s:5} c=1 paired: "
+                        + "  ".join(
+                            f"{n} +{m['targets'][n]['added_p50_ms']['median']:.2f}ms"
+                            for n in duo[1:]
+                        ),
+                        flush=True,
+                    )
         peak = {n: started[n].peak_rss / 2**20 for n in names}
         actions = {
             n: tg.over_ceiling(started[n])
@@ -267,6 +292,7 @@ def main() -> int:
         "seconds": args.seconds,
         "targets": names,
         "cells": cells,
+        "c1_paired": paired,
         "peak_rss_mib": peak,
         "over_ceiling": actions,
         "slow_streams": streams,
@@ -406,6 +432,30 @@ def readme_tables(res: dict[str, Any]) -> list[str]:
             + " | ".join(fmt(t[n].get("added_p50_ms")) for n in cols)
             + f" | {counting} | {fmt(t['litellm'].get('added_p50_ms')) if 'litellm' in t else '-'} |"
         )
+    pairs = res.get("c1_paired") or []
+    if pairs:
+        cols = [n for n in pairs[0]["targets"] if n != pairs[0]["baseline"]]
+        out += [
+            "",
+            f"c=1 in tight pairs against the bare pass-through ({pairs[0]['rounds']} rounds of "
+            f"{pairs[0]['seconds']:g} s back to back; median (min-max) of the per-round "
+            "differences):",
+            "",
+            "| tokens | stream | bare p50 ms | "
+            + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
+            + " |",
+            "|---:|---|---:|" + "---:|" * (2 * len(cols)),
+        ]
+        for p in pairs:
+            t = p["targets"]
+            out.append(
+                f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | "
+                f"{fmt(t[p['baseline']]['p50_ms'])} | "
+                + " | ".join(
+                    f"{fmt(t[n]['added_p50_ms'])} | {fmt(t[n]['added_cpu_ms'])}" for n in cols
+                )
+                + " |"
+            )
     return out
 
 

@@ -35,6 +35,8 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
             "--streams",
             "20",
             "--no-trim",
+            "--pairs",
+            "2",
             "--out",
             str(tmp_path),
         ],
@@ -64,3 +66,16 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
     assert all(v["peak_mib"] >= v["idle_mib"] > 0 for v in streams.values())
     assert "| 1,000 | yes | 4 | enforce |" in r.stdout
     assert "added p50 <= 1.2x (bare pass-through + counting)" in r.stdout
+    # c=1 in tight pairs: every round of each target against the bare pass-through
+    pairs = res["c1_paired"]
+    assert [(p["tokens"], p["stream"], p["baseline"]) for p in pairs] == [
+        (1000, False, "bare"),
+        (1000, True, "bare"),
+    ]
+    for p in pairs:
+        assert set(p["targets"]) == {"bare", "bounded", "sidecar"} and p["rounds"] == 2
+        assert all(t["errors"] == 0 and t["p50_ms"]["min"] > 0 for t in p["targets"].values())
+        assert (
+            "added_p50_ms" in p["targets"]["bounded"] and "added_p50_ms" not in p["targets"]["bare"]
+        )
+    assert "tight pairs" in r.stdout
