@@ -174,7 +174,7 @@ def performance(res: dict[str, Any]) -> list[dict[str, Any]]:
                     {
                         "target": f"added p50 within 0.5 ms of the bare pass-through's, c=1 "
                         f"({_where(p)}, {names[name]}; {p['rounds']} tight pairs)",
-                        "figure": f"+{fmt(gap)} ms",
+                        "figure": f"{'+' if gap['median'] >= 0 else ''}{fmt(gap)} ms",
                         "met": gap["median"] <= 0.5,
                     }
                 )
