@@ -116,8 +116,9 @@ class SSERelay(Response):
                 finally:
                     watcher.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._close()
+            if not self._closed:  # the pump closes on every ending it reaches itself
+                with anyio.CancelScope(shield=True):
+                    await self._close()
         if failed:
             # returning without the final body makes the server close the connection mid-body
             # (uvicorn logs one line, "ASGI callable returned without completing response")
