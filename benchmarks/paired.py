@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import targets as tg
-from benchmarks.load import spread, wrk
+from benchmarks.load import fmt, spread, wrk
+
+#: the compared targets, the baseline first
+DUO = ("bare", "bounded", "sidecar")
 
 
 def measure(
@@ -53,4 +56,54 @@ def measure(
             row["added_p50_ms"] = spread([b[0] - a[0] for a, b in pairs])
             row["added_cpu_ms"] = spread([b[1] - a[1] for a, b in pairs])
         out["targets"][n] = row
+    return out
+
+
+def pairs_of_every_cell(
+    started: dict[str, tg.Target], sizes: list[int], rounds: int, wrk_bin: str, work: Path
+) -> list[dict[str, Any]]:
+    """:func:`measure` for every size, streamed and not, on the bodies the run wrote."""
+    names = [n for n in DUO if n in started]
+    out: list[dict[str, Any]] = []
+    if len(names) < 2:
+        return out
+    for size in sizes:
+        for stream in (False, True):
+            m = measure(started, names, work / f"body-{size}-{stream}.json", rounds, 1.0, wrk_bin)
+            out.append({"tokens": size, "stream": stream, **m})
+            print(
+                f"{size:>6} tok stream={stream!s:5} c=1 paired: "
+                + "  ".join(
+                    f"{n} {m['targets'][n]['added_p50_ms']['median']:+.2f}ms" for n in names[1:]
+                ),
+                flush=True,
+            )
+    return out
+
+
+def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
+    """The README's table of the pairs (nothing when the run has none)."""
+    if not pairs:
+        return []
+    first = pairs[0]
+    cols = [n for n in first["targets"] if n != first["baseline"]]
+    out = [
+        "",
+        f"At concurrency 1 in tight pairs against the bare pass-through ({first['rounds']} "
+        f"rounds of {first['seconds']:g} s, back to back in alternating order; median "
+        "(min-max) of the per-round differences; what the c=1 verdicts judge):",
+        "",
+        "| tokens | stream | bare p50 ms | "
+        + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
+        + " |",
+        "|---:|---|---:|" + "---:|" * (2 * len(cols)),
+    ]
+    for p in pairs:
+        t = p["targets"]
+        out.append(
+            f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | "
+            f"{fmt(t[p['baseline']]['p50_ms'])} | "
+            + " | ".join(f"{fmt(t[n]['added_p50_ms'])} | {fmt(t[n]['added_cpu_ms'])}" for n in cols)
+            + " |"
+        )
     return out

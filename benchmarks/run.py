@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import targets as tg  # noqa: E402
 from benchmarks.load import Load, fmt, hey, spread, wrk  # noqa: E402
+from benchmarks.paired import pairs_of_every_cell, pairs_table  # noqa: E402
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
 from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
 
@@ -248,25 +249,9 @@ def main() -> int:
                         ),
                         flush=True,
                     )
-        paired: list[dict[str, Any]] = []
-        duo = [n for n in ("bare", "bounded", "sidecar") if n in started]
-        if args.pairs and len(duo) > 1:
-            from benchmarks.paired import measure as paired_measure
-
-            for size in sizes:
-                for stream in (False, True):
-                    m = paired_measure(
-                        started, duo, work / f"body-{size}-{stream}.json", args.pairs, 1.0, wrk_bin
-                    )
-                    paired.append({"tokens": size, "stream": stream, **m})
-                    print(
-                        f"{size:>6} tok stream={stream!s:5} c=1 paired: "
-                        + "  ".join(
-                            f"{n} +{m['targets'][n]['added_p50_ms']['median']:.2f}ms"
-                            for n in duo[1:]
-                        ),
-                        flush=True,
-                    )
+        paired = (
+            pairs_of_every_cell(started, sizes, args.pairs, wrk_bin, work) if args.pairs else []
+        )
         peak = {n: started[n].peak_rss / 2**20 for n in names}
         actions = {
             n: tg.over_ceiling(started[n])
@@ -432,30 +417,7 @@ def readme_tables(res: dict[str, Any]) -> list[str]:
             + " | ".join(fmt(t[n].get("added_p50_ms")) for n in cols)
             + f" | {counting} | {fmt(t['litellm'].get('added_p50_ms')) if 'litellm' in t else '-'} |"
         )
-    pairs = res.get("c1_paired") or []
-    if pairs:
-        cols = [n for n in pairs[0]["targets"] if n != pairs[0]["baseline"]]
-        out += [
-            "",
-            f"At concurrency 1 in tight pairs against the bare pass-through ({pairs[0]['rounds']} "
-            f"rounds of {pairs[0]['seconds']:g} s, back to back in alternating order; median "
-            "(min-max) of the per-round differences; what the c=1 verdicts judge):",
-            "",
-            "| tokens | stream | bare p50 ms | "
-            + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
-            + " |",
-            "|---:|---|---:|" + "---:|" * (2 * len(cols)),
-        ]
-        for p in pairs:
-            t = p["targets"]
-            out.append(
-                f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | "
-                f"{fmt(t[p['baseline']]['p50_ms'])} | "
-                + " | ".join(
-                    f"{fmt(t[n]['added_p50_ms'])} | {fmt(t[n]['added_cpu_ms'])}" for n in cols
-                )
-                + " |"
-            )
+    out += pairs_table(res.get("c1_paired") or [])
     return out
 
 
