@@ -11,6 +11,7 @@ import json
 import logging
 import socket
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,13 @@ from hypothesis import strategies as st
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.logs import REQUEST_LOGGER, JsonFormatter, configure, log_request
+from context_ceiling.sidecar.logs import (
+    OURS,
+    REQUEST_LOGGER,
+    JsonFormatter,
+    configure,
+    log_request,
+)
 from context_ceiling.sidecar.server import uvicorn_options
 from context_ceiling.sidecar.state import State
 from tests.conftest import MODELS
@@ -320,10 +327,12 @@ def test_request_lines_skip_the_lookups_the_format_never_prints(
     optimization switches), and the request line it writes is still the whole JSON line."""
     for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
         monkeypatch.setattr(logging, flag, getattr(logging, flag))  # restored afterwards
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    for name in ("", REQUEST_LOGGER, *OURS):  # what configure sets, restored afterwards
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
     req = logging.getLogger(REQUEST_LOGGER)
-    monkeypatch.setattr(req, "level", req.level)
     seen: list[logging.LogRecord] = []
     monkeypatch.setattr(req, "filters", [lambda r: seen.append(r) or True])
 
