@@ -185,4 +185,6 @@ exec env -i {" ".join(f"{k}={v}" for k, v in env.items())} \\
         assert "root filesystem is writable" not in err_text
         # its log: one JSON format, the startup line first among its own
         lines = [json.loads(x) for x in out_text.splitlines() if x.strip()]
-        assert any(x["message"] == "sidecar started" for x in lines), out_text + err_text
+        started = [x for x in lines if x["message"] == "sidecar started"]
+        assert started, out_text + err_text
+        assert started[0]["bpe"] == "riptoken"  # the image always has the fast extra

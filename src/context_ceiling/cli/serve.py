@@ -77,9 +77,11 @@ def _check(settings: Any) -> int:
     ceilings file against that registry, the admin token file."""
     from context_ceiling.core.ceilings import CeilingsError, fit_problems, load_document
     from context_ceiling.core.models import Registry
+    from context_ceiling.core.tokenizers import TiktokenCounter
     from context_ceiling.sidecar.config import admin_token
 
-    registry = Registry(settings.models, None)
+    registry = Registry(settings.models, None, settings.counting.bpe)
+    bpe = TiktokenCounter("o200k_base", settings.counting.bpe).engine
     admin = admin_token(settings)
     ceilings = "no ceilings file"
     if settings.ceilings_file is not None and settings.ceilings_file.exists():
@@ -99,6 +101,7 @@ def _check(settings: Any) -> int:
     print(
         f"config ok: {len(registry.specs)} models, {len(settings.workloads)} workloads, "
         f"mode {settings.enforcement.mode}, {ceilings}, admin API {'on' if admin else 'off'}, "
-        f"{capture}, {settings.workers} worker{'s' if settings.workers > 1 else ''}"
+        f"{capture}, {settings.workers} worker{'s' if settings.workers > 1 else ''}, "
+        f"bpe {bpe}"
     )
     return 0

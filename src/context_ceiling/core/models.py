@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import (
+    Bpe,
     CalibratedCounter,
     CountCache,
     HuggingFaceCounter,
@@ -130,28 +131,31 @@ class ModelSpec(Strict):
         return self.label or self.match
 
 
-def build_counter(spec: TokenizerSpec) -> TextCounter:
-    """The local text counter for a tokenizer spec (for ``upstream`` its fallback encoding)."""
+def build_counter(spec: TokenizerSpec, bpe: Bpe = "auto") -> TextCounter:
+    """The local text counter for a tokenizer spec (for ``upstream`` its fallback encoding);
+    ``bpe``: which implementation encodes the tiktoken encodings (the same counts)."""
     if isinstance(spec, TiktokenSpec):
-        return TiktokenCounter(spec.encoding)
+        return TiktokenCounter(spec.encoding, bpe)
     if isinstance(spec, HuggingFaceSpec):
         return HuggingFaceCounter(spec.path)
     if isinstance(spec, CalibratedSpec):
-        return CalibratedCounter(TiktokenCounter(spec.encoding), spec.factor)
-    return TiktokenCounter(spec.fallback)
+        return CalibratedCounter(TiktokenCounter(spec.encoding, bpe), spec.factor)
+    return TiktokenCounter(spec.fallback, bpe)
 
 
 class Registry:
     """Resolves request model names to entries; counters are built once per entry."""
 
-    def __init__(self, specs: list[ModelSpec], cache: CountCache | None = None) -> None:
+    def __init__(
+        self, specs: list[ModelSpec], cache: CountCache | None = None, bpe: Bpe = "auto"
+    ) -> None:
         self.specs = list(specs)
         self._exact = {s.match: s for s in reversed(self.specs) if not s.is_glob}
         self._globs = [s for s in self.specs if s.is_glob]
         self._counters: dict[str, TextCounter] = {}
         self._memo: dict[str, ModelSpec | None] = {}
         for s in self.specs:
-            counter = build_counter(s.tokenizer)
+            counter = build_counter(s.tokenizer, bpe)
             self._counters[s.match] = cache.wrap(counter) if cache is not None else counter
 
     def resolve(self, model: str) -> ModelSpec | None:

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from context_ceiling import __version__
+from context_ceiling.core.tokenizers import bpe_engine
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar.admin import Admin
 from context_ceiling.sidecar.config import Settings
@@ -202,6 +203,7 @@ def startup_fields(state: State) -> dict[str, object]:
         "tracing": state.tracing.tracer is not None,
         "capture": state.capture is not None,
         "workers": s.workers,
+        "bpe": bpe_engine(state.default_counter),
         "pid": os.getpid(),
     }
 

@@ -33,6 +33,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.strict import Strict
+from context_ceiling.core.tokenizers import Bpe
 from context_ceiling.core.trim import Policy
 from context_ceiling.core.wire import Mode, ModeValue
 
@@ -167,7 +168,12 @@ class Counting(_Section):
     takes longer to answer than the count (64k tokens: ~15-25 ms here) it adds no latency.
     Below the default (~15k tokens) the threads' GIL hand-offs cost more than they save.
     ``count_threads``: the worker threads (0: as many as the CPUs this process may use).
-    ``overlap_bytes: 0`` counts every request before forwarding it, on the event loop."""
+    ``overlap_bytes: 0`` counts every request before forwarding it, on the event loop.
+
+    ``bpe``: which implementation encodes the tiktoken encodings; the counts are the same.
+    ``auto`` takes riptoken (the ``fast`` extra, in the image) when it is installed and agrees
+    with tiktoken token for token on the packaged check text, else tiktoken; ``riptoken``
+    insists on it (startup fails with the reason); ``tiktoken`` never uses it."""
 
     cache_mib: float = Field(default=64, ge=0)
     strategy: Literal["exact", "bounded"] = "exact"
@@ -177,6 +183,7 @@ class Counting(_Section):
     calibration: int = Field(default=32, ge=1)
     overlap_bytes: int = Field(default=65536, ge=0)
     count_threads: int = Field(default=0, ge=0, le=64)
+    bpe: Bpe = "auto"
 
 
 class Retrieval(_Section):

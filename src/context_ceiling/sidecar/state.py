@@ -70,7 +70,7 @@ class State:
             if settings.counting.cache_mib
             else None
         )
-        registry = Registry(settings.models, cache)
+        registry = Registry(settings.models, cache, settings.counting.bpe)
         metrics = metrics or Metrics()
         if cache is not None:
             metrics.watch_count_cache(cache)
@@ -87,7 +87,7 @@ class State:
             name: (up.api, UpstreamClient(up, transport), up)
             for name, up in settings.upstreams.named.items()
         }
-        fallback = TiktokenCounter("o200k_base")
+        fallback = TiktokenCounter("o200k_base", settings.counting.bpe)
         pattern = settings.retrieval.chunk_pattern
         st = settings.staleness
         staleness = StalenessTracker(st.tolerance, st.window, st.min_requests)
