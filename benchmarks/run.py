@@ -46,6 +46,7 @@ ORDER = [
     "bare",
     "litellm",
     "sidecar",
+    "tiktoken",
     "first",
     "bounded",
     "workers",
@@ -86,10 +87,12 @@ def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
     """One whole-request count (parse + walk + find chunks + tokenize) against raw tiktoken on the
-    same text; best of ``reps`` each, interleaved."""
+    same text, and the same count encoded by tiktoken instead of riptoken (``counting.bpe``);
+    best of ``reps`` each."""
     import re
 
     enc = TiktokenCounter("o200k_base")
+    slow = TiktokenCounter("o200k_base", "tiktoken")
     raw = enc.encoding.encode_ordinary
     pattern = re.compile(DEFAULT_CHUNK_PATTERN)
 
@@ -104,9 +107,12 @@ def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
 
     t_raw = best_time(lambda: raw(text))
     t_ours = best_time(lambda: count_openai(orjson.loads(body), enc, None, pattern))
+    t_slow = best_time(lambda: count_openai(orjson.loads(body), slow, None, pattern))
     return {
         "raw_tiktoken_ms": t_raw * 1e3,
         "sidecar_count_ms": t_ours * 1e3,
+        "sidecar_count_tiktoken_ms": t_slow * 1e3,
+        "bpe": enc.engine,
         "ratio": t_ours / t_raw,
     }
 
@@ -144,6 +150,8 @@ def main() -> int:
             started["bare"] = tg.bare(base)
         if "sidecar" in wanted:
             started["sidecar"] = tg.sidecar(base, work)
+        if "tiktoken" in wanted:
+            started["tiktoken"] = tg.sidecar(base, work, bpe="tiktoken")
         if "first" in wanted:
             started["first"] = tg.sidecar(base, work, overlap=False)
         if "bounded" in wanted:
@@ -342,6 +350,8 @@ def _levers(res: dict[str, Any]) -> list[str]:
     """The levers against each other at c=16, as paired throughput ratios."""
     pairs = [
         ("exact vs LiteLLM", "sidecar", "litellm"),
+        ("exact, tiktoken, vs LiteLLM", "tiktoken", "litellm"),
+        ("riptoken vs tiktoken (exact)", "sidecar", "tiktoken"),
         ("exact, counted first, vs LiteLLM", "first", "litellm"),
         ("bounded vs LiteLLM", "bounded", "litellm"),
         ("2 workers (exact) vs LiteLLM", "workers", "litellm"),

@@ -4,7 +4,8 @@
 ``litellm`` LiteLLM's proxy (from its own venv, ``scripts/litellm.sh``); ``sidecar`` the sidecar in
 observe mode counting every request from scratch (count cache off); ``cached`` the same with the
 count cache on, which the repeated benchmark body always hits (what repeated content costs);
-``enforce`` the sidecar enforcing a ceiling that makes it trim every request (cache off).
+``enforce`` the sidecar enforcing a ceiling that makes it trim every request (cache off);
+``tiktoken`` the ``sidecar`` target encoding with tiktoken instead of riptoken (``counting.bpe``).
 Every process is started in its own session and killed as a group, and its CPU time and resident
 memory are read from the whole process tree (LiteLLM forks), so the figures are the proxy's alone.
 """
@@ -153,15 +154,20 @@ def sidecar(
     bounded: bool = False,
     workers: int = 1,
     overlap: bool = True,
+    bpe: str = "auto",
 ) -> Target:
     """The sidecar; ``cache`` off by default so every request is counted from scratch (the
     benchmark repeats one body, which the count cache would otherwise answer); ``bounded``:
     ``counting.strategy: bounded`` (a request a bound proves within budget is not counted);
     ``workers``: worker processes behind the one port (exact counting); ``overlap`` off: every
-    request counted before it is forwarded (``counting.overlap_bytes: 0``, before session 7)."""
+    request counted before it is forwarded (``counting.overlap_bytes: 0``, before session 7);
+    ``bpe``: ``tiktoken`` is the sidecar as deployed but encoding with tiktoken instead of riptoken
+    (before session 10)."""
     port = free_port()
     name = (
-        "enforce"
+        "tiktoken"
+        if bpe == "tiktoken"
+        else "enforce"
         if enforce
         else "cached"
         if cache
@@ -187,6 +193,7 @@ def sidecar(
             "cache_mib": 64 if cache else 0,
             "strategy": "bounded" if bounded else "exact",
             "overlap_bytes": 65536 if overlap else 0,
+            "bpe": bpe,
         },
     }
     if enforce:

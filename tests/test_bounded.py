@@ -5,6 +5,9 @@ hosted-provider test double; the client the official SDK."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.sidecar.bound import strict
+from context_ceiling.sidecar.logs import REQUEST_LOGGER
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
 from tests.rag_bodies import rag_messages as _rag
@@ -25,6 +29,25 @@ def _call(sc: Running, n: int) -> Any:
         messages=_rag(n),
         max_tokens=50,  # type: ignore[arg-type]
     )
+
+
+def _line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
+    """The request's log line, once it is written (a sampled request's comes when its count
+    lands, after its answer)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for r in caplog.records:
+            f = getattr(r, "fields", None)
+            if r.name == REQUEST_LOGGER and f and f["request_id"] == request_id:
+                return dict(f)
+        time.sleep(0.005)
+    raise AssertionError(f"no log line for {request_id}")
+
+
+def _counted(sc: Running, caplog: pytest.LogCaptureFixture, n: int) -> str:
+    """One request of ``n`` documents; how its log line says it was counted."""
+    raw = _call(sc, n)
+    return str(_line(caplog, raw.headers["x-ceiling-request-id"])["counted"])
 
 
 def test_within_budget_is_not_counted_and_measured_from_usage(
@@ -123,7 +146,7 @@ def test_over_the_bound_is_counted_and_trimmed_exactly(
 
 
 def test_sampled_requests_are_counted_and_observe_calibrates(
-    make_sidecar: Callable[..., Running], tmp_path: Any
+    make_sidecar: Callable[..., Running], tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     import yaml
 
@@ -136,13 +159,13 @@ def test_sampled_requests_are_counted_and_observe_calibrates(
         ceilings_file=str(ceilings),
     )
     sc.double.prompt_tokens = 1500  # what the provider reports for these bodies
-    heads = [_call(sc, 25).headers for _ in range(8)]
-    counted = ["x-ceiling-count" not in h for h in heads]
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        counted = [_counted(sc, caplog, 25) for _ in range(8)]
     # the first requests are counted (the bytes exceed the ceiling, nothing is calibrated yet);
     # once three reports calibrated bytes per token, only every 4th of those the bound lets
-    # through is
-    assert counted[:3] == [True, True, True]
-    assert counted[3:] == [False, False, False, True, False]
+    # through is, as a sample
+    assert counted[:3] == ["exact"] * 3
+    assert counted[3:] == ["bound", "bound", "bound", "sampled", "bound"]
     assert (
         sc.sample(
             "llm_context_input_tokens_count",
@@ -181,20 +204,95 @@ def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
 
 @pytest.mark.parametrize(("share", "counted"), [(1.0, 6), (1e-6, 1)])
 def test_sampled_counts_stay_within_their_cpu_share(
-    make_sidecar: Callable[..., Running], share: float, counted: int
+    make_sidecar: Callable[..., Running],
+    caplog: pytest.LogCaptureFixture,
+    share: float,
+    counted: int,
 ) -> None:
     """sample_every 1: every request a bound lets through is due. With a whole core to spend all
     six are counted; with a millionth of one, the first count puts the sampler in debt for far
-    longer than the test, and the rest go through on the bound."""
+    longer than the test, and the rest go through on the bound. (Each request's line is awaited
+    before the next request: a sample's CPU is spent when its count lands.)"""
     sc = make_sidecar(
         counting={"strategy": "bounded", "sample_every": 1, "sample_cpu": share, "cache_mib": 0},
         enforcement={"mode": "observe"},
     )
     sc.double.prompt_tokens = 640
-    kinds = [
-        "exact" if "x-ceiling-input-tokens" in h else h["x-ceiling-count"]
-        for h in (_call(sc, 4).headers for _ in range(6))
-    ]
-    assert kinds.count("exact") == counted, kinds
-    assert kinds[0] == "exact"
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        kinds = [_counted(sc, caplog, 4) for _ in range(6)]
+    assert kinds.count("sampled") == counted, kinds
+    assert kinds[0] == "sampled"
     assert kinds.count("bound") == 6 - counted
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_sample_costs_its_request_no_latency(
+    make_sidecar: Callable[..., Running],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    """A sampled request's answer goes back while its count is still running (here: held until
+    the client has the whole answer), with the bound's headers; the count lands afterwards, in
+    the log line, the components histogram and the estimate error."""
+    from context_ceiling.core.tokenizers import TiktokenCounter
+
+    sc = make_sidecar(
+        counting={"strategy": "bounded", "sample_every": 1, "sample_cpu": 1.0, "cache_mib": 0},
+        enforcement={"mode": "observe"},
+    )
+    sc.double.prompt_tokens = 640
+    release, counting = threading.Event(), threading.Event()
+    real = TiktokenCounter.count
+
+    def held(self: TiktokenCounter, text: str) -> int:
+        if threading.current_thread().name.startswith("ceiling-count"):
+            counting.set()
+            assert release.wait(10)
+        return real(self, text)
+
+    monkeypatch.setattr(TiktokenCounter, "count", held)
+    client = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        if stream:
+            with client.chat.completions.with_streaming_response.create(
+                model="gpt-4o", messages=_rag(4), max_tokens=50, stream=True
+            ) as resp:
+                headers = resp.headers
+                text = "".join(resp.iter_lines())
+            assert "[DONE]" in text
+        else:
+            raw = client.chat.completions.with_raw_response.create(
+                model="gpt-4o", messages=_rag(4), max_tokens=50
+            )
+            headers = raw.headers
+            assert raw.parse().choices
+        # the whole answer is here, and the count has not finished (it is held)
+        assert counting.is_set() and not release.is_set()
+        assert headers["x-ceiling-count"] == "bound"
+        assert "x-ceiling-input-tokens" not in headers
+        rid = headers["x-ceiling-request-id"]
+        assert not any(getattr(r, "fields", {}).get("request_id") == rid for r in caplog.records)
+        time.sleep(1.0)
+        release.set()
+        line = _line(caplog, rid)
+    assert line["counted"] == "sampled" and line["stream"] is stream
+    assert line["input_tokens_estimated"] > 0 and line["input_tokens_reported"] == 640
+    assert line["estimate_error"] is not None
+    assert line["latency_ms"] < 900  # the answer's, not the answer's plus the held second
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not sc.sample(
+        "llm_context_input_tokens_count", model="gpt-4o", workload="default", component="retrieved"
+    ):
+        time.sleep(0.01)
+    assert (
+        sc.sample(
+            "llm_context_input_tokens_count",
+            model="gpt-4o",
+            workload="default",
+            component="retrieved",
+        )
+        == 1
+    )
+    # the utilization is observed once, from the count (not again from the reported usage)
+    assert sc.sample("llm_context_utilization_ratio_count", model="gpt-4o", workload="default") == 1

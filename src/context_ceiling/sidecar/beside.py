@@ -3,14 +3,21 @@ turns into: the ceiling's verdict and the observed utilization.
 
 A long request whose forwarding cannot depend on its count (``observe`` and ``off`` never trim;
 in ``enforce`` the strict bound must prove it within its budget) is forwarded at once. Its count,
-and the decision on it, run on a worker thread while the upstream works (tiktoken releases the
-GIL while it encodes), and are settled before the answer goes back: the response headers, the log
-line and the metrics carry what they carry when the request is counted first.
+and the decision on it, run on a worker thread while the upstream works (tiktoken and riptoken
+release the GIL while they encode), and are settled before the answer goes back: the response
+headers, the log line and the metrics carry what they carry when the request is counted first.
+
+A request a bound let through and the sampler picked (``counting.strategy: bounded``) is counted
+beside its upstream call too, whatever its length, but its answer never waits for that count: it
+is a sample for the metrics, not something the request needs, so it is recorded once it lands
+(:func:`after`), off the request's latency.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from typing import Any
 
@@ -24,6 +31,8 @@ from context_ceiling.sidecar.enforce import Decision, budget_of, decide
 from context_ceiling.sidecar.exchange import Exchange, Route
 from context_ceiling.sidecar.record import Recorder
 from context_ceiling.sidecar.state import State
+
+log = logging.getLogger("context_ceiling.sidecar.beside")
 
 
 def verdict(
@@ -127,15 +136,51 @@ async def settle(st: State, rec: Recorder, ex: Exchange) -> None:
     if pending is None:
         return
     try:
-        ex.count, d, cpu = await pending
+        result = await pending
     except RequestShapeError:
         return  # forwarded already: the upstream judges the body; recorded uncounted
+    _take(st, rec, ex, result)
+
+
+def _take(
+    st: State, rec: Recorder, ex: Exchange, result: tuple[RequestCount, Decision, float]
+) -> None:
+    ex.count, d, cpu = result
     if ex.sampled:
         st.sampler.spend(cpu)
     d.body, d.reject = None, False
     ex.decision = d
     rec.record_decision(ex, d)
     observe_counted(st, rec, ex)
+
+
+def after(st: State, rec: Recorder, ex: Exchange) -> None:
+    """Record a sampled exchange (a bound let it through) once its count lands: at once when the
+    count is done, else from the count's completion. Its answer has gone back already, without
+    its count in the headers (``x-ceiling-count: bound``); the log line (``"counted":
+    "sampled"``), the metrics, the staleness check and the span carry the count."""
+    pending, ex.pending = ex.pending, None
+    if pending is None:
+        rec.finish(ex)
+        return
+    ended = time.perf_counter()  # the durations and latency are the answer's, not the count's
+
+    def land(fut: asyncio.Future[tuple[RequestCount, Decision, float]]) -> None:
+        try:
+            if not fut.cancelled():
+                with contextlib.suppress(RequestShapeError):  # recorded uncounted
+                    _take(st, rec, ex, fut.result())
+            rec.finish(ex, ended)
+        except Exception:  # a callback's exception would only reach asyncio's handler
+            log.exception(
+                "recording a sampled exchange failed",
+                extra={"fields": {"request_id": ex.request_id}},
+            )
+
+    if pending.done():
+        land(pending)
+    else:
+        pending.add_done_callback(land)
 
 
 def drop(ex: Exchange) -> None:

@@ -252,8 +252,8 @@ class Proxy:
         counter = st.registry.counter(spec) if spec else st.default_counter
         ex.body_bytes = len(raw)
         if st.settings.counting.strategy == "bounded" and self._within_bound(route, ex, obj, raw):
-            ex.bounded = True
-            return counter
+            ex.bounded = True  # a sampled one is counted beside the call (_decide), after it
+            return RequestMemo(counter) if ex.sampled else counter
         # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
         counter = RequestMemo(counter)
         if beside.on_threads(st, route, ex, raw):
@@ -291,7 +291,10 @@ class Proxy:
         if not provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label):
             return False
         ex.sampled = st.sampler.due()
-        return not ex.sampled
+        # sampled: with counting threads it is counted beside the call and recorded after its
+        # answer (beside.after), so the sample costs the request no latency; without them it is
+        # counted first, on the event loop
+        return not ex.sampled or st.count_pool is not None
 
     async def _decide(
         self,
@@ -328,7 +331,7 @@ class Proxy:
         if ex.bounded or ex.beside:  # nothing to trim: forwarded before (or without) a count
             if ex.bypass and ex.decision is not None:
                 ex.decision = dataclasses.replace(ex.decision, mode="off", budget=None)
-            if ex.beside:
+            if ex.beside or ex.sampled:
                 beside.start(st, route, ex, obj, counter)
             return client, upstream_cfg
         if ex.off_loop:
@@ -405,7 +408,7 @@ class Proxy:
                 502, f"upstream unreachable: {type(exc).__name__}", "unreachable"
             ) from None
         ex.status = resp.status_code
-        if ex.pending is not None:  # the answer goes back with its count, as without overlap
+        if ex.pending is not None and not ex.bounded:  # the answer goes back with its count
             try:
                 await beside.settle(self.state, self.rec, ex)
             except BaseException:
@@ -444,7 +447,7 @@ class Proxy:
                 ex.capture_response = content
         else:
             ex.outcome = "upstream_4xx" if status < 500 else "upstream_5xx"
-        self.rec.finish(ex)
+        beside.after(self.state, self.rec, ex)
         return Response(
             content,
             status_code=status,
@@ -460,7 +463,7 @@ class Proxy:
             ex.outcome, ex.usage = outcome, usage
             if collecting is not None:
                 ex.capture_response = b"".join(collecting.events)
-            self.rec.finish(ex)
+            beside.after(self.state, self.rec, ex)
 
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         return SSERelay(

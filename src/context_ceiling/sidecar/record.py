@@ -46,9 +46,10 @@ class Recorder:
         h.update(ex.extra_headers)
         return h
 
-    def finish(self, ex: Exchange) -> None:
-        """Record a finished exchange in every output, once."""
-        now = time.perf_counter()
+    def finish(self, ex: Exchange, ended: float | None = None) -> None:
+        """Record a finished exchange in every output, once; ``ended``: when its answer ended,
+        when that was earlier than now (a sample recorded once its count landed)."""
+        now = time.perf_counter() if ended is None else ended
         est_error = self._metrics(ex, now)
         stale = self._staleness(ex)
         self._genai(ex, now, stale)
@@ -142,7 +143,10 @@ class Recorder:
                 "workload": ex.workload,
                 "stream": ex.stream,
                 "input_tokens_estimated": ex.forwarded_tokens if c else None,
-                "counted": "exact" if c else ("bound" if ex.bounded else None),
+                # sampled: forwarded on a bound, counted beside the call as a sample
+                "counted": ("sampled" if ex.bounded else "exact")
+                if c
+                else ("bound" if ex.bounded else None),
                 "input_tokens_before_trim": c.total if c else None,
                 "input_tokens_exact": c.exact if c else None,
                 "input_tokens_partial": c.partial if c else None,
