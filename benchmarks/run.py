@@ -420,7 +420,12 @@ def readme_tables(res: dict[str, Any]) -> list[str]:
         t = c["targets"]
         k = c.get("counting") or {}
         counting = (
-            f"{k['sidecar_count_ms']:.2f} (tiktoken {k['raw_tiktoken_ms']:.2f})" if k else "-"
+            f"{k['sidecar_count_ms']:.2f} (raw tiktoken {k['raw_tiktoken_ms']:.2f}; counted "
+            f"with tiktoken {k['sidecar_count_tiktoken_ms']:.2f})"
+            if k and "sidecar_count_tiktoken_ms" in k
+            else (
+                f"{k['sidecar_count_ms']:.2f} (tiktoken {k['raw_tiktoken_ms']:.2f})" if k else "-"
+            )
         )
         out.append(
             f"| {c['tokens']:,} | {'yes' if c['stream'] else 'no'} | {fmt(t['direct']['p50_ms'])} | "
