@@ -7,10 +7,11 @@ and the decision on it, run on a worker thread while the upstream works (tiktoke
 release the GIL while they encode), and are settled before the answer goes back: the response
 headers, the log line and the metrics carry what they carry when the request is counted first.
 
-A request a bound let through and the sampler picked (``counting.strategy: bounded``) is counted
-beside its upstream call too, whatever its length, but its answer never waits for that count: it
-is a sample for the metrics, not something the request needs, so it is recorded once it lands
-(:func:`after`), off the request's latency.
+A long request a bound let through and the sampler picked (``counting.strategy: bounded``) is
+counted beside its upstream call too, but its answer never waits for that count: it is a sample
+for the metrics, not something the request needs, so it is recorded once it lands
+(:func:`after`), off the request's latency. (A short sample is counted first, on the event loop,
+like any short request.)
 """
 
 from __future__ import annotations
@@ -110,8 +111,10 @@ def _work(
 
 def start(st: State, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter) -> None:
     """Start the count and the verdict on it beside the upstream call (:func:`settle` takes
-    them)."""
+    them, or :func:`after` for a sample a bound let through)."""
     ex.pending = _work(st, route, ex, obj, counter)
+    if ex.bounded:
+        st.sampler.counting(ex.pending)
 
 
 async def first(

@@ -13,11 +13,13 @@ what the request would cost if it were as dense as the densest one seen.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from context_ceiling.core.counting import ANTHROPIC_TOOL_SYSTEM_TOKENS
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
@@ -66,15 +68,28 @@ class Sampler:
     length (at 64k tokens a count is ~20 ms, so 1-in-16 at 250 requests a second is a third of a
     core, measured at +2 ms of CPU per request); the credit bounds the cost whatever the sizes.
     The sample is not biased by size: the first request due after the credit recovers is
-    counted, whichever it is. Per process (each worker has its own)."""
+    counted, whichever it is. Per process (each worker has its own).
+
+    A sample's count runs beside its upstream call and is paid for when it lands, after the
+    answer: nothing waits on it, so at most ``max_inflight`` samples are counting at once (a
+    request due beyond that stays due), or under overload the counts would queue up, each
+    holding its request's body, faster than the credit could notice (None: no samples go in
+    flight, they are counted first)."""
 
     #: seconds of refill the credit saves up at most
     BURST = 10.0
 
     def __init__(
-        self, every: int, share: float, clock: Callable[[], float] = time.monotonic
+        self,
+        every: int,
+        share: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_inflight: int | None = 4,
     ) -> None:
         self.every, self.share, self._clock = every, share, clock
+        self.max_inflight = max_inflight
+        #: samples whose count has not landed yet
+        self.inflight = 0
         self._seen = 0
         self._cap = share * self.BURST
         self._credit = self._cap
@@ -85,11 +100,22 @@ class Sampler:
         self._seen += 1
         if self._seen < self.every:
             return False
+        if self.max_inflight is not None and self.inflight >= self.max_inflight:
+            return False  # stays due
         self._refill()
         if self._credit < 0:
             return False  # stays due: the next request after the credit recovers is counted
         self._seen = 0
         return True
+
+    def counting(self, fut: asyncio.Future[Any]) -> None:
+        """A sample's count is under way on ``fut`` (in flight until it is done or
+        cancelled)."""
+        self.inflight += 1
+        fut.add_done_callback(self._landed)
+
+    def _landed(self, _fut: asyncio.Future[Any]) -> None:
+        self.inflight -= 1
 
     def spend(self, seconds: float) -> None:
         """A sampled count took ``seconds`` of CPU (the credit refilled to now first, so time

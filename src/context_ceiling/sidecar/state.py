@@ -95,6 +95,8 @@ class State:
             registry, metrics, staleness, settings.ceilings_file, settings.ceilings_persist
         )
         chunk_pattern = re.compile(pattern) if pattern else None
+        threads = _count_threads(settings)
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="ceiling-count") if threads else None
         capture = (
             Capturer(settings.capture, metrics, chunk_pattern or re.compile(DEFAULT_CHUNK_PATTERN))
             if settings.capture.enabled
@@ -110,7 +112,11 @@ class State:
             chunk_pattern=chunk_pattern,
             capture=capture,
             calibration=Calibration(settings.counting.calibration),
-            sampler=Sampler(settings.counting.sample_every, settings.counting.sample_cpu),
+            sampler=Sampler(
+                settings.counting.sample_every,
+                settings.counting.sample_cpu,
+                max_inflight=2 * threads or None,  # samples counting at once
+            ),
             count_cache=cache,
             workloads=frozenset(settings.workloads),
             ceilings=store,
@@ -118,7 +124,7 @@ class State:
             admin_token=admin_token(settings),
             tracing=tracing or Tracing(),
             default_counter=(cache.wrap(fallback) if cache is not None else fallback),
-            count_pool=_count_pool(settings),
+            count_pool=pool,
         )
 
     def route(self, api: Api, upstream: str | None) -> tuple[str, UpstreamClient, Upstream] | None:
@@ -159,12 +165,13 @@ class State:
         self.tracing.shutdown()
 
 
-def _count_pool(settings: Settings) -> ThreadPoolExecutor | None:
+def _count_threads(settings: Settings) -> int:
+    """The counting threads (0: none, counting.overlap_bytes is 0)."""
     c = settings.counting
     if not c.overlap_bytes:
-        return None
+        return 0
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 2
-    return ThreadPoolExecutor(c.count_threads or cpus, thread_name_prefix="ceiling-count")
+    return c.count_threads or cpus
