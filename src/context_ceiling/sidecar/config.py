@@ -315,7 +315,8 @@ class Settings(BaseSettings):
     capture: Capture = Field(default_factory=Capture)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: worker processes behind the one port (1: a single process). More than one gives a pod
-    #: more than one core for counting (tiktoken holds the GIL): metrics are summed over the
+    #: more than one core (one process's event loop holds the GIL; the BPE releases it only
+    #: while it encodes): metrics are summed over the
     #: workers (Prometheus multiprocess mode) and a pushed ceiling reaches every worker before
     #: the push is answered. Set it to the pod's CPU limit.
     workers: int = Field(default=1, ge=1, le=64)
