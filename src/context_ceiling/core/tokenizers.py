@@ -112,12 +112,17 @@ def fast_encoder(name: str) -> tuple[Callable[[str], list[int]] | None, str]:
         text = CHECK_TEXT.read_text(encoding="utf-8")
         same = core.encode_ordinary(text) == load_encoding(name).encode_ordinary(text)
     except Exception as exc:  # a broken build of a vendor extension: not ours to crash on
-        return None, f"riptoken {riptoken.__version__} failed on {name}: {exc}"
+        why = f"riptoken {riptoken.__version__} failed on {name}: {exc}"
+        log.warning("riptoken failed: not used", extra={"fields": {"reason": why}})
+        return None, why
     if not same:
-        return None, (
+        why = (
             f"riptoken {riptoken.__version__} splits the check text into other {name} tokens "
             "than tiktoken does"
         )
+        # once per encoding (this is cached), not once per counter built on it
+        log.warning("riptoken disagrees with tiktoken: not used", extra={"fields": {"reason": why}})
+        return None, why
     encode: Callable[[str], list[int]] = core.encode_ordinary
     return encode, ""
 
@@ -148,11 +153,6 @@ class TiktokenCounter:
         fast, why = (None, "") if bpe == "tiktoken" else fast_encoder(encoding)
         if fast is None and bpe == "riptoken":
             raise TokenizerError(f"counting.bpe is riptoken, but {why}")
-        if fast is None and why and "not installed" not in why:
-            log.warning(
-                "counting with tiktoken: the faster BPE disagrees with it",
-                extra={"fields": {"reason": why}},
-            )
         self.engine = "riptoken" if fast is not None else "tiktoken"
         self._encode = slow if fast is None else _with_fallback(fast, slow)
         self._short: dict[str, int] = {}
