@@ -2,7 +2,10 @@
 
 Pure ASGI on uvicorn (uvloop + httptools), one pooled keep-alive httpx client, bytes forwarded
 both ways with no parsing, no counting, no metrics. Whatever the sidecar costs beyond this is the
-price of measuring. Run: ``python -m benchmarks.passthrough PORT UPSTREAM_BASE_URL``.
+price of measuring. ``aiohttp`` as the third argument sends through the sidecar's own upstream
+transport (``sidecar/aio.py``) instead of httpx's default one (httpcore): the ``bare-aiohttp``
+target, the floor on the sidecar's stack since session 11. Run:
+``python -m benchmarks.passthrough PORT UPSTREAM_BASE_URL [aiohttp]``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import httpx
 
 from benchmarks.asgi import lifespan, read_body, run
+from context_ceiling.sidecar.aio import AiohttpTransport
 
 UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"
 client = httpx.AsyncClient(
@@ -20,6 +24,7 @@ client = httpx.AsyncClient(
     limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
     timeout=60,
     trust_env=False,
+    transport=AiohttpTransport(200) if sys.argv[3:] == ["aiohttp"] else None,
 )
 DROP = {b"host", b"content-length", b"connection", b"transfer-encoding"}
 

@@ -44,6 +44,7 @@ SENTENCE = (
 ORDER = [
     "direct",
     "bare",
+    "bare-aiohttp",
     "litellm",
     "sidecar",
     "tiktoken",
@@ -148,6 +149,8 @@ def main() -> int:
     try:
         if "bare" in wanted:
             started["bare"] = tg.bare(base)
+        if "bare-aiohttp" in wanted:
+            started["bare-aiohttp"] = tg.bare(base, aiohttp=True)
         if "sidecar" in wanted:
             started["sidecar"] = tg.sidecar(base, work)
         if "tiktoken" in wanted:
@@ -356,6 +359,7 @@ def _levers(res: dict[str, Any]) -> list[str]:
         ("bounded vs LiteLLM", "bounded", "litellm"),
         ("2 workers (exact) vs LiteLLM", "workers", "litellm"),
         ("bounded vs bare", "bounded", "bare"),
+        ("bounded vs bare on aiohttp", "bounded", "bare-aiohttp"),
         ("enforce vs observe, both counted first", "first", "enforce"),
         ("enforce vs observe as deployed", "sidecar", "enforce"),
     ]

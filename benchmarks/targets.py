@@ -1,6 +1,7 @@
 """The things measured side by side, each a real server process on loopback.
 
-``direct`` is the upstream test double itself; ``bare`` a pass-through that forwards bytes;
+``direct`` is the upstream test double itself; ``bare`` a pass-through that forwards bytes
+(``bare-aiohttp`` the same through the sidecar's upstream transport);
 ``litellm`` LiteLLM's proxy (from its own venv, ``scripts/litellm.sh``); ``sidecar`` the sidecar in
 observe mode counting every request from scratch (count cache off); ``cached`` the same with the
 count cache on, which the repeated benchmark body always hits (what repeated content costs);
@@ -139,11 +140,15 @@ def upstream(workdir: Path, pace: float = 0.0, chunks: int = 20, think: float = 
     return Target("direct", base + "/v1/chat/completions", proc)
 
 
-def bare(up: str) -> Target:
+def bare(up: str, aiohttp: bool = False) -> Target:
+    """The bare pass-through on httpx's default transport (``bare``, the performance issue's
+    reference) or on the sidecar's own (``bare-aiohttp``)."""
     port = free_port()
-    proc = _spawn([sys.executable, "-m", "benchmarks.passthrough", str(port), up])
-    _wait(f"http://127.0.0.1:{port}/", proc, "bare pass-through")
-    return Target("bare", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
+    args = [sys.executable, "-m", "benchmarks.passthrough", str(port), up]
+    proc = _spawn([*args, "aiohttp"] if aiohttp else args)
+    name = "bare-aiohttp" if aiohttp else "bare"
+    _wait(f"http://127.0.0.1:{port}/", proc, name)
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
 def sidecar(

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from context_ceiling.sidecar.aio import AiohttpTransport
 from context_ceiling.sidecar.config import Upstream
 
 #: Never forwarded upstream: hop-by-hop, recomputed, or ours.
@@ -78,18 +79,12 @@ class UpstreamClient(httpx.AsyncClient):
         self, upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         t = upstream.timeouts
-        limits = httpx.Limits(
-            max_connections=upstream.pool_size,
-            max_keepalive_connections=upstream.pool_size,
-            keepalive_expiry=30.0,
-        )
         timeout = httpx.Timeout(connect=t.connect, read=t.read, write=t.read, pool=t.connect)
         #: the connection pool itself (or the injected transport)
-        self.pool = transport or httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+        self.pool = transport or AiohttpTransport(upstream.pool_size, keepalive_expiry=30.0)
         super().__init__(
             base_url=upstream.base_url,
             timeout=timeout,
-            limits=limits,
             transport=self.pool,
             follow_redirects=False,
             trust_env=False,
