@@ -412,7 +412,7 @@ def readme_tables(res: dict[str, Any]) -> list[str]:
             )
     out += ["", *_levers(res)]
     one = [c for c in res["cells"] if c["concurrency"] == 1]
-    cols = [n for n in names if n in ("bare", "sidecar", "first", "bounded")]
+    cols = [n for n in names if n in ("bare", "bare-aiohttp", "sidecar", "first", "bounded")]
     out += [
         "",
         "| tokens | stream | direct p50 ms | "

@@ -132,8 +132,12 @@ def _cuts(data: bytes, draw: st.DrawFn) -> list[bytes]:
 
 
 def _check(make: Callable[[], Any], events: list[bytes], draw: st.DrawFn) -> None:
-    whole = draw(st.booleans())
-    reads = events if whole else _cuts(b"".join(events), draw)
+    # an event per read, the whole answer in one read (a fast upstream), or cut anywhere
+    how = draw(st.sampled_from(["events", "one", "cuts"]))
+    joined = b"".join(events)
+    reads = (
+        events if how == "events" else [joined] if how == "one" and joined else _cuts(joined, draw)
+    )
     fast, slow = make(), make()
     assert _relay(fast, reads) == _relay(EventByEvent(slow), reads)
     assert (fast.usage, fast.complete, fast.upstream_error) == (

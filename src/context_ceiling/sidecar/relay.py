@@ -98,9 +98,10 @@ class SSERelay(Response):
         failed = False
         try:
             # The hang-up is delivered through an anyio cancel scope around the pump: anyio never
-            # lands a scope's cancellation inside httpcore's shielded clean-up; a bare
+            # lands a scope's cancellation inside a transport's shielded clean-up; a bare
             # task.cancel() of the pump can, and under load that leaked upstream pool slots
-            # (tests/test_serve_process.py, streams cut at any moment). The watcher is a plain
+            # (httpcore's, the transport until session 11; tests/test_serve_process.py, streams
+            # cut at any moment, holds every transport to it). The watcher is a plain
             # task (it only waits on receive(), safe to cancel outright): a task group for it
             # cost ~0.1 ms per stream.
             with anyio.CancelScope() as cancel:
