@@ -113,12 +113,15 @@ def test_a_long_request_is_counted_beside_the_upstream_call(
     sc, s = spy(counting={"cache_mib": 0}, enforcement={"mode": mode}, ceilings_file=str(ceilings))
     with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
         raw = _call(sc, LONG, stream)
+        # read inside the block: the line is written a moment after the metrics _call waits
+        # on, and outside it the request logger is back at its own level (INFO would be lost)
+        lines = _log_fields(caplog)
     assert all(t.startswith("ceiling-count") for t in s.threads), s.threads
     assert s.forwarded_first == [True]
     # the answer still carries the exact count, and so does everything recorded
     counted = int(raw.headers["x-ceiling-input-tokens"])
     assert counted > 15000 and "x-ceiling-count" not in raw.headers
-    [line] = _log_fields(caplog)
+    [line] = lines
     assert line["counted"] == "exact" and line["input_tokens_estimated"] == counted
     assert line["components"]["retrieved"] > 0
     assert sc.sample(
@@ -162,6 +165,7 @@ def test_counted_beside_or_first_the_outputs_are_the_same(
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
             raw = _call(sc, LONG, stream)
+            lines = _log_fields(caplog)  # inside the block: see above
         heads = {k: v for k, v in raw.headers.items() if k.startswith("x-ceiling-")}
         heads.pop("x-ceiling-request-id")
         samples = {
@@ -175,7 +179,7 @@ def test_counted_beside_or_first_the_outputs_are_the_same(
                 ("llm_context_would_trim_tokens_total", {"kind": "retrieved"}),
             )
         }
-        seen[overlap] = (heads, _log_fields(caplog), samples, sc.double.received[-1].body)
+        seen[overlap] = (heads, lines, samples, sc.double.received[-1].body)
     assert seen[65536] == seen[0]
     if mode == "observe":  # the case is what it says: over its ceiling, reported, not trimmed
         heads, lines, samples, _ = seen[0]
