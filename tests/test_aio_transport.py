@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from context_ceiling.sidecar.aio import AiohttpTransport
 
@@ -243,3 +245,39 @@ def test_a_full_pool_waits_for_a_connection_then_times_out_and_the_held_one_comp
         assert await read(await held) == b"{}"
 
     run(handler, case, pool_size=1)
+
+
+def test_tls_is_verified_against_the_ca_bundle_and_a_trusted_server_answers() -> None:
+    """An upstream whose certificate no CA in the bundle signed is refused (a proxy that did not
+    verify would hand every API key to whoever answers); one the context trusts is spoken to."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            await _head(r)
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            w.close()
+            return
+        w.write(OK)
+        await w.drain()
+        w.close()
+
+    async def main() -> bytes:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+        url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        default, trusting = AiohttpTransport(), AiohttpTransport(ssl_context=client_ctx)
+        try:
+            with pytest.raises(httpx.ConnectError, match=r"(?i)certificate"):
+                await default.handle_async_request(request(url, content=b"{}"))
+            return await read(await trusting.handle_async_request(request(url, content=b"{}")))
+        finally:
+            await default.aclose()
+            await trusting.aclose()
+            server.close()
+
+    assert asyncio.run(main()) == b"{}"

@@ -20,6 +20,7 @@ raised by the request body itself (the pass-through's size cap) propagates as it
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -102,11 +103,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     """An httpx transport over one aiohttp connection pool of ``pool_size`` connections.
 
     The session is made on the first request, inside the running event loop (aiohttp binds a
-    session to its loop), and closed by :meth:`aclose`. TLS verification uses the same CA
-    bundle as httpx's default transport (certifi)."""
+    session to its loop), and closed by :meth:`aclose`. TLS is verified, against the same CA
+    bundle as httpx's default transport (certifi) unless ``ssl_context`` says otherwise."""
 
-    def __init__(self, pool_size: int = 100, keepalive_expiry: float = 30.0) -> None:
+    def __init__(
+        self,
+        pool_size: int = 100,
+        keepalive_expiry: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.pool_size, self.keepalive_expiry = pool_size, keepalive_expiry
+        self.ssl_context = ssl_context  # None: httpx's default (certifi), made on first use
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple[Any, ...], aiohttp.ClientTimeout] = {}
 
@@ -115,7 +122,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             limit=self.pool_size,
             limit_per_host=0,
             keepalive_timeout=self.keepalive_expiry,
-            ssl=httpx.create_ssl_context(trust_env=False),
+            ssl=self.ssl_context or httpx.create_ssl_context(trust_env=False),
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
