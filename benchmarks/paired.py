@@ -6,6 +6,10 @@ hours. A claim like "within 0.5 ms of the bare pass-through" cannot be judged fr
 rounds. Here the compared targets run back to back, in alternating order, for many short rounds;
 each round gives one difference (p50, and CPU per request), and the figure is their median with
 the min-max. Drift slower than a round cancels out.
+
+``python -m benchmarks.paired BASELINE TARGET...`` runs only those (``bare``, ``bare-aiohttp``,
+``sidecar``, ``bounded``) in front of the upstream double, 15 pairs per cell, and prints the
+table: with no other target alive, as in session 11's ``bare-aiohttp bounded``.
 """
 
 from __future__ import annotations
@@ -60,12 +64,17 @@ def measure(
 
 
 def pairs_of_every_cell(
-    started: dict[str, tg.Target], sizes: list[int], rounds: int, wrk_bin: str, work: Path
+    started: dict[str, tg.Target],
+    sizes: list[int],
+    rounds: int,
+    wrk_bin: str,
+    work: Path,
+    duo: tuple[str, ...] = DUO,
 ) -> list[dict[str, Any]]:
     """:func:`measure` for every size, streamed and not, on the bodies the run wrote."""
-    names = [n for n in DUO if n in started]
+    names = [n for n in duo if n in started]
     out: list[dict[str, Any]] = []
-    if names[:1] != [DUO[0]] or len(names) < 2:  # the baseline and something to compare with it
+    if names[:1] != [duo[0]] or len(names) < 2:  # the baseline and something to compare with it
         return out
     for size in sizes:
         for stream in (False, True):
@@ -93,7 +102,7 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
         f"rounds of {first['seconds']:g} s, back to back in alternating order; median "
         "(min-max) of the per-round differences; what the c=1 verdicts judge):",
         "",
-        "| tokens | stream | bare p50 ms | "
+        f"| tokens | stream | {first['baseline']} p50 ms | "
         + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
         + " |",
         "|---:|---|---:|" + "---:|" * (2 * len(cols)),
@@ -107,3 +116,45 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
             + " |"
         )
     return out
+
+
+def main(argv: list[str]) -> int:
+    import sys
+    import tempfile
+
+    from benchmarks.run import body_of
+
+    if len(argv) < 2 or any(n not in ("bare", "bare-aiohttp", "sidecar", "bounded") for n in argv):
+        print(
+            "usage: python -m benchmarks.paired BASELINE TARGET... (bare, bare-aiohttp, sidecar, bounded)",
+            file=sys.stderr,
+        )
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="ceiling-pairs-"))
+    up = tg.upstream(work)
+    base = up.url.removesuffix("/v1/chat/completions")
+    make = {
+        "bare": lambda: tg.bare(base),
+        "bare-aiohttp": lambda: tg.bare(base, aiohttp=True),
+        "sidecar": lambda: tg.sidecar(base, work),
+        "bounded": lambda: tg.sidecar(base, work, bounded=True),
+    }
+    started = {n: make[n]() for n in argv}
+    sizes = list(tg.SIZES)
+    try:
+        for size in sizes:
+            for stream in (False, True):
+                (work / f"body-{size}-{stream}.json").write_bytes(body_of(size, stream)[0])
+        pairs = pairs_of_every_cell(started, sizes, 15, tg.binary("wrk"), work, tuple(argv))
+        print("\n".join(pairs_table(pairs)))
+    finally:
+        for t in started.values():
+            t.stop()
+        up.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
