@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import targets as tg
+from benchmarks.bodies import body_of, body_path
 from benchmarks.load import fmt, spread, wrk
 
 #: the compared targets, the baseline first
@@ -78,7 +79,7 @@ def pairs_of_every_cell(
         return out
     for size in sizes:
         for stream in (False, True):
-            m = measure(started, names, work / f"body-{size}-{stream}.json", rounds, 1.0, wrk_bin)
+            m = measure(started, names, body_path(work, size, stream), rounds, 1.0, wrk_bin)
             out.append({"tokens": size, "stream": stream, **m})
             print(
                 f"{size:>6} tok stream={stream!s:5} c=1 paired: "
@@ -122,8 +123,6 @@ def main(argv: list[str]) -> int:
     import sys
     import tempfile
 
-    from benchmarks.run import body_of
-
     if len(argv) < 2 or any(n not in ("bare", "bare-aiohttp", "sidecar", "bounded") for n in argv):
         print(
             "usage: python -m benchmarks.paired BASELINE TARGET... (bare, bare-aiohttp, sidecar, bounded)",
@@ -133,18 +132,12 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="ceiling-pairs-"))
     up = tg.upstream(work)
     base = up.url.removesuffix("/v1/chat/completions")
-    make = {
-        "bare": lambda: tg.bare(base),
-        "bare-aiohttp": lambda: tg.bare(base, aiohttp=True),
-        "sidecar": lambda: tg.sidecar(base, work),
-        "bounded": lambda: tg.sidecar(base, work, bounded=True),
-    }
-    started = {n: make[n]() for n in argv}
+    started = {n: t for n in argv if (t := tg.start(n, base, work)) is not None}
     sizes = list(tg.SIZES)
     try:
         for size in sizes:
             for stream in (False, True):
-                (work / f"body-{size}-{stream}.json").write_bytes(body_of(size, stream)[0])
+                body_path(work, size, stream).write_bytes(body_of(size, stream)[0])
         pairs = pairs_of_every_cell(started, sizes, 15, tg.binary("wrk"), work, tuple(argv))
         print("\n".join(pairs_table(pairs)))
     finally:

@@ -32,15 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import targets as tg  # noqa: E402
+from benchmarks.bodies import body_of, body_path  # noqa: E402
 from benchmarks.load import Load, fmt, hey, spread, wrk  # noqa: E402
 from benchmarks.paired import pairs_of_every_cell, pairs_table  # noqa: E402
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
 from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
 
-SENTENCE = (
-    "Record {i}: the service contract between Northwind and client K{i:03d} renews on day "
-    "{d} with a fee of {f} EUR and a notice period of {n} days. "
-)
 ORDER = [
     "direct",
     "bare",
@@ -54,36 +51,6 @@ ORDER = [
     "cached",
     "enforce",
 ]
-
-
-def body_of(tokens: int, stream: bool) -> tuple[bytes, str]:
-    """A RAG request of about ``tokens`` tokens: retrieved chunks in the user turn."""
-    enc = TiktokenCounter("o200k_base")
-    chunks: list[str] = []
-    i = 0
-    while True:
-        chunks.append(
-            f'<document id="{i}">'
-            + "".join(
-                SENTENCE.format(i=i * 10 + k, d=k, f=100 + (i * 10 + k) % 900, n=30 + k)
-                for k in range(8)
-            )
-            + "</document>"
-        )
-        i += 1
-        if enc.count("\n".join(chunks)) >= tokens - 40:
-            break
-    text = "\n".join(chunks)
-    body: dict[str, Any] = {
-        "model": tg.model_name(tokens),
-        "messages": [
-            {"role": "system", "content": "Answer from the records."},
-            {"role": "user", "content": text + "\nWhat is the fee of K007?"},
-        ],
-        "max_tokens": 20,
-        "stream": stream,
-    }
-    return orjson.dumps(body), text
 
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
@@ -147,30 +114,14 @@ def main() -> int:
     base = up.url.removesuffix("/v1/chat/completions")
     started: dict[str, tg.Target] = {"direct": up}
     try:
-        if "bare" in wanted:
-            started["bare"] = tg.bare(base)
-        if "bare-aiohttp" in wanted:
-            started["bare-aiohttp"] = tg.bare(base, aiohttp=True)
-        if "sidecar" in wanted:
-            started["sidecar"] = tg.sidecar(base, work)
-        if "tiktoken" in wanted:
-            started["tiktoken"] = tg.sidecar(base, work, bpe="tiktoken")
-        if "first" in wanted:
-            started["first"] = tg.sidecar(base, work, overlap=False)
-        if "bounded" in wanted:
-            started["bounded"] = tg.sidecar(base, work, bounded=True)
-        if "workers" in wanted:
-            started["workers"] = tg.sidecar(base, work, workers=2)
-        if "cached" in wanted:
-            started["cached"] = tg.sidecar(base, work, cache=True)
-        if "enforce" in wanted:
-            started["enforce"] = tg.sidecar(base, work, enforce=True)
-        if "litellm" in wanted:
-            lite = tg.litellm(base, work)
-            if lite is None:
+        for name in sorted(ORDER[1:], key=lambda n: n == "litellm"):  # LiteLLM last: slowest
+            if name not in wanted:
+                continue
+            t = tg.start(name, base, work)
+            if t is None:  # only LiteLLM can be missing
                 print("LiteLLM is not installed (bash scripts/litellm.sh); measuring without it")
             else:
-                started["litellm"] = lite
+                started[name] = t
         names = [n for n in ORDER if n in started]
         for t in started.values():
             t.start_sampling()
@@ -178,7 +129,7 @@ def main() -> int:
         for size in sizes:
             for stream in (False, True):
                 body, text = body_of(size, stream)
-                path = work / f"body-{size}-{stream}.json"
+                path = body_path(work, size, stream)
                 path.write_bytes(body)
                 for t in names:  # warm up: connections, caches, LiteLLM's first-call setup
                     hey(hey_bin, started[t].url, path, 4, 0.5)

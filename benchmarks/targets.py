@@ -283,6 +283,24 @@ def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target |
     return Target("litellm", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
+def start(name: str, up: str, workdir: Path) -> Target | None:
+    """The target the benchmark calls ``name`` (all but ``direct``, the upstream itself), in
+    front of the upstream at ``up``; None for LiteLLM when it is not installed."""
+    starts = {
+        "bare": lambda: bare(up),
+        "bare-aiohttp": lambda: bare(up, aiohttp=True),
+        "sidecar": lambda: sidecar(up, workdir),
+        "tiktoken": lambda: sidecar(up, workdir, bpe="tiktoken"),
+        "first": lambda: sidecar(up, workdir, overlap=False),
+        "bounded": lambda: sidecar(up, workdir, bounded=True),
+        "workers": lambda: sidecar(up, workdir, workers=2),
+        "cached": lambda: sidecar(up, workdir, cache=True),
+        "enforce": lambda: sidecar(up, workdir, enforce=True),
+        "litellm": lambda: litellm(up, workdir),
+    }
+    return starts[name]()
+
+
 def binary(name: str) -> str:
     found = shutil.which(name)
     if not found:
