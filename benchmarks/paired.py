@@ -7,9 +7,10 @@ rounds. Here the compared targets run back to back, in alternating order, for ma
 each round gives one difference (p50, and CPU per request), and the figure is their median with
 the min-max. Drift slower than a round cancels out.
 
-``python -m benchmarks.paired BASELINE TARGET...`` runs only those (``bare``, ``bare-aiohttp``,
-``sidecar``, ``bounded``) in front of the upstream double, 15 pairs per cell, and prints the
-table: with no other target alive, as in session 11's ``bare-aiohttp bounded``.
+``python -m benchmarks.paired BASELINE TARGET...`` runs only those (any target of
+:func:`benchmarks.targets.start` but LiteLLM, whose seconds-long rounds this instrument is not
+for) in front of the upstream double, 15 pairs per cell, and prints the table: with no other
+target alive, as in session 11's ``bare-aiohttp bounded`` or session 12's ``first enforce``.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     cols = [n for n in first["targets"] if n != first["baseline"]]
     out = [
         "",
-        f"At concurrency 1 in tight pairs against the bare pass-through ({first['rounds']} "
+        f"At concurrency 1 in tight pairs against {first['baseline']} ({first['rounds']} "
         f"rounds of {first['seconds']:g} s, back to back in alternating order; median "
         "(min-max) of the per-round differences; what the c=1 verdicts judge):",
         "",
@@ -123,9 +124,10 @@ def main(argv: list[str]) -> int:
     import sys
     import tempfile
 
-    if len(argv) < 2 or any(n not in ("bare", "bare-aiohttp", "sidecar", "bounded") for n in argv):
+    names = [n for n in tg.NAMES if n != "litellm"]
+    if len(argv) < 2 or any(n not in names for n in argv):
         print(
-            "usage: python -m benchmarks.paired BASELINE TARGET... (bare, bare-aiohttp, sidecar, bounded)",
+            f"usage: python -m benchmarks.paired BASELINE TARGET... ({', '.join(names)})",
             file=sys.stderr,
         )
         return 2

@@ -283,6 +283,21 @@ def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target |
     return Target("litellm", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
+#: every target :func:`start` knows, by the name the tables give it
+NAMES = (
+    "bare",
+    "bare-aiohttp",
+    "sidecar",
+    "tiktoken",
+    "first",
+    "bounded",
+    "workers",
+    "cached",
+    "enforce",
+    "litellm",
+)
+
+
 def start(name: str, up: str, workdir: Path) -> Target | None:
     """The target the benchmark calls ``name`` (all but ``direct``, the upstream itself), in
     front of the upstream at ``up``; None for LiteLLM when it is not installed."""
@@ -298,6 +313,7 @@ def start(name: str, up: str, workdir: Path) -> Target | None:
         "enforce": lambda: sidecar(up, workdir, enforce=True),
         "litellm": lambda: litellm(up, workdir),
     }
+    assert tuple(starts) == NAMES
     return starts[name]()
 
 

@@ -6,6 +6,7 @@ import base64
 import re
 import struct
 import zlib
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -299,3 +300,85 @@ def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
         body, api="openai", budget=count.total // 2, counter=ENC, chunk_pattern=CHUNKS
     )
     assert (plain, plain_report) == (out, report)
+
+
+def _spy() -> tuple[list[str], Any]:
+    seen: list[str] = []
+
+    class Spy:
+        name = ENC.name
+
+        def count(self, text: str) -> int:
+            seen.append(text)
+            return ENC.count(text)
+
+    return seen, Spy()
+
+
+def test_a_derived_body_counts_only_its_new_messages() -> None:
+    """A fitted body shares its untouched messages with the body counted before it; with that
+    count as its prior, only the messages that are new objects are walked and encoded, and the
+    count is the one a fresh walk gives, parts and all."""
+    from context_ceiling.core.counting import prior_of
+
+    old = [
+        {"role": "user", "content": f"turn {i}: " + "words of an older turn " * 30}
+        for i in range(6)
+    ]
+    body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, *old]}
+    before = count_openai(body, ENC, None, CHUNKS)
+    rewritten = {"role": "user", "content": "a shortened turn"}
+    derived = {**body, "messages": [body["messages"][0], old[0], rewritten, *old[3:]]}
+    seen, spy = _spy()
+    got = count_openai(derived, spy, None, CHUNKS, prior_of(body["messages"], before))
+    assert got == count_openai(derived, ENC, None, CHUNKS)
+    assert "a shortened turn" in seen
+    assert not any("older turn" in t for t in seen), "shared messages are taken over"
+
+
+def test_a_shared_message_whose_role_in_the_request_changed_is_counted_again() -> None:
+    """Dropping the latest user turn makes an earlier one the latest: the same object, another
+    component, so its prior parts do not apply."""
+    from context_ceiling.core.counting import prior_of
+
+    a = {"role": "user", "content": "first question " * 20}
+    b = {"role": "assistant", "content": "an answer"}
+    c = {"role": "user", "content": "second question"}
+    for fn, body in (
+        (count_openai, {"model": "m", "messages": [a, b, c]}),
+        (count_anthropic, {"model": "m", "max_tokens": 8, "messages": [a, b, c]}),
+    ):
+        before = fn(body, ENC, None, CHUNKS)
+        derived = {**body, "messages": [a, b]}
+        got = fn(derived, ENC, None, CHUNKS, prior_of(body["messages"], before))
+        assert got == fn(derived, ENC, None, CHUNKS)
+        assert got.components[Component.LATEST_USER] > before.components[Component.LATEST_USER]
+
+
+def test_the_prior_applies_to_responses_items_and_gemini_contents() -> None:
+    from context_ceiling.core.counting import count_gemini, count_responses, prior_of
+
+    items = [
+        {"role": "user", "content": "look this up " * 10},
+        {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{"q": "x"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "result text " * 50},
+        {"role": "user", "content": "and now?"},
+    ]
+    body = {"model": "m", "instructions": "Be brief.", "input": items}
+    before = count_responses(body, ENC, None, CHUNKS)
+    derived = {**body, "input": [items[0], items[1], {**items[2], "output": "cut"}, items[3]]}
+    seen, spy = _spy()
+    got = count_responses(derived, spy, None, CHUNKS, prior_of(items, before))
+    assert got == count_responses(derived, ENC, None, CHUNKS)
+    assert not any("look this up" in t for t in seen) and "cut" in seen
+    contents = [
+        {"role": "user", "parts": [{"text": "an old question " * 10}]},
+        {"role": "model", "parts": [{"text": "an old answer"}]},
+        {"role": "user", "parts": [{"text": "the question"}]},
+    ]
+    gbody = {"contents": contents}
+    gbefore = count_gemini(gbody, ENC, None, CHUNKS)
+    gderived = {"contents": [contents[0], contents[2]]}
+    assert count_gemini(gderived, ENC, None, CHUNKS, prior_of(contents, gbefore)) == count_gemini(
+        gderived, ENC, None, CHUNKS
+    )

@@ -12,7 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
+from context_ceiling.core.counting import (
+    DEFAULT_CHUNK_PATTERN,
+    count_anthropic,
+    count_openai,
+    prior_of,
+)
 from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
 from context_ceiling.core.trim import PLACEHOLDER, Policy, fit
 from tests.agent_traffic import generate, violations
@@ -67,6 +72,11 @@ def test_trimmed_agent_traffic_stays_valid_and_honest(
     assert report.after == recount(out, api), "after is a recount of what is sent"
     assert report.fits == (report.after <= budget)
     assert report.trimmed == report.before - report.after
+    fn = count_openai if api == "openai" else count_anthropic
+    prior = prior_of(body["messages"], fn(body, ENC, None, CHUNKS))
+    assert fn(out, ENC, None, CHUNKS, prior) == fn(out, ENC, None, CHUNKS), (
+        "the shared messages' parts, taken over, are what a fresh count gives"
+    )
     got, order = xids(out), xids(body)
     assert got == [i for i in order if i in set(got)], "nothing reordered"
     assert order[-1] in got, "the latest message is kept"

@@ -47,6 +47,7 @@ from context_ceiling.core.counting import (
     count_gemini,
     count_openai,
     count_responses,
+    prior_of,
     responses_items,
 )
 from context_ceiling.core.models import ChatFormat
@@ -165,7 +166,14 @@ class _Trimmer:
         self.first_cut: tuple[int, int] | None = None
         self.boundary = self._cache_boundary()
         self.count = count
-        self.marker_tokens = counter.count(MARKER.format(n=100000))
+        self._marker_tokens: int | None = None
+
+    @property
+    def marker_tokens(self) -> int:
+        """The marker's tokens (a long removed count), counted only when a tool result is cut."""
+        if self._marker_tokens is None:
+            self._marker_tokens = self.counter.count(MARKER.format(n=100000))
+        return self._marker_tokens
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -477,8 +485,10 @@ def fit(
         report.cache_loss_tokens += trimmer.report.cache_loss_tokens
         report.actions += [a for a in trimmer.report.actions if a not in report.actions]
         # the honest figure: the output counted again with the same counter, markers and
-        # placeholders included (the per-part estimate can be off by a few tokens a cut)
-        current, count = out, fn(out, counter, chat_format, pattern)
+        # placeholders included (the per-part estimate can be off by a few tokens a cut); the
+        # messages it shares with the body counted before are taken over, not walked again
+        prior = prior_of(trimmer.messages, count)
+        current, count = out, fn(out, counter, chat_format, pattern, prior)
     report.after = count.total
     net, est = report.before - report.after, sum(report.removed.values())
     if est and net != est:  # the estimates per stage, made to add up to the recounted total
