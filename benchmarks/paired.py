@@ -10,7 +10,11 @@ the min-max. Drift slower than a round cancels out.
 ``python -m benchmarks.paired BASELINE TARGET...`` runs only those (any target of
 :func:`benchmarks.targets.start` but LiteLLM, whose seconds-long rounds this instrument is not
 for) in front of the upstream double, 15 pairs per cell, and prints the table: with no other
-target alive, as in session 11's ``bare-aiohttp bounded`` or session 12's ``first enforce``.
+target alive, as in session 11's ``bare-aiohttp bounded``. ``-c N`` pairs them at concurrency N
+instead, and each round also gives the baseline's throughput over the target's: the instrument for
+"enforcing within 1.2x of observing" (session 12's ``-c 16 first enforce``), a ratio that three
+rotated rounds of the full run, on a machine whose throughput drifts by a third between rounds,
+cannot resolve either.
 """
 
 from __future__ import annotations
@@ -33,34 +37,44 @@ def measure(
     rounds: int,
     seconds: float,
     wrk_bin: str,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
-    """``rounds`` rounds of ``names`` at c=1, back to back, the order reversed every other
-    round; per target the p50 and the CPU per request of each round, and per target after the
-    first (the baseline) the paired differences against it."""
-    per: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    """``rounds`` rounds of ``names`` at ``concurrency``, back to back, the order reversed every
+    other round; per target the p50, the throughput and the CPU per request of each round, and
+    per target after the first (the baseline) the paired differences against it (and the
+    baseline's throughput over its own, the slowdown)."""
+    per: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     errors = dict.fromkeys(names, 0)
     for n in names:  # warm: connections, caches
-        wrk(wrk_bin, started[n].url, body, 1, 1)
+        wrk(wrk_bin, started[n].url, body, concurrency, 1)
     for r in range(rounds):
         for n in names if r % 2 == 0 else names[::-1]:
             t = started[n]
             cpu0 = t.cpu_seconds()
-            load = wrk(wrk_bin, t.url, body, 1, seconds)
+            load = wrk(wrk_bin, t.url, body, concurrency, seconds)
             cpu = t.cpu_seconds() - cpu0
-            per[n].append((load.p50 * 1e3, cpu / max(1, load.requests) * 1e3))
+            per[n].append((load.p50 * 1e3, cpu / max(1, load.requests) * 1e3, load.rps))
             errors[n] += load.errors
     base = names[0]
-    out: dict[str, Any] = {"baseline": base, "rounds": rounds, "seconds": seconds, "targets": {}}
+    out: dict[str, Any] = {
+        "baseline": base,
+        "rounds": rounds,
+        "seconds": seconds,
+        "concurrency": concurrency,
+        "targets": {},
+    }
     for n in names:
         row: dict[str, Any] = {
-            "p50_ms": spread([p for p, _ in per[n]]),
-            "cpu_ms_per_request": spread([c for _, c in per[n]]),
+            "p50_ms": spread([p for p, _, _ in per[n]]),
+            "cpu_ms_per_request": spread([c for _, c, _ in per[n]]),
+            "rps": spread([x for _, _, x in per[n]]),
             "errors": errors[n],
         }
         if n != base:
             pairs = list(zip(per[base], per[n], strict=True))
             row["added_p50_ms"] = spread([b[0] - a[0] for a, b in pairs])
             row["added_cpu_ms"] = spread([b[1] - a[1] for a, b in pairs])
+            row["slowdown"] = spread([a[2] / b[2] if b[2] else float("inf") for a, b in pairs])
         out["targets"][n] = row
     return out
 
@@ -72,6 +86,7 @@ def pairs_of_every_cell(
     wrk_bin: str,
     work: Path,
     duo: tuple[str, ...] = DUO,
+    concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     """:func:`measure` for every size, streamed and not, on the bodies the run wrote."""
     names = [n for n in duo if n in started]
@@ -80,12 +95,16 @@ def pairs_of_every_cell(
         return out
     for size in sizes:
         for stream in (False, True):
-            m = measure(started, names, body_path(work, size, stream), rounds, 1.0, wrk_bin)
+            m = measure(
+                started, names, body_path(work, size, stream), rounds, 1.0, wrk_bin, concurrency
+            )
             out.append({"tokens": size, "stream": stream, **m})
             print(
-                f"{size:>6} tok stream={stream!s:5} c=1 paired: "
+                f"{size:>6} tok stream={stream!s:5} c={concurrency} paired: "
                 + "  ".join(
-                    f"{n} {m['targets'][n]['added_p50_ms']['median']:+.2f}ms" for n in names[1:]
+                    f"{n} {m['targets'][n]['added_p50_ms']['median']:+.2f}ms "
+                    f"x{m['targets'][n]['slowdown']['median']:.2f} slower"
+                    for n in names[1:]
                 ),
                 flush=True,
             )
@@ -97,26 +116,56 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     if not pairs:
         return []
     first = pairs[0]
-    cols = [n for n in first["targets"] if n != first["baseline"]]
+    base, c = first["baseline"], first.get("concurrency", 1)
+    cols = [n for n in first["targets"] if n != base]
+    what = (
+        "what the c=1 verdicts judge"
+        if c == 1
+        else "the slowdown is the baseline's req/s over the target's"
+    )
     out = [
         "",
-        f"At concurrency 1 in tight pairs against {first['baseline']} ({first['rounds']} "
+        f"At concurrency {c} in tight pairs against `{base}` ({first['rounds']} "
         f"rounds of {first['seconds']:g} s, back to back in alternating order; median "
-        "(min-max) of the per-round differences; what the c=1 verdicts judge):",
+        f"(min-max) of the per-round differences; {what}):",
         "",
-        f"| tokens | stream | {first['baseline']} p50 ms | "
-        + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
-        + " |",
-        "|---:|---|---:|" + "---:|" * (2 * len(cols)),
     ]
+    if c == 1:
+        out += [
+            f"| tokens | stream | {base} p50 ms | "
+            + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
+            + " |",
+            "|---:|---|---:|" + "---:|" * (2 * len(cols)),
+        ]
+    else:
+        out += [
+            f"| tokens | stream | {base} req/s | "
+            + " | ".join(f"{n} req/s | {n} slowdown | {n} added CPU ms/req" for n in cols)
+            + " |",
+            "|---:|---|---:|" + "---:|" * (3 * len(cols)),
+        ]
     for p in pairs:
         t = p["targets"]
-        out.append(
-            f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | "
-            f"{fmt(t[p['baseline']]['p50_ms'])} | "
-            + " | ".join(f"{fmt(t[n]['added_p50_ms'])} | {fmt(t[n]['added_cpu_ms'])}" for n in cols)
-            + " |"
-        )
+        head = f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | "
+        if c == 1:
+            out.append(
+                head
+                + f"{fmt(t[base]['p50_ms'])} | "
+                + " | ".join(
+                    f"{fmt(t[n]['added_p50_ms'])} | {fmt(t[n]['added_cpu_ms'])}" for n in cols
+                )
+                + " |"
+            )
+        else:
+            out.append(
+                head
+                + f"{fmt(t[base]['rps'], 0)} | "
+                + " | ".join(
+                    f"{fmt(t[n]['rps'], 0)} | x{fmt(t[n]['slowdown'])} | {fmt(t[n]['added_cpu_ms'])}"
+                    for n in cols
+                )
+                + " |"
+            )
     return out
 
 
@@ -125,9 +174,12 @@ def main(argv: list[str]) -> int:
     import tempfile
 
     names = [n for n in tg.NAMES if n != "litellm"]
+    concurrency = 1
+    if argv[:1] == ["-c"] and len(argv) > 1 and argv[1].isdigit() and int(argv[1]) > 0:
+        concurrency, argv = int(argv[1]), argv[2:]
     if len(argv) < 2 or any(n not in names for n in argv):
         print(
-            f"usage: python -m benchmarks.paired BASELINE TARGET... ({', '.join(names)})",
+            f"usage: python -m benchmarks.paired [-c N] BASELINE TARGET... ({', '.join(names)})",
             file=sys.stderr,
         )
         return 2
@@ -140,7 +192,9 @@ def main(argv: list[str]) -> int:
         for size in sizes:
             for stream in (False, True):
                 body_path(work, size, stream).write_bytes(body_of(size, stream)[0])
-        pairs = pairs_of_every_cell(started, sizes, 15, tg.binary("wrk"), work, tuple(argv))
+        pairs = pairs_of_every_cell(
+            started, sizes, 15, tg.binary("wrk"), work, tuple(argv), concurrency
+        )
         print("\n".join(pairs_table(pairs)))
     finally:
         for t in started.values():

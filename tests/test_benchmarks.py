@@ -79,3 +79,40 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
             "added_p50_ms" in p["targets"]["bounded"] and "added_p50_ms" not in p["targets"]["bare"]
         )
     assert "tight pairs" in r.stdout
+
+
+def test_tight_pairs_at_a_concurrency_give_the_slowdown(tmp_path: Path) -> None:
+    """``python -m benchmarks.paired -c N``: the pairs at concurrency N also give the baseline's
+    throughput over each target's, per round, and the table shows it."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import targets as tg
+    from benchmarks.bodies import body_of, body_path
+    from benchmarks.paired import pairs_of_every_cell, pairs_table
+
+    up = tg.upstream(tmp_path)
+    base = up.url.removesuffix("/v1/chat/completions")
+    started = {n: t for n in ("bare-aiohttp", "enforce") if (t := tg.start(n, base, tmp_path))}
+    try:
+        for stream in (False, True):
+            body_path(tmp_path, 1000, stream).write_bytes(body_of(1000, stream)[0])
+        pairs = pairs_of_every_cell(
+            started, [1000], 2, tg.binary("wrk"), tmp_path, ("bare-aiohttp", "enforce"), 4
+        )
+        over = tg.over_ceiling(started["enforce"])
+    finally:
+        for t in started.values():
+            t.stop()
+        up.stop()
+    assert [(p["tokens"], p["stream"], p["concurrency"]) for p in pairs] == [
+        (1000, False, 4),
+        (1000, True, 4),
+    ]
+    for p in pairs:
+        t = p["targets"]
+        assert all(r["errors"] == 0 and r["rps"]["min"] > 0 for r in t.values())
+        assert "slowdown" not in t["bare-aiohttp"]
+        assert t["enforce"]["slowdown"]["min"] > 0
+    assert over.get("trimmed", 0) > 0, "the enforcing sidecar trimmed what it was sent"
+    table = "\n".join(pairs_table(pairs))
+    assert "At concurrency 4 in tight pairs against `bare-aiohttp`" in table
+    assert "| enforce slowdown |" in table and "| 1,000 | yes |" in table
