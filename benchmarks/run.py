@@ -38,19 +38,7 @@ from benchmarks.paired import pairs_of_every_cell, pairs_table  # noqa: E402
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
 from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
 
-ORDER = [
-    "direct",
-    "bare",
-    "bare-aiohttp",
-    "litellm",
-    "sidecar",
-    "tiktoken",
-    "first",
-    "bounded",
-    "workers",
-    "cached",
-    "enforce",
-]
+ORDER = ["direct", *tg.NAMES]  # the upstream itself first, then every target
 
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, float]:

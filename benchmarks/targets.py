@@ -283,10 +283,11 @@ def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target |
     return Target("litellm", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
-#: every target :func:`start` knows, by the name the tables give it
+#: every target :func:`start` knows, by the name the tables give it, in the tables' order
 NAMES = (
     "bare",
     "bare-aiohttp",
+    "litellm",
     "sidecar",
     "tiktoken",
     "first",
@@ -294,7 +295,6 @@ NAMES = (
     "workers",
     "cached",
     "enforce",
-    "litellm",
 )
 
 
@@ -304,6 +304,7 @@ def start(name: str, up: str, workdir: Path) -> Target | None:
     starts = {
         "bare": lambda: bare(up),
         "bare-aiohttp": lambda: bare(up, aiohttp=True),
+        "litellm": lambda: litellm(up, workdir),
         "sidecar": lambda: sidecar(up, workdir),
         "tiktoken": lambda: sidecar(up, workdir, bpe="tiktoken"),
         "first": lambda: sidecar(up, workdir, overlap=False),
@@ -311,7 +312,6 @@ def start(name: str, up: str, workdir: Path) -> Target | None:
         "workers": lambda: sidecar(up, workdir, workers=2),
         "cached": lambda: sidecar(up, workdir, cache=True),
         "enforce": lambda: sidecar(up, workdir, enforce=True),
-        "litellm": lambda: litellm(up, workdir),
     }
     assert tuple(starts) == NAMES
     return starts[name]()

@@ -268,26 +268,32 @@ def test_count_cache_bound_is_in_bytes_for_any_script() -> None:
     assert cache.bytes == sum(sys.getsizeof(t) for t in held)
 
 
-def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
-    """Enforcing recounts the fitted body; the texts it kept are not encoded a second time."""
-    from context_ceiling.core.tokenizers import RequestMemo
-    from context_ceiling.core.trim import fit
-
-    encoded: list[str] = []
+def _spy() -> tuple[list[str], Any]:
+    """A counter that records every text it is asked to count."""
+    seen: list[str] = []
 
     class Spy:
         name = ENC.name
 
         def count(self, text: str) -> int:
-            encoded.append(text)
+            seen.append(text)
             return ENC.count(text)
 
+    return seen, Spy()
+
+
+def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
+    """Enforcing recounts the fitted body; the texts it kept are not encoded a second time."""
+    from context_ceiling.core.tokenizers import RequestMemo
+    from context_ceiling.core.trim import fit
+
+    encoded, spy = _spy()
     docs = [
         f'<document id="{i}">' + f"clause {i} of the agreement. " * 40 + "</document>"
         for i in range(12)
     ]
     body = {"model": "m", "messages": [{"role": "user", "content": "\n".join(docs) + "\nQ?"}]}
-    memo = RequestMemo(Spy(), min_chars=64)
+    memo = RequestMemo(spy, min_chars=64)
     count = count_openai(body, memo, None, CHUNKS)
     first = len(encoded)
     out, report = fit(
@@ -300,19 +306,6 @@ def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
         body, api="openai", budget=count.total // 2, counter=ENC, chunk_pattern=CHUNKS
     )
     assert (plain, plain_report) == (out, report)
-
-
-def _spy() -> tuple[list[str], Any]:
-    seen: list[str] = []
-
-    class Spy:
-        name = ENC.name
-
-        def count(self, text: str) -> int:
-            seen.append(text)
-            return ENC.count(text)
-
-    return seen, Spy()
 
 
 def test_a_derived_body_counts_only_its_new_messages() -> None:
