@@ -6,11 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from context_ceiling.core.ceilings import parse_document
-from context_ceiling.sidecar.config import ConfigError, load_settings
+from context_ceiling.sidecar.config import ConfigError, Settings, load_settings
 from tests.ceiling_docs import doc, entry
 
 GOOD = """
@@ -229,3 +230,25 @@ def test_the_readmes_config_example_loads(tmp_path: Path) -> None:
     assert found is not None
     s = load_settings(write(tmp_path, found.group(1)))
     assert s.enforcement.mode == "off" and {"vllm", "azure-eu"} <= set(s.upstreams.named)
+
+
+def test_a_served_sidecar_freezes_its_startup_heap_and_an_embedded_one_does_not() -> None:
+    """``ceiling serve`` builds its app with ``freeze_heap``: once started, what startup loaded
+    is out of the collector's generations, so a full collection does not walk it on the event
+    loop. An app built in a process that builds many (tests, embedding) leaves gc alone."""
+    import gc
+
+    from context_ceiling.sidecar.app import create_app
+    from tests.hosted_provider_double import serve
+
+    gc.unfreeze()
+    settings = Settings(upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}})
+    try:
+        with serve(create_app(settings)) as url:
+            assert httpx.get(url + "/healthz").status_code == 200
+            assert gc.get_freeze_count() == 0
+        with serve(create_app(settings, freeze_heap=True)) as url:
+            assert httpx.get(url + "/healthz").status_code == 200
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

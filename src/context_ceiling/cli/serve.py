@@ -60,7 +60,7 @@ def serve_command(args: argparse.Namespace) -> int:
         from context_ceiling.sidecar.workers import serve_workers
 
         return serve_workers(settings, loop)
-    app = create_app(settings)
+    app = create_app(settings, freeze_heap=True)
     uvicorn.run(
         app,
         host=settings.listen.host,

@@ -42,7 +42,9 @@ def worker_app(settings: Settings, directory: Path, supervisor: int) -> Any:
     logging.getLogger("uvicorn.access").propagate = False
     # the protocol class travels to the worker by name (pickled), its deadline set here
     HeaderDeadline.header_timeout = settings.limits.header_read_timeout
-    return create_app(settings, group=WorkerGroup(directory, supervisor=supervisor))
+    return create_app(
+        settings, group=WorkerGroup(directory, supervisor=supervisor), freeze_heap=True
+    )
 
 
 def shared_dir() -> tuple[Path, bool]:
