@@ -162,7 +162,7 @@ class _Trimmer:
         self.drop_messages: set[int] = set()
         self.drop_blocks: dict[int, set[int]] = defaultdict(set)
         # sets: a RAG prompt drops a hundred chunks from one text (a list's membership test made
-        # dropping them quadratic, 0.9 ms of a 64k-token request's trimming)
+        # dropping them quadratic: the trimmer on the 64k benchmark body 304 -> 163 us)
         self.spans: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
         self.replace: dict[tuple[int, int], Any] = {}
         self.first_cut: tuple[int, int] | None = None
