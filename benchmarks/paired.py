@@ -118,54 +118,40 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     first = pairs[0]
     base, c = first["baseline"], first.get("concurrency", 1)
     cols = [n for n in first["targets"] if n != base]
-    what = (
-        "what the c=1 verdicts judge"
-        if c == 1
-        else "the slowdown is the baseline's req/s over the target's"
-    )
+    # the baseline's own column, then each target's columns: (header, cell of the target's row)
+    if c == 1:
+        what = "what the c=1 verdicts judge"
+        own = (f"{base} p50 ms", lambda r: fmt(r["p50_ms"]))
+        per = [
+            ("added p50 ms", lambda r: fmt(r["added_p50_ms"])),
+            ("added CPU ms/req", lambda r: fmt(r["added_cpu_ms"])),
+        ]
+    else:
+        what = "the slowdown is the baseline's req/s over the target's"
+        own = (f"{base} req/s", lambda r: fmt(r["rps"], 0))
+        per = [
+            ("req/s", lambda r: fmt(r["rps"], 0)),
+            ("slowdown", lambda r: f"x{fmt(r['slowdown'])}"),
+            ("added CPU ms/req", lambda r: fmt(r["added_cpu_ms"])),
+        ]
     out = [
         "",
         f"At concurrency {c} in tight pairs against `{base}` ({first['rounds']} "
         f"rounds of {first['seconds']:g} s, back to back in alternating order; median "
         f"(min-max) of the per-round differences; {what}):",
         "",
+        f"| tokens | stream | {own[0]} | "
+        + " | ".join(f"{n} {h}" for n in cols for h, _ in per)
+        + " |",
+        "|---:|---|---:|" + "---:|" * (len(per) * len(cols)),
     ]
-    if c == 1:
-        out += [
-            f"| tokens | stream | {base} p50 ms | "
-            + " | ".join(f"{n} added p50 ms | {n} added CPU ms/req" for n in cols)
-            + " |",
-            "|---:|---|---:|" + "---:|" * (2 * len(cols)),
-        ]
-    else:
-        out += [
-            f"| tokens | stream | {base} req/s | "
-            + " | ".join(f"{n} req/s | {n} slowdown | {n} added CPU ms/req" for n in cols)
-            + " |",
-            "|---:|---|---:|" + "---:|" * (3 * len(cols)),
-        ]
     for p in pairs:
         t = p["targets"]
-        head = f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | "
-        if c == 1:
-            out.append(
-                head
-                + f"{fmt(t[base]['p50_ms'])} | "
-                + " | ".join(
-                    f"{fmt(t[n]['added_p50_ms'])} | {fmt(t[n]['added_cpu_ms'])}" for n in cols
-                )
-                + " |"
-            )
-        else:
-            out.append(
-                head
-                + f"{fmt(t[base]['rps'], 0)} | "
-                + " | ".join(
-                    f"{fmt(t[n]['rps'], 0)} | x{fmt(t[n]['slowdown'])} | {fmt(t[n]['added_cpu_ms'])}"
-                    for n in cols
-                )
-                + " |"
-            )
+        out.append(
+            f"| {p['tokens']:,} | {'yes' if p['stream'] else 'no'} | {own[1](t[base])} | "
+            + " | ".join(cell(t[n]) for n in cols for _, cell in per)
+            + " |"
+        )
     return out
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,38 +284,28 @@ def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target |
     return Target("litellm", f"http://127.0.0.1:{port}/v1/chat/completions", proc)
 
 
-#: every target :func:`start` knows, by the name the tables give it, in the tables' order
-NAMES = (
-    "bare",
-    "bare-aiohttp",
-    "litellm",
-    "sidecar",
-    "tiktoken",
-    "first",
-    "bounded",
-    "workers",
-    "cached",
-    "enforce",
-)
+#: how each target is started in front of an upstream (its base URL) with a work directory, by
+#: the name the tables give it, in the tables' order
+_STARTS: dict[str, Callable[[str, Path], Target | None]] = {
+    "bare": lambda up, w: bare(up),
+    "bare-aiohttp": lambda up, w: bare(up, aiohttp=True),
+    "litellm": lambda up, w: litellm(up, w),
+    "sidecar": lambda up, w: sidecar(up, w),
+    "tiktoken": lambda up, w: sidecar(up, w, bpe="tiktoken"),
+    "first": lambda up, w: sidecar(up, w, overlap=False),
+    "bounded": lambda up, w: sidecar(up, w, bounded=True),
+    "workers": lambda up, w: sidecar(up, w, workers=2),
+    "cached": lambda up, w: sidecar(up, w, cache=True),
+    "enforce": lambda up, w: sidecar(up, w, enforce=True),
+}
+#: every target :func:`start` knows
+NAMES = tuple(_STARTS)
 
 
 def start(name: str, up: str, workdir: Path) -> Target | None:
     """The target the benchmark calls ``name`` (all but ``direct``, the upstream itself), in
     front of the upstream at ``up``; None for LiteLLM when it is not installed."""
-    starts = {
-        "bare": lambda: bare(up),
-        "bare-aiohttp": lambda: bare(up, aiohttp=True),
-        "litellm": lambda: litellm(up, workdir),
-        "sidecar": lambda: sidecar(up, workdir),
-        "tiktoken": lambda: sidecar(up, workdir, bpe="tiktoken"),
-        "first": lambda: sidecar(up, workdir, overlap=False),
-        "bounded": lambda: sidecar(up, workdir, bounded=True),
-        "workers": lambda: sidecar(up, workdir, workers=2),
-        "cached": lambda: sidecar(up, workdir, cache=True),
-        "enforce": lambda: sidecar(up, workdir, enforce=True),
-    }
-    assert tuple(starts) == NAMES
-    return starts[name]()
+    return _STARTS[name](up, workdir)
 
 
 def binary(name: str) -> str:

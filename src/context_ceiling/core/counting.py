@@ -122,8 +122,10 @@ class _Tally:
     def reuse(self, message: int, msg: Any, component: Component) -> bool:
         """Take over the prior parts of ``msg`` (renumbered to ``message``) when it is the same
         object, counted with the same component (a turn that was the latest user turn and no
-        longer is differs); False: count it."""
-        got = self.prior.get(id(msg)) if self.prior is not None else None
+        longer is differs); False: count it. Called only with a prior (the walkers test for it
+        first, so a first count pays no call per message)."""
+        assert self.prior is not None
+        got = self.prior.get(id(msg))
         if got is None or got[0] is not msg:
             return False
         parts = got[1]
@@ -246,7 +248,7 @@ def count_openai(
             comp = Component.LATEST_USER
         else:
             comp = Component.HISTORY
-        if tally.reuse(i, msg, comp):
+        if prior is not None and tally.reuse(i, msg, comp):
             continue
         frame = fmt.per_message + count(role)
         name = msg.get("name")
@@ -402,7 +404,7 @@ def count_anthropic(
         if role not in ("user", "assistant"):
             raise RequestShapeError(f"messages[{i}].role must be 'user' or 'assistant'")
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
-        if tally.reuse(i, msg, comp):
+        if prior is not None and tally.reuse(i, msg, comp):
             continue
         tally.add(i, -1, comp, fmt.per_message, frame=True)
         content = msg.get("content")
@@ -465,7 +467,7 @@ def count_responses(
                 if i == last_user
                 else Component.HISTORY
             )
-            if tally.reuse(i, it, comp):
+            if prior is not None and tally.reuse(i, it, comp):
                 continue
             tally.add(i, -1, comp, fmt.per_message + count(str(role or "")), frame=True)
             content = it.get("content")
@@ -485,7 +487,7 @@ def count_responses(
                         tally.add(i, j, Component.RETRIEVED, count(_json(part)))
                     else:
                         tally.add(i, j, comp, count(_json(part)))
-        elif tally.reuse(i, it, Component.HISTORY):
+        elif prior is not None and tally.reuse(i, it, Component.HISTORY):
             continue  # a function call, its output, reasoning: as counted before
         elif kind == "function_call":
             tally.add(
@@ -543,7 +545,7 @@ def count_gemini(
     )
     for i, c in enumerate(contents):
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
-        if tally.reuse(i, c, comp):
+        if prior is not None and tally.reuse(i, c, comp):
             continue
         tally.add(i, -1, comp, fmt.per_message, frame=True)
         for j, part in enumerate(c.get("parts") or []):
