@@ -36,19 +36,23 @@ from benchmarks.bodies import body_of, body_path  # noqa: E402
 from benchmarks.load import Load, fmt, hey, spread, wrk  # noqa: E402
 from benchmarks.paired import pairs_of_every_cell, pairs_table  # noqa: E402
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
-from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
+from context_ceiling.core.tokenizers import TiktokenCounter, TokenizerError  # noqa: E402
 
 ORDER = ["direct", *tg.NAMES]  # the upstream itself first, then every target
 
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
     """One whole-request count (parse + walk + find chunks + tokenize) against raw tiktoken on the
-    same text, and the same count encoded by tiktoken instead of riptoken (``counting.bpe``);
-    best of ``reps`` each."""
+    same text, and the same count encoded by tiktoken and by gigatoken instead of riptoken
+    (``counting.bpe``); best of ``reps`` each (gigatoken's piece cache warm: the same body)."""
     import re
 
-    enc = TiktokenCounter("o200k_base")
+    enc = TiktokenCounter("o200k_base", "riptoken")
     slow = TiktokenCounter("o200k_base", "tiktoken")
+    try:
+        giga: TiktokenCounter | None = TiktokenCounter("o200k_base", "gigatoken")
+    except TokenizerError:
+        giga = None
     raw = enc.encoding.encode_ordinary
     pattern = re.compile(DEFAULT_CHUNK_PATTERN)
 
@@ -64,13 +68,18 @@ def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
     t_raw = best_time(lambda: raw(text))
     t_ours = best_time(lambda: count_openai(orjson.loads(body), enc, None, pattern))
     t_slow = best_time(lambda: count_openai(orjson.loads(body), slow, None, pattern))
-    return {
+    out = {
         "raw_tiktoken_ms": t_raw * 1e3,
         "sidecar_count_ms": t_ours * 1e3,
         "sidecar_count_tiktoken_ms": t_slow * 1e3,
         "bpe": enc.engine,
         "ratio": t_ours / t_raw,
     }
+    if giga is not None:
+        out["sidecar_count_gigatoken_ms"] = 1e3 * best_time(
+            lambda: count_openai(orjson.loads(body), giga, None, pattern)
+        )
+    return out
 
 
 def main() -> int:
@@ -294,6 +303,8 @@ def _levers(res: dict[str, Any]) -> list[str]:
         ("exact vs LiteLLM", "sidecar", "litellm"),
         ("exact, tiktoken, vs LiteLLM", "tiktoken", "litellm"),
         ("riptoken vs tiktoken (exact)", "sidecar", "tiktoken"),
+        ("exact, gigatoken, vs LiteLLM", "gigatoken", "litellm"),
+        ("gigatoken vs riptoken (exact)", "gigatoken", "sidecar"),
         ("exact, counted first, vs LiteLLM", "first", "litellm"),
         ("bounded vs LiteLLM", "bounded", "litellm"),
         ("2 workers (exact) vs LiteLLM", "workers", "litellm"),
@@ -351,7 +362,11 @@ def readme_tables(res: dict[str, Any]) -> list[str]:
             )
     out += ["", *_levers(res)]
     one = [c for c in res["cells"] if c["concurrency"] == 1]
-    cols = [n for n in names if n in ("bare", "bare-aiohttp", "sidecar", "first", "bounded")]
+    cols = [
+        n
+        for n in names
+        if n in ("bare", "bare-aiohttp", "sidecar", "gigatoken", "first", "bounded")
+    ]
     out += [
         "",
         "| tokens | stream | direct p50 ms | "
@@ -362,9 +377,14 @@ def readme_tables(res: dict[str, Any]) -> list[str]:
     for c in one:
         t = c["targets"]
         k = c.get("counting") or {}
+        giga = (
+            f"; with gigatoken {k['sidecar_count_gigatoken_ms']:.2f}"
+            if "sidecar_count_gigatoken_ms" in k
+            else ""
+        )
         counting = (
             f"{k['sidecar_count_ms']:.2f} (raw tiktoken {k['raw_tiktoken_ms']:.2f}; counted "
-            f"with tiktoken {k['sidecar_count_tiktoken_ms']:.2f})"
+            f"with tiktoken {k['sidecar_count_tiktoken_ms']:.2f}{giga})"
             if k and "sidecar_count_tiktoken_ms" in k
             else (
                 f"{k['sidecar_count_ms']:.2f} (tiktoken {k['raw_tiktoken_ms']:.2f})" if k else "-"

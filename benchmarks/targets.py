@@ -6,7 +6,8 @@
 observe mode counting every request from scratch (count cache off); ``cached`` the same with the
 count cache on, which the repeated benchmark body always hits (what repeated content costs);
 ``enforce`` the sidecar enforcing a ceiling that makes it trim every request (cache off);
-``tiktoken`` the ``sidecar`` target encoding with tiktoken instead of riptoken (``counting.bpe``).
+``tiktoken`` and ``gigatoken`` the ``sidecar`` target encoding with tiktoken or gigatoken instead
+of riptoken (``counting.bpe``; riptoken is what the image counts with).
 Every process is started in its own session and killed as a group, and its CPU time and resident
 memory are read from the whole process tree (LiteLLM forks), so the figures are the proxy's alone.
 """
@@ -160,19 +161,20 @@ def sidecar(
     bounded: bool = False,
     workers: int = 1,
     overlap: bool = True,
-    bpe: str = "auto",
+    bpe: str = "riptoken",
 ) -> Target:
     """The sidecar; ``cache`` off by default so every request is counted from scratch (the
     benchmark repeats one body, which the count cache would otherwise answer); ``bounded``:
     ``counting.strategy: bounded`` (a request a bound proves within budget is not counted);
     ``workers``: worker processes behind the one port (exact counting); ``overlap`` off: every
     request counted before it is forwarded (``counting.overlap_bytes: 0``, before session 7);
-    ``bpe``: ``tiktoken`` is the sidecar as deployed but encoding with tiktoken instead of riptoken
-    (before session 10)."""
+    ``bpe``: riptoken, as the image counts (the ``fast`` extra; ``auto`` would take gigatoken
+    where the benchmark's install has it); ``tiktoken`` is the sidecar as deployed but encoding
+    with tiktoken (before session 10), ``gigatoken`` with gigatoken (the opt-in extra)."""
     port = free_port()
     name = (
-        "tiktoken"
-        if bpe == "tiktoken"
+        bpe
+        if bpe != "riptoken"
         else "enforce"
         if enforce
         else "cached"
@@ -292,6 +294,7 @@ _STARTS: dict[str, Callable[[str, Path], Target | None]] = {
     "litellm": lambda up, w: litellm(up, w),
     "sidecar": lambda up, w: sidecar(up, w),
     "tiktoken": lambda up, w: sidecar(up, w, bpe="tiktoken"),
+    "gigatoken": lambda up, w: sidecar(up, w, bpe="gigatoken"),
     "first": lambda up, w: sidecar(up, w, overlap=False),
     "bounded": lambda up, w: sidecar(up, w, bounded=True),
     "workers": lambda up, w: sidecar(up, w, workers=2),

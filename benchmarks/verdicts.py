@@ -23,6 +23,7 @@ def verdicts(res: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     variants = {
         "sidecar": "",
+        "gigatoken": ", counting.bpe: gigatoken",
         "bounded": ", counting.strategy: bounded",
         "cached": ", count cache on: repeated content",
     }
@@ -125,6 +126,7 @@ def performance(res: dict[str, Any]) -> list[dict[str, Any]]:
     c16 = [c for c in res["cells"] if c["concurrency"] == 16]
     names = {
         "sidecar": "exact counting",
+        "gigatoken": "exact counting, counting.bpe: gigatoken",
         "first": "exact counting, every request counted before forwarding",
         "bounded": "counting.strategy: bounded",
         "workers": "exact counting, 2 workers",

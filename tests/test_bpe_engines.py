@@ -1,9 +1,10 @@
-"""The faster exact BPE (riptoken, ``counting.bpe``) counts exactly what tiktoken counts.
+"""The faster exact BPEs (riptoken and gigatoken, ``counting.bpe``) count exactly what tiktoken
+counts.
 
-It may replace tiktoken only behind this proof: token for token the same on a large
+Each may replace tiktoken only behind this proof: token for token the same on a large
 multilingual corpus (generated text in every major script and block, the repository's own texts,
 the text files of the installed packages, arbitrary Unicode from hypothesis), for both shipped
-encodings; and tiktoken takes over wherever riptoken is missing, disagrees, or cannot take a text.
+encodings; and tiktoken takes over wherever one is missing, disagrees, or cannot take a text.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import random
 import subprocess
 import sys
 import sysconfig
+import threading
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,8 @@ from context_ceiling.core import tokenizers
 from context_ceiling.core.tokenizers import (
     CHECK_TEXT,
     ENCODING_SHA256,
+    FAST_BPES,
+    GIGATOKEN_CACHE_BYTES,
     CalibratedCounter,
     CountCache,
     TiktokenCounter,
@@ -40,6 +44,9 @@ from context_ceiling.core.tokenizers import (
 )
 
 riptoken = pytest.importorskip("riptoken", reason="the fast extra (riptoken) is not installed")
+gigatoken_rs = pytest.importorskip(
+    "gigatoken.gigatoken_rs", reason="the gigatoken extra is not installed"
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENCODINGS = sorted(ENCODING_SHA256)
@@ -202,22 +209,29 @@ def corpus() -> Iterator[str]:
     yield from package_texts()
 
 
+def _ids(tokens: Sequence[int]) -> list[int]:
+    """An encoder's tokens as a list (gigatoken gives a numpy array)."""
+    return tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+
+
+@pytest.mark.parametrize("engine", FAST_BPES)
 @pytest.mark.parametrize("name", ENCODINGS)
-def test_the_counter_counts_the_corpus_like_tiktoken(name: str) -> None:
-    """The counts the sidecar takes (riptoken where the guard lets it, tiktoken elsewhere) equal
-    tiktoken's on every text; where riptoken counts, its tokens are tiktoken's token for token
-    (the same ids imply the same count everywhere)."""
-    fast, why = fast_encoder(name)
+def test_the_counter_counts_the_corpus_like_tiktoken(name: str, engine: str) -> None:
+    """The counts the sidecar takes (the fast engine where it may count, tiktoken elsewhere)
+    equal tiktoken's on every text; where the engine counts, its tokens are tiktoken's token for
+    token (the same ids imply the same count everywhere). riptoken counts behind its guard;
+    gigatoken counts every text."""
+    fast, why = fast_encoder(name, engine)
     assert fast is not None, why
     slow = load_encoding(name).encode_ordinary
-    counter = TiktokenCounter(name, "riptoken")
+    counter = TiktokenCounter(name, engine)  # type: ignore[arg-type]
     texts = chars = tokens = fast_chars = 0
     scripts: set[str] = set()
     for text in corpus():
         want = slow(text)
         assert counter.count(text) == len(want), f"{name}: differs on {text[:80]!r}"
-        if pieces_are_short(text):
-            assert fast(text) == want, f"{name}: riptoken differs on {text[:80]!r}"
+        if engine == "gigatoken" or pieces_are_short(text):
+            assert _ids(fast(text)) == want, f"{name}: {engine} differs on {text[:80]!r}"
             fast_chars += len(text)
         texts, chars, tokens = texts + 1, chars + len(text), tokens + len(want)
         scripts.update(unicodedata.name(c, "?").split()[0] for c in text[:2000:7])
@@ -251,6 +265,15 @@ def test_long_pieces_go_to_tiktoken(text: str) -> None:
         assert TiktokenCounter(name, "riptoken").count(text) == len(
             load_encoding(name).encode_ordinary(text)
         )
+
+
+@pytest.mark.parametrize("text", LONG_PIECES, ids=lambda t: f"{t[:6]!r}x{len(t)}")
+def test_gigatoken_needs_no_guard_for_long_pieces(text: str) -> None:
+    """gigatoken merges long pieces as tiktoken does, so it counts them itself."""
+    for name in ENCODINGS:
+        fast, _ = fast_encoder(name, "gigatoken")
+        assert fast is not None
+        assert _ids(fast(text)) == load_encoding(name).encode_ordinary(text)
 
 
 def _longest_piece(name: str, text: str) -> int:
@@ -302,11 +325,11 @@ def test_the_guard_is_sound(runs: list[tuple[str, int]]) -> None:
 @given(text=st.text(max_size=400))
 def test_counts_agree_on_arbitrary_unicode(text: str) -> None:
     """Any string Python can hold, lone surrogates included (tiktoken's own repair takes those:
-    riptoken cannot take them)."""
+    neither fast engine can take them)."""
     for name in ENCODINGS:
-        assert TiktokenCounter(name, "riptoken").count(text) == TiktokenCounter(
-            name, "tiktoken"
-        ).count(text)
+        want = TiktokenCounter(name, "tiktoken").count(text)
+        for engine in FAST_BPES:
+            assert TiktokenCounter(name, engine).count(text) == want, engine
 
 
 @settings(max_examples=300, deadline=None)
@@ -322,31 +345,71 @@ def test_counts_agree_on_the_pattern_s_corner_cases(text: str) -> None:
     """The split pattern's corners: case runs, contractions, digit runs, whitespace before a
     word or at the end, punctuation runs, combining marks."""
     for name in ENCODINGS:
-        fast, _ = fast_encoder(name)
-        assert fast is not None
-        assert fast(text) == load_encoding(name).encode_ordinary(text)
+        for engine in FAST_BPES:
+            fast, _ = fast_encoder(name, engine)
+            assert fast is not None
+            assert _ids(fast(text)) == load_encoding(name).encode_ordinary(text), engine
 
 
-def test_auto_takes_riptoken_and_the_cache_and_calibration_name_it() -> None:
+def test_auto_takes_gigatoken_and_the_cache_and_calibration_name_it() -> None:
     counter = TiktokenCounter("o200k_base")
-    assert counter.engine == "riptoken"
-    assert bpe_engine(CountCache(1 << 20).wrap(counter)) == "riptoken"
+    assert counter.engine == "gigatoken"
+    assert bpe_engine(CountCache(1 << 20).wrap(counter)) == "gigatoken"
     assert bpe_engine(CalibratedCounter(TiktokenCounter("cl100k_base", "tiktoken"), 1.1)) == (
         "tiktoken"
     )
     # the ruler's name is the encoding, not the implementation: the same counts
     assert counter.name == TiktokenCounter("o200k_base", "tiktoken").name
+    # gigatoken's piece cache is bounded (its own default is 512 MiB a worker)
+    assert gigatoken_rs.get_max_cache_bytes() == GIGATOKEN_CACHE_BYTES
 
 
-def test_lone_surrogates_fall_back_to_tiktoken() -> None:
+@pytest.mark.parametrize(
+    ("engine", "error"), [("riptoken", UnicodeEncodeError), ("gigatoken", TypeError)]
+)
+def test_lone_surrogates_fall_back_to_tiktoken(engine: str, error: type[Exception]) -> None:
     text = "broken \ud83d pair and \udc00 alone " * 40
-    fast, _ = fast_encoder("o200k_base")
+    fast, _ = fast_encoder("o200k_base", engine)
     assert fast is not None
-    with pytest.raises(UnicodeEncodeError):
+    with pytest.raises(error):
         fast(text)
-    assert TiktokenCounter("o200k_base", "riptoken").count(text) == len(
+    assert TiktokenCounter("o200k_base", engine).count(text) == len(  # type: ignore[arg-type]
         load_encoding("o200k_base").encode_ordinary(text)
     )
+
+
+def test_gigatoken_counts_from_many_threads_at_once() -> None:
+    """One gigatoken encoder raises "Already borrowed" when two threads call it at once; the
+    counter's lock makes the counting threads take turns, and every count is right."""
+    rnd = random.Random(11)
+    texts = [
+        " ".join(
+            "".join(
+                rnd.choice("abcdefghijklmnopqrstuvwxyzäöü中文") for _ in range(rnd.randint(1, 9))
+            )
+            for _ in range(20_000)
+        )
+        for _ in range(8)
+    ]
+    want = [len(load_encoding("o200k_base").encode_ordinary(t)) for t in texts]
+    counter = TiktokenCounter("o200k_base", "gigatoken")
+    got: dict[tuple[int, int], int] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for k in range(4):
+                j = (i + k) % len(texts)
+                got[i, k] = counter.count(texts[j]) - want[j]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(got) == 32 and set(got.values()) == {0}, (errors, got)
 
 
 @pytest.fixture
@@ -356,13 +419,66 @@ def fresh_fast_encoder() -> Iterator[None]:
     fast_encoder.cache_clear()
 
 
-def test_without_riptoken_auto_counts_with_tiktoken(
+def test_without_gigatoken_auto_takes_riptoken(
+    monkeypatch: pytest.MonkeyPatch, fresh_fast_encoder: None
+) -> None:
+    monkeypatch.setitem(sys.modules, "gigatoken.gigatoken_rs", None)  # import fails
+    assert TiktokenCounter("o200k_base").engine == "riptoken"
+    with pytest.raises(TokenizerError, match="gigatoken is not installed"):
+        TiktokenCounter("o200k_base", "gigatoken")
+
+
+def test_without_either_auto_counts_with_tiktoken(
     monkeypatch: pytest.MonkeyPatch, fresh_fast_encoder: None
 ) -> None:
     monkeypatch.setitem(sys.modules, "riptoken", None)  # import fails
+    monkeypatch.setitem(sys.modules, "gigatoken.gigatoken_rs", None)
     assert TiktokenCounter("o200k_base").engine == "tiktoken"
     with pytest.raises(TokenizerError, match="riptoken is not installed"):
         TiktokenCounter("o200k_base", "riptoken")
+
+
+def test_a_gigatoken_without_a_cache_bound_is_never_used(
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_fast_encoder: None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The official gigatoken 0.10.0 has no bound on its piece cache (a sidecar's memory would
+    grow with every new piece it sees): auto passes it over, and insisting on it fails."""
+    monkeypatch.delattr(gigatoken_rs, "set_max_cache_bytes")
+    with caplog.at_level(logging.WARNING, logger=tokenizers.log.name):
+        assert TiktokenCounter("o200k_base").engine == "riptoken"
+    assert any(
+        "no bound on its piece cache" in str(r.__dict__.get("fields")) for r in caplog.records
+    )
+    with pytest.raises(TokenizerError, match="no bound on its piece cache"):
+        TiktokenCounter("o200k_base", "gigatoken")
+
+
+class _DisagreeingGigatoken:
+    """A gigatoken that adds a token to every text (a regression in a new release)."""
+
+    @staticmethod
+    def from_tiktoken(*args: object) -> object:
+        real = _REAL_GIGATOKEN.from_tiktoken(*args)
+
+        class _Wrong:
+            def encode(self, text: str) -> list[int]:
+                return [*real.encode(text).tolist(), 0]
+
+        return _Wrong()
+
+
+_REAL_GIGATOKEN = gigatoken_rs.BPETokenizer
+
+
+def test_a_gigatoken_that_disagrees_is_never_used(
+    monkeypatch: pytest.MonkeyPatch, fresh_fast_encoder: None
+) -> None:
+    monkeypatch.setattr(gigatoken_rs, "BPETokenizer", _DisagreeingGigatoken)
+    assert TiktokenCounter("o200k_base").engine == "riptoken"
+    with pytest.raises(TokenizerError, match="other o200k_base tokens than tiktoken"):
+        TiktokenCounter("o200k_base", "gigatoken")
 
 
 class _Disagreeing:
@@ -384,6 +500,7 @@ def test_a_riptoken_that_disagrees_is_never_used(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(riptoken, "CoreBPE", _Disagreeing)
+    monkeypatch.setitem(sys.modules, "gigatoken.gigatoken_rs", None)  # auto would take it first
     with caplog.at_level(logging.WARNING, logger=tokenizers.log.name):
         counter = TiktokenCounter("o200k_base")
     assert counter.engine == "tiktoken"
@@ -393,7 +510,9 @@ def test_a_riptoken_that_disagrees_is_never_used(
         TiktokenCounter("o200k_base", "riptoken")
 
 
-def _serve_check(tmp_path: Path, bpe: str, hide_riptoken: bool) -> subprocess.CompletedProcess[str]:
+def _serve_check(
+    tmp_path: Path, bpe: str, hide: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "sidecar.yaml").write_text(
         json.dumps(
             {
@@ -403,12 +522,12 @@ def _serve_check(tmp_path: Path, bpe: str, hide_riptoken: bool) -> subprocess.Co
         )
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEILING_")}
-    if hide_riptoken:
-        (tmp_path / "shadow").mkdir(exist_ok=True)
-        (tmp_path / "shadow" / "riptoken.py").write_text(
-            "raise ImportError('hidden by the test')\n"
-        )
-        env["PYTHONPATH"] = f"{tmp_path / 'shadow'}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    if hide:  # modules of the same name first on the path, that fail to import
+        shadow = tmp_path / "shadow"
+        for name in hide:
+            (shadow / name).mkdir(parents=True, exist_ok=True)
+            (shadow / name / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+        env["PYTHONPATH"] = f"{shadow}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return subprocess.run(
         [
             sys.executable,
@@ -427,15 +546,18 @@ def _serve_check(tmp_path: Path, bpe: str, hide_riptoken: bool) -> subprocess.Co
 
 
 def test_serve_check_names_the_bpe(tmp_path: Path) -> None:
-    r = _serve_check(tmp_path, "auto", hide_riptoken=False)
+    r = _serve_check(tmp_path, "auto")
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("bpe gigatoken"), r.stdout + r.stderr
+    r = _serve_check(tmp_path, "auto", hide=("gigatoken",))
     assert r.returncode == 0 and r.stdout.rstrip().endswith("bpe riptoken"), r.stdout + r.stderr
 
 
-def test_serve_check_without_riptoken(tmp_path: Path) -> None:
-    r = _serve_check(tmp_path, "auto", hide_riptoken=True)
+def test_serve_check_without_the_fast_engines(tmp_path: Path) -> None:
+    r = _serve_check(tmp_path, "auto", hide=("riptoken", "gigatoken"))
     assert r.returncode == 0 and r.stdout.rstrip().endswith("bpe tiktoken"), r.stdout + r.stderr
-    r = _serve_check(tmp_path, "riptoken", hide_riptoken=True)
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "counting.bpe is riptoken" in lines[0], r.stderr
-    assert "not installed" in lines[0]
+    for engine in FAST_BPES:
+        r = _serve_check(tmp_path, engine, hide=(engine,))
+        assert r.returncode == 2, r.stdout + r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"counting.bpe is {engine}" in lines[0], r.stderr
+        assert "not installed" in lines[0]

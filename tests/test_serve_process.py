@@ -85,7 +85,7 @@ def test_one_json_log_format_startup_line_and_no_secrets(
     [started] = [x for x in lines if x["message"] == "sidecar started"]
     assert started["version"] == __version__ and started["mode"] == "observe"
     assert started["upstreams"] == ["openai"] and started["models"] == ["gpt-4o"]
-    assert started["bpe"] == "riptoken"  # the fast extra is in the dev install
+    assert started["bpe"] == "gigatoken"  # the gigatoken extra is in the dev install (auto)
     loggers = {x["logger"] for x in lines}
     assert "uvicorn.error" in loggers and "ceiling.requests" in loggers
     assert KEY not in out and "hi" not in [x.get("message") for x in lines]
