@@ -27,7 +27,7 @@ from benchmarks.bodies import body_of, body_path
 from benchmarks.load import fmt, spread, wrk
 
 #: the compared targets, the baseline first
-DUO = ("bare", "bounded", "sidecar")
+COMPARED = ("bare", "bounded", "sidecar", "gigatoken")
 
 
 def measure(
@@ -85,13 +85,15 @@ def pairs_of_every_cell(
     rounds: int,
     wrk_bin: str,
     work: Path,
-    duo: tuple[str, ...] = DUO,
+    compared: tuple[str, ...] = COMPARED,
     concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     """:func:`measure` for every size, streamed and not, on the bodies the run wrote."""
-    names = [n for n in duo if n in started]
+    names = [n for n in compared if n in started]
     out: list[dict[str, Any]] = []
-    if names[:1] != [duo[0]] or len(names) < 2:  # the baseline and something to compare with it
+    if (
+        names[:1] != [compared[0]] or len(names) < 2
+    ):  # the baseline and something to compare with it
         return out
     for size in sizes:
         for stream in (False, True):

@@ -31,7 +31,7 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
             "--concurrency",
             "1,4",
             "--targets",
-            "direct,bare,sidecar,bounded,enforce",
+            "direct,bare,sidecar,gigatoken,bounded,enforce",
             "--streams",
             "20",
             "--no-trim",
@@ -53,7 +53,7 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
         (True, 4),
     }
     for c in res["cells"]:
-        assert set(c["targets"]) == {"direct", "bare", "sidecar", "bounded", "enforce"}
+        assert set(c["targets"]) == {"direct", "bare", "sidecar", "gigatoken", "bounded", "enforce"}
         for name, t in c["targets"].items():
             assert t["errors"] == 0 and t["rps"]["median"] > 0, (name, t)
             assert t["cpu_ms_per_request"]["median"] > 0, name
@@ -64,6 +64,9 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
     streams = res["slow_streams"]["targets"]
     assert {n: v["completed"] for n, v in streams.items()} == {"sidecar": 20, "bare": 20}
     assert all(v["peak_mib"] >= v["idle_mib"] > 0 for v in streams.values())
+    # the counting column times the whole-request count with each encoder
+    k = next(c["counting"] for c in res["cells"] if c["concurrency"] == 1)
+    assert k["bpe"] == "riptoken" and k["sidecar_count_gigatoken_ms"] > 0, k
     assert "| 1,000 | yes | 4 | enforce |" in r.stdout
     assert "added p50 <= 1.2x (bare pass-through + counting)" in r.stdout
     # c=1 in tight pairs: every round of each target against the bare pass-through
@@ -73,7 +76,7 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
         (1000, True, "bare"),
     ]
     for p in pairs:
-        assert set(p["targets"]) == {"bare", "bounded", "sidecar"} and p["rounds"] == 2
+        assert set(p["targets"]) == {"bare", "bounded", "sidecar", "gigatoken"} and p["rounds"] == 2
         assert all(t["errors"] == 0 and t["p50_ms"]["min"] > 0 for t in p["targets"].values())
         assert (
             "added_p50_ms" in p["targets"]["bounded"] and "added_p50_ms" not in p["targets"]["bare"]

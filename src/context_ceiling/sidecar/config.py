@@ -171,9 +171,10 @@ class Counting(_Section):
     ``overlap_bytes: 0`` counts every request before forwarding it, on the event loop.
 
     ``bpe``: which implementation encodes the tiktoken encodings; the counts are the same.
-    ``auto`` takes riptoken (the ``fast`` extra, in the image) when it is installed and agrees
-    with tiktoken token for token on the packaged check text, else tiktoken; ``riptoken``
-    insists on it (startup fails with the reason); ``tiktoken`` never uses it."""
+    ``auto`` takes gigatoken (the opt-in ``gigatoken`` extra), else riptoken (the ``fast``
+    extra, in the image), where it is installed and agrees with tiktoken token for token on the
+    packaged check text, else tiktoken; ``riptoken`` or ``gigatoken`` insists on that one
+    (startup fails with the reason); ``tiktoken`` uses neither."""
 
     cache_mib: float = Field(default=64, ge=0)
     strategy: Literal["exact", "bounded"] = "exact"
