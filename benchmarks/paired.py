@@ -91,9 +91,8 @@ def pairs_of_every_cell(
     """:func:`measure` for every size, streamed and not, on the bodies the run wrote."""
     names = [n for n in compared if n in started]
     out: list[dict[str, Any]] = []
-    if (
-        names[:1] != [compared[0]] or len(names) < 2
-    ):  # the baseline and something to compare with it
+    # the baseline and something to compare with it
+    if names[:1] != [compared[0]] or len(names) < 2:
         return out
     for size in sizes:
         for stream in (False, True):

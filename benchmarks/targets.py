@@ -156,6 +156,7 @@ def bare(up: str, aiohttp: bool = False) -> Target:
 def sidecar(
     up: str,
     workdir: Path,
+    name: str = "sidecar",
     enforce: bool = False,
     cache: bool = False,
     bounded: bool = False,
@@ -163,8 +164,9 @@ def sidecar(
     overlap: bool = True,
     bpe: str = "riptoken",
 ) -> Target:
-    """The sidecar; ``cache`` off by default so every request is counted from scratch (the
-    benchmark repeats one body, which the count cache would otherwise answer); ``bounded``:
+    """The sidecar, called ``name`` in the tables (its config and ceilings files too); ``cache``
+    off by default so every request is counted from scratch (the benchmark repeats one body,
+    which the count cache would otherwise answer); ``bounded``:
     ``counting.strategy: bounded`` (a request a bound proves within budget is not counted);
     ``workers``: worker processes behind the one port (exact counting); ``overlap`` off: every
     request counted before it is forwarded (``counting.overlap_bytes: 0``, before session 7);
@@ -172,21 +174,6 @@ def sidecar(
     where the benchmark's install has it); ``tiktoken`` is the sidecar as deployed but encoding
     with tiktoken (before session 10), ``gigatoken`` with gigatoken (the opt-in extra)."""
     port = free_port()
-    name = (
-        bpe
-        if bpe != "riptoken"
-        else "enforce"
-        if enforce
-        else "cached"
-        if cache
-        else "bounded"
-        if bounded
-        else "workers"
-        if workers > 1
-        else "sidecar"
-        if overlap
-        else "first"
-    )
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "upstreams": {"openai": {"base_url": up + "/v1"}},
@@ -293,13 +280,13 @@ _STARTS: dict[str, Callable[[str, Path], Target | None]] = {
     "bare-aiohttp": lambda up, w: bare(up, aiohttp=True),
     "litellm": lambda up, w: litellm(up, w),
     "sidecar": lambda up, w: sidecar(up, w),
-    "tiktoken": lambda up, w: sidecar(up, w, bpe="tiktoken"),
-    "gigatoken": lambda up, w: sidecar(up, w, bpe="gigatoken"),
-    "first": lambda up, w: sidecar(up, w, overlap=False),
-    "bounded": lambda up, w: sidecar(up, w, bounded=True),
-    "workers": lambda up, w: sidecar(up, w, workers=2),
-    "cached": lambda up, w: sidecar(up, w, cache=True),
-    "enforce": lambda up, w: sidecar(up, w, enforce=True),
+    "tiktoken": lambda up, w: sidecar(up, w, "tiktoken", bpe="tiktoken"),
+    "gigatoken": lambda up, w: sidecar(up, w, "gigatoken", bpe="gigatoken"),
+    "first": lambda up, w: sidecar(up, w, "first", overlap=False),
+    "bounded": lambda up, w: sidecar(up, w, "bounded", bounded=True),
+    "workers": lambda up, w: sidecar(up, w, "workers", workers=2),
+    "cached": lambda up, w: sidecar(up, w, "cached", cache=True),
+    "enforce": lambda up, w: sidecar(up, w, "enforce", enforce=True),
 }
 #: every target :func:`start` knows
 NAMES = tuple(_STARTS)

@@ -50,6 +50,8 @@ FastBpe = Literal["gigatoken", "riptoken"]
 FAST_BPES: tuple[FastBpe, ...] = ("gigatoken", "riptoken")
 #: the extra that installs each
 _EXTRA = {"gigatoken": "gigatoken", "riptoken": "fast"}
+#: the distributions each may be installed as (for the version its messages name)
+_DISTS = {"gigatoken": ("gigatoken-cachefix", "gigatoken"), "riptoken": ("riptoken",)}
 #: gigatoken's cache of encoded pieces, per encoding: when full it is wiped back to its
 #: vocabulary seed and refilled (the counts never change). Its own default is 512 MiB a worker;
 #: a sidecar holds two encodings. Measured here: the seed is ~25-30 MiB, and 4 million random
@@ -117,8 +119,8 @@ class _Unsuitable(Exception):
     """An installed fast encoder that must not be used; the message says why."""
 
 
-def _version(*dists: str) -> str:
-    for dist in dists:
+def _version(engine: FastBpe) -> str:
+    for dist in _DISTS[engine]:
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -132,7 +134,7 @@ def _riptoken(name: str) -> tuple[Callable[[str], Sequence[int]], str]:
     spec = encoding_spec(name)
     core = riptoken.CoreBPE(spec["mergeable_ranks"], spec["special_tokens"], spec["pat_str"])
     encode: Callable[[str], Sequence[int]] = core.encode_ordinary
-    return encode, f"riptoken {riptoken.__version__}"
+    return encode, f"riptoken {_version('riptoken')}"
 
 
 def _gigatoken(name: str) -> tuple[Callable[[str], Sequence[int]], str]:
@@ -144,7 +146,7 @@ def _gigatoken(name: str) -> tuple[Callable[[str], Sequence[int]], str]:
     threads take turns."""
     import gigatoken.gigatoken_rs as gt
 
-    version = f"gigatoken {_version('gigatoken-cachefix', 'gigatoken')}"
+    version = f"gigatoken {_version('gigatoken')}"
     if not hasattr(gt, "set_max_cache_bytes"):
         raise _Unsuitable(
             f"{version} has no bound on its piece cache (it grows with every new piece); "
