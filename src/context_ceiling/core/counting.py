@@ -72,6 +72,24 @@ class RequestCount:
     #: the provider holds part of the context (Responses ``previous_response_id`` /
     #: ``conversation``): this count is what the sidecar saw, not the whole input
     partial: bool = False
+    _groups: dict[int, list[Part]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def by_message(self) -> dict[int, list[Part]]:
+        """The parts by message index (-1: the top-level fields), in order. Grouped once: the
+        trimmer reads it and the recount of its output takes it over (:func:`prior_of`). The
+        lists are shared: read them, never change them."""
+        if self._groups is None:
+            groups: dict[int, list[Part]] = {}
+            for p in self.parts:
+                got = groups.get(p.message)
+                if got is None:
+                    groups[p.message] = [p]
+                else:
+                    got.append(p)
+            self._groups = groups
+        return self._groups
 
     def scaled_to(self, total: int, *, exact: bool, counter: str | None = None) -> RequestCount:
         """Re-express the breakdown against an authoritative total (largest remainder)."""
@@ -103,11 +121,9 @@ def prior_of(messages: list[Any], count: RequestCount) -> Prior:
     per-request memo made their long texts lookups, but the walk, the short texts and the shape
     check remained, a fifth of an enforced request at 1k tokens. Only the rewritten messages
     (new objects) are counted now."""
-    by: dict[int, list[Part]] = {}
-    for p in count.parts:
-        if p.message >= 0:
-            by.setdefault(p.message, []).append(p)
-    return {id(m): (m, by.get(i, [])) for i, m in enumerate(messages)}
+    by = count.by_message()
+    none: list[Part] = []
+    return {id(m): (m, by.get(i, none)) for i, m in enumerate(messages)}
 
 
 class _Tally:
@@ -131,9 +147,15 @@ class _Tally:
         parts = got[1]
         if any(p.component is not component and p.component not in _OWN_KIND for p in parts):
             return False
+        comps = self.comps
+        if not parts or parts[0].message == message:  # same place: the parts themselves
+            self.parts.extend(parts)
+            for p in parts:
+                comps[p.component] += p.tokens
+            return True
         for p in parts:
             self.parts.append(Part(message, p.block, p.component, p.tokens, p.span, p.frame))
-            self.comps[p.component] += p.tokens
+            comps[p.component] += p.tokens
         return True
 
     def add(

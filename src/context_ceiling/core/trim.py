@@ -154,10 +154,10 @@ class _Trimmer:
         self.messages: list[Any] = (
             responses_items(body) if api == "responses" else list(body.get("messages") or [])
         )
-        self.parts: dict[int, list[Part]] = defaultdict(list)
-        for p in count.parts:
-            self.parts[p.message].append(p)
-        self.msg_tokens = {i: sum(p.tokens for p in ps) for i, ps in self.parts.items()}
+        self.parts = count.by_message()
+        #: tokens the stages took from each message so far (a message history drops is worth
+        #: what is left of it)
+        self.taken: dict[int, int] = {}
         self.report = FitReport(budget=budget, before=count.total, after=count.total)
         self.drop_messages: set[int] = set()
         self.drop_blocks: dict[int, set[int]] = defaultdict(set)
@@ -185,7 +185,7 @@ class _Trimmer:
     def _take(self, kind: Stage, i: int, j: int, tokens: int) -> None:
         self.report.after -= tokens
         self.report.removed[kind] += tokens
-        self.msg_tokens[i] = self.msg_tokens.get(i, 0) - tokens
+        self.taken[i] = self.taken.get(i, 0) + tokens
         if self.first_cut is None or (i, j) < self.first_cut:
             self.first_cut = (i, j)
 
@@ -225,7 +225,7 @@ class _Trimmer:
                 text = m.get("output") if output else _texts(m.get("content"))
                 if not isinstance(text, str):
                     continue  # structured output (images, files): left whole
-                tokens = sum(p.tokens for p in self.parts[i] if not p.frame)
+                tokens = sum(p.tokens for p in self.parts.get(i, ()) if not p.frame)
                 new = self._truncate(text, tokens, self._target(tokens))
                 if new is not None:
                     text, new_tokens = new
@@ -244,7 +244,7 @@ class _Trimmer:
                         continue  # results with images are left whole
                     if (i, j) in self.replace or self._protected(i, j, allow_prefix):
                         continue
-                    tokens = sum(p.tokens for p in self.parts[i] if p.block == j) - 3
+                    tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j) - 3
                     new = self._truncate(_texts(inner), tokens, self._target(tokens))
                     if new is not None:
                         text, new_tokens = new
@@ -272,14 +272,16 @@ class _Trimmer:
         return best
 
     def retrieved(self, allow_prefix: bool) -> None:
-        by_message: dict[int, list[Part]] = {}
+        found: dict[int, list[Part]] = {}
         retrieved = Component.RETRIEVED  # an enum member lookup costs ~0.2 us on Python 3.11
-        for i in sorted(self.parts):
-            if i < 0 or i in self.drop_messages or self._role(i) == "assistant":
-                continue
-            chunks = [p for p in self.parts[i] if p.component is retrieved]
-            if chunks:
-                by_message[i] = chunks
+        for p in self.count.parts:  # one pass, not one per message: most messages have none
+            if p.component is retrieved and p.message >= 0:
+                found.setdefault(p.message, []).append(p)
+        by_message = {
+            i: found[i]
+            for i in sorted(found)
+            if i not in self.drop_messages and self._role(i) != "assistant"
+        }
         limit = self.policy.max_retrieved_chunks
         if limit is not None:
             for i, chunks in by_message.items():
@@ -327,7 +329,8 @@ class _Trimmer:
                     continue
                 if i not in self.drop_messages:
                     self.drop_messages.add(i)
-                    self._take("history", i, -1, self.msg_tokens.get(i, 0))
+                    left = sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
+                    self._take("history", i, -1, left)
 
     def _role(self, i: int) -> Any:
         m = self.messages[i] if 0 <= i < len(self.messages) else None
@@ -473,7 +476,8 @@ def fit(
     fn = COUNTERS[api]
     if count is None:
         count = fn(body, counter, chat_format, pattern)
-    report = FitReport(budget=budget, before=count.total, after=count.total)
+    before = count.total
+    report: FitReport | None = None  # the first round's, the later rounds added to it
     current: Mapping[str, Any] = body
     for _ in range(MAX_ROUNDS if api != "gemini" else 0):  # Gemini: judged, never trimmed
         if count.total <= budget:
@@ -483,16 +487,21 @@ def fit(
         out = trimmer.materialize()
         if not trimmer.changed():
             break
-        for k, v in trimmer.report.removed.items():
-            report.removed[k] += v
-        report.cache_loss_tokens += trimmer.report.cache_loss_tokens
-        report.actions += [a for a in trimmer.report.actions if a not in report.actions]
+        if report is None:
+            report = trimmer.report
+        else:
+            for k, v in trimmer.report.removed.items():
+                report.removed[k] += v
+            report.cache_loss_tokens += trimmer.report.cache_loss_tokens
+            report.actions += [a for a in trimmer.report.actions if a not in report.actions]
         # the honest figure: the output counted again with the same counter, markers and
         # placeholders included (the per-part estimate can be off by a few tokens a cut); the
         # messages it shares with the body counted before are taken over, not walked again
         prior = prior_of(trimmer.messages, count)
         current, count = out, fn(out, counter, chat_format, pattern, prior)
-    report.after = count.total
+    if report is None:
+        report = FitReport(budget=budget, before=before, after=before)
+    report.before, report.after = before, count.total
     net, est = report.before - report.after, sum(report.removed.values())
     if est and net != est:  # the estimates per stage, made to add up to the recounted total
         top = max(report.removed, key=lambda k: report.removed[k])

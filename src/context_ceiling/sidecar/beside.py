@@ -4,7 +4,8 @@ turns into: the ceiling's verdict and the observed utilization.
 A long request whose forwarding cannot depend on its count (``observe`` and ``off`` never trim;
 in ``enforce`` the strict bound must prove it within its budget) is forwarded at once. Its count,
 and the decision on it, run on a worker thread while the upstream works (tiktoken and riptoken
-release the GIL while they encode), and are settled before the answer goes back: the response
+release the GIL while they encode; gigatoken holds it, so its count overlaps the upstream's
+wait, not other requests' work), and are settled before the answer goes back: the response
 headers, the log line and the metrics carry what they carry when the request is counted first.
 
 A long request a bound let through and the sampler picked (``counting.strategy: bounded``) is
@@ -123,7 +124,7 @@ async def first(
     """Count a long request that must be counted before it is forwarded (``enforce`` and not
     proved within budget) on a counting thread, and take the verdict there too (trimming
     recounts what it rewrote): the event loop serves other requests meanwhile, so under load
-    the count runs on another core (tiktoken releases the GIL). Sets the count; returns the
+    the count runs on another core (tiktoken and riptoken release the GIL; gigatoken holds it). Sets the count; returns the
     verdict."""
     ex.count, d, cpu = await _work(st, route, ex, obj, counter)
     if ex.sampled:

@@ -164,7 +164,8 @@ class Counting(_Section):
     before (in ``observe``, what trimming would have removed too). A long body that must be
     counted before forwarding (``enforce``, not proved within budget) is counted, and trimmed,
     on the worker threads too, the event loop serving other requests meanwhile. tiktoken
-    releases the GIL while it encodes, so the count runs on another core; behind a model that
+    and riptoken release the GIL while they encode, so the count runs on another core (gigatoken
+    holds it: its count overlaps the upstream's wait, not other requests' work); behind a model that
     takes longer to answer than the count (64k tokens: ~15-25 ms here) it adds no latency.
     Below the default (~15k tokens) the threads' GIL hand-offs cost more than they save.
     ``count_threads``: the worker threads (0: as many as the CPUs this process may use).
@@ -316,8 +317,8 @@ class Settings(BaseSettings):
     capture: Capture = Field(default_factory=Capture)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: worker processes behind the one port (1: a single process). More than one gives a pod
-    #: more than one core (one process's event loop holds the GIL; the BPE releases it only
-    #: while it encodes): metrics are summed over the
+    #: more than one core (one process's event loop holds the GIL; tiktoken and riptoken
+    #: release it only while they encode, gigatoken never): metrics are summed over the
     #: workers (Prometheus multiprocess mode) and a pushed ceiling reaches every worker before
     #: the push is answered. Set it to the pod's CPU limit.
     workers: int = Field(default=1, ge=1, le=64)

@@ -16,7 +16,7 @@ from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument
 from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.tokenizers import TextCounter
-from context_ceiling.core.trim import FitReport, fit, input_budget, requested_output
+from context_ceiling.core.trim import FitReport, Policy, fit, input_budget, requested_output
 from context_ceiling.core.wire import Mode, Shape
 from context_ceiling.sidecar.config import Enforcement
 
@@ -31,6 +31,8 @@ class Decision:
     #: the body to forward instead of the original (enforce mode, trimmed)
     body: dict[str, Any] | None = None
     reject: bool = False
+    #: the trimming policy in force for the workload (set with the budget)
+    policy: Policy | None = None
 
     @property
     def over(self) -> bool:
@@ -49,13 +51,13 @@ def budget_of(
 ) -> Decision:
     """The mode in force and the input budget (the ceiling, within the window less the output
     reservation), before anything is counted."""
-    mode, _ = cfg.for_workload(workload)
+    mode, policy = cfg.for_workload(workload)
     entry = doc.lookup(label, workload)
     if entry is not None and entry.mode is not None:
         mode = entry.mode
     if bypass:
         mode = "off"
-    d = Decision(mode=mode, entry=entry)
+    d = Decision(mode=mode, entry=entry, policy=policy)
     if mode == "off" or spec is None:
         return d
     asked = requested_output(obj, api)
@@ -83,12 +85,11 @@ def decide(
     d = budget_of(obj, api, spec, label, workload, doc, cfg, bypass)
     if d.mode == "off" or spec is None or d.budget is None:
         return d
-    _, policy = cfg.for_workload(workload)
     if count.total <= d.budget:
         return d
     # The trimmer works in the units of the per-part counts. When the engine counted the total
     # exactly, the parts are the fallback encoding's: scale the budget into their units.
-    parts_total = sum(p.tokens for p in count.parts)
+    parts_total = sum(p.tokens for p in count.parts) if count.exact else count.total
     scale = parts_total / count.total if count.exact and count.total and parts_total else 1.0
     local = (
         count
@@ -101,7 +102,7 @@ def decide(
         budget=math.floor(d.budget * scale),
         counter=counter,
         count=local,
-        policy=policy,
+        policy=d.policy,
         chat_format=spec.chat_format,
         chunk_pattern=chunk_pattern,
     )

@@ -2,7 +2,7 @@
 
 One process is about one core however many the pod has: its event loop, parsing, recording
 and the Python parts of counting hold the GIL (tiktoken and riptoken release it only while they
-encode). With ``workers: N`` the command is a supervisor: uvicorn's own (the socket bound once
+encode; gigatoken never does). With ``workers: N`` the command is a supervisor: uvicorn's own (the socket bound once
 and shared, the kernel spreading connections over the workers, a dead or hung worker replaced,
 SIGTERM drained in every worker), with two changes: SIGHUP reloads the ceilings in every worker
 instead of restarting them, and a dead worker's live gauges are dropped from the shared metrics.
