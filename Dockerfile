@@ -2,7 +2,7 @@
 # (and the `fast` extra, riptoken, the faster exact BPE; no matplotlib, rich or tokenizers:
 # EXTRAS=sweep adds what the in-cluster sweep Job needs,
 # EXTRAS=sweep,hf the Hugging Face tokenizers too, EXTRAS=gigatoken the fastest exact BPE, opt-in:
-# README, "The faster exact BPE"). Non-root, read-only root filesystem friendly
+# docs/counting.md). Non-root, read-only root filesystem friendly
 # (writes only /tmp), tokenizer data inside the package, nothing fetched at start.
 #
 # It installs from a wheelhouse built beside it (`make image` runs `pip wheel` into

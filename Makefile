@@ -5,9 +5,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck litellm test test-fast demo image bench bench-validity bench-soak bench-trim local-model dashboards tools clean
+.PHONY: help venv lint typecheck check docs generate litellm test test-fast demo image bench bench-validity bench-soak bench-trim local-model dashboards tools clean
+.DEFAULT_GOAL := help
 
-venv: $(VENV)/.installed
+help:  ## list the targets with what each does
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+venv: $(VENV)/.installed  ## the development virtualenv in .venv (editable install with every extra)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,12 +33,23 @@ image: venv  ## the container image, built with buildah on a Debian base from mm
 dashboards: venv  ## regenerate dashboards/generated from dashboards/mixin.py
 	$(PY) -m dashboards.mixin
 
-lint: venv
+lint: venv  ## ruff: lint and formatting
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: venv
+typecheck: venv  ## mypy --strict over the package and the dev tools
 	$(BIN)/mypy
+
+check: lint typecheck  ## lint and types only: seconds, no root, no model
+
+docs: venv  ## build the documentation site into out/site (mkdocs --strict: broken links fail)
+	$(BIN)/mkdocs build --strict -d out/site
+
+generate: venv  ## regenerate every generated file (dashboards, chart schema, CLI and config references)
+	$(PY) -m dashboards.mixin
+	$(PY) -m devtools.chart_schema
+	$(PY) -m devtools.cli_docs
+	$(PY) -m devtools.config_docs
 
 litellm:  ## LiteLLM's proxy in its own cached venv (the chaining tests and the benchmark peer)
 	bash scripts/litellm.sh >/dev/null
@@ -63,5 +78,5 @@ bench-trim: venv  ## trimming generated agent traffic: validity and removal, Lit
 	bash scripts/litellm.sh >/dev/null
 	$(PY) benchmarks/trim_validity.py $(TRIM_ARGS)
 
-clean:
+clean:  ## remove the venv, caches and out/
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

@@ -10,9 +10,9 @@ the min-max. Drift slower than a round cancels out.
 ``python -m benchmarks.paired BASELINE TARGET...`` runs only those (any target of
 :func:`benchmarks.targets.start` but LiteLLM, whose seconds-long rounds this instrument is not
 for) in front of the upstream double, 15 pairs per cell, and prints the table: with no other
-target alive, as in session 11's ``bare-aiohttp bounded``. ``-c N`` pairs them at concurrency N
+target alive (e.g. ``bare-aiohttp bounded``). ``-c N`` pairs them at concurrency N
 instead, and each round also gives the baseline's throughput over the target's: the instrument for
-"enforcing within 1.2x of observing" (session 12's ``-c 16 first enforce``), a ratio that three
+"enforcing within 1.2x of observing" (``-c 16 first enforce``), a ratio that three
 rotated rounds of the full run, on a machine whose throughput drifts by a third between rounds,
 cannot resolve either.
 """
@@ -113,7 +113,7 @@ def pairs_of_every_cell(
 
 
 def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
-    """The README's table of the pairs (nothing when the run has none)."""
+    """The report's table of the pairs (nothing when the run has none)."""
     if not pairs:
         return []
     first = pairs[0]

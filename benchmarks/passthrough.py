@@ -4,7 +4,7 @@ Pure ASGI on uvicorn (uvloop + httptools), one pooled keep-alive httpx client, b
 both ways with no parsing, no counting, no metrics. Whatever the sidecar costs beyond this is the
 price of measuring. ``aiohttp`` as the third argument sends through the sidecar's own upstream
 transport (``sidecar/aio.py``) instead of httpx's default one (httpcore): the ``bare-aiohttp``
-target, the floor on the sidecar's stack since session 11. Run:
+target, the floor on the sidecar's stack. Run:
 ``python -m benchmarks.passthrough PORT UPSTREAM_BASE_URL [aiohttp]``.
 """
 

@@ -248,7 +248,7 @@ def main() -> int:
 
 
 def report(res: dict[str, Any]) -> str:
-    """The README's tables and the target verdicts, from a results.json."""
+    """The report's tables and the target verdicts, from a results.json."""
     from benchmarks.verdicts import verdicts
 
     names = res["targets"]
@@ -339,7 +339,7 @@ def _levers(res: dict[str, Any]) -> list[str]:
 
 
 def readme_tables(res: dict[str, Any]) -> list[str]:
-    """The README's two summary tables: concurrency 16 against LiteLLM (paired per round), and
+    """The report's two summary tables: concurrency 16 against LiteLLM (paired per round), and
     the latency each proxy adds at concurrency 1."""
     names = [n for n in res["targets"] if n != "direct"]
     out = [

@@ -54,9 +54,9 @@ class Target:
 
     def tree(self, max_age: float = 1.0) -> list[psutil.Process]:
         """The process and its descendants, looked up at most every ``max_age`` seconds: one
-        lookup scans /proc (~1.5 ms here), and the RSS sampler of ten targets at 20 Hz took a
-        third of a core from the machine under measurement until session 8 (which, among other
-        things, made a second thread in the sidecar wait for a core: +5 ms at 64k, c=1)."""
+        lookup scans /proc, and a sampler of ten targets at 20 Hz would take a third of a core
+        from the machine under measurement (making a second thread in the sidecar wait for a
+        core)."""
         now = time.monotonic()
         if now - self._tree_at > max_age:
             try:
@@ -143,8 +143,8 @@ def upstream(workdir: Path, pace: float = 0.0, chunks: int = 20, think: float = 
 
 
 def bare(up: str, aiohttp: bool = False) -> Target:
-    """The bare pass-through on httpx's default transport (``bare``, the performance issue's
-    reference) or on the sidecar's own (``bare-aiohttp``)."""
+    """The bare pass-through on httpx's default transport (``bare``, the reference
+    pass-through) or on the sidecar's own (``bare-aiohttp``)."""
     port = free_port()
     args = [sys.executable, "-m", "benchmarks.passthrough", str(port), up]
     proc = _spawn([*args, "aiohttp"] if aiohttp else args)
@@ -169,10 +169,10 @@ def sidecar(
     which the count cache would otherwise answer); ``bounded``:
     ``counting.strategy: bounded`` (a request a bound proves within budget is not counted);
     ``workers``: worker processes behind the one port (exact counting); ``overlap`` off: every
-    request counted before it is forwarded (``counting.overlap_bytes: 0``, before session 7);
+    request counted before it is forwarded (``counting.overlap_bytes: 0``);
     ``bpe``: riptoken, as the image counts (the ``fast`` extra; ``auto`` would take gigatoken
     where the benchmark's install has it); ``tiktoken`` is the sidecar as deployed but encoding
-    with tiktoken (before session 10), ``gigatoken`` with gigatoken (the opt-in extra)."""
+    with tiktoken, ``gigatoken`` with gigatoken (the opt-in extra)."""
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},

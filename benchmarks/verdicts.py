@@ -1,4 +1,4 @@
-"""The issue's targets, judged from one run's results; a missed target is reported, never tuned.
+"""The performance targets, judged from one run's results; a missed target is reported, never tuned.
 
 Ratios are paired round by round (the sidecar and its comparison measured in the same round) and
 summarised as the median with the min-max.
@@ -118,7 +118,7 @@ def _worst(
 
 
 def performance(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """The performance issue's targets (count cache off): >= 3x LiteLLM's throughput in every
+    """The performance targets (count cache off): >= 3x LiteLLM's throughput in every
     size x stream cell at c=16; >= 0.8x the bare pass-through's at 1k and 8k; added p50 at c=1
     within 0.5 ms of the bare pass-through's; enforcing (trimming every request) within 1.2x of
     observing, judged by throughput, at every size. Each row names the worst cell."""
@@ -141,8 +141,8 @@ def performance(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "met": w[0] >= 3,
                 }
             )
-        # the issue's reference (httpx's default transport), and since session 11 also the bare
-        # pass-through on the sidecar's own transport (the price of measuring on one stack)
+        # the reference pass-through (httpx's default transport), and the bare pass-through on
+        # the sidecar's own transport (the price of measuring on one stack)
         for bare, how in (("bare", ""), ("bare-aiohttp", ", bare on aiohttp")):
             w = _worst([c for c in c16 if c["tokens"] <= 8000], name, bare)
             if w is not None:

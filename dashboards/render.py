@@ -3,7 +3,7 @@
 ``python -m dashboards.render --prometheus http://127.0.0.1:9090 --out panels.png [--minutes 10]``
 queries every panel target over the range (``query_range``) exactly as the dashboard would, with
 the variables set to "All", and draws time series as lines and the rest as their last values.
-Used to keep a picture of the dashboard in the README; also handy in CI artefacts.
+Used to keep a picture of the dashboard in the docs; also handy in CI artefacts.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     definitions = _strip_titles(raw.pop("$defs", {}))
     prop = _strip_titles(raw)
     prop["description"] = (
-        "sidecar.yaml (the README's Configuration section), validated by the sidecar's own model; "
+        "sidecar.yaml (docs/reference/config.md), validated by the sidecar's own model; "
         + ", ".join(CHART_OWNED)
         + " are set by the chart"
     )

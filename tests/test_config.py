@@ -219,14 +219,13 @@ def test_serve_check(tmp_path: Path) -> None:
     assert r.returncode == 2 and "window 64000 differs from the registry's" in r.stderr, r.stderr
 
 
-def test_the_readmes_config_example_loads(tmp_path: Path) -> None:
-    """The example in the README's Configuration section is a config the sidecar accepts
+def test_the_docs_config_example_loads(tmp_path: Path) -> None:
+    """The full example on the docs' Configuration page is a config the sidecar accepts
     (`mode: off` unquoted included)."""
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Configuration") :]
-    found = re.search(r"```yaml\n(.*?)```", section, re.S)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    found = re.search(r"```yaml\n(listen:.*?)```", page, re.S)
     assert found is not None
     s = load_settings(write(tmp_path, found.group(1)))
     assert s.enforcement.mode == "off" and {"vllm", "azure-eu"} <= set(s.upstreams.named)

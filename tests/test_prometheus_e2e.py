@@ -135,7 +135,7 @@ def test_every_panel_query_returns_data(prometheus: tuple[str, Running], tmp_pat
         time.sleep(2)
     assert not empty, "panel queries without data:\n" + "\n".join(empty)
     assert query(prom, 'up{job="context-ceiling"} == 1')
-    # the same queries drawn as a picture of the dashboard (how the README's image is made)
+    # the same queries drawn as a picture of the dashboard (how the docs' picture is made)
     from dashboards.render import render
 
     png = tmp_path / "panels.png"

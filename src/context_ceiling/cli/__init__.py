@@ -4,15 +4,20 @@
 measures a model. Errors are caught once, here: a :class:`~context_ceiling.core.errors.UserError`
 is one line and exit status 2, any other :class:`~context_ceiling.core.errors.CeilingError` one
 line and exit status 1; argparse's own usage errors are one line and exit 2 as well.
+
+Every option carries help text and shows its default (:class:`HelpFormatter`); every command that
+prints a result takes ``--json`` (:func:`add_json`): one JSON object on stdout, progress and notes
+on stderr, so scripts and CI steps read the result without parsing prose.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from context_ceiling import __version__
 from context_ceiling.core.errors import CeilingError, UserError
@@ -20,15 +25,39 @@ from context_ceiling.core.errors import CeilingError, UserError
 T = TypeVar("T")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that states each option's default, unless the default is "not given" (``None``,
+    ``False``) or the help already says what happens without it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default == []
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and still exit status 2)."""
+    """argparse, but a usage error is one line (and still exit status 2), and help shows the
+    defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from context_ceiling.cli import ceilings, push, serve
+    from context_ceiling.cli import ceilings, completion, push, serve
 
     try:
         from context_ceiling.cli import sweep, taskset
@@ -41,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ceiling {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in (serve, push, sweep, taskset, ceilings):
+    for command in (serve, push, sweep, taskset, ceilings, completion):
         command.add_parser(sub)
     return parser
 
@@ -79,6 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{where}: {exc}", file=sys.stderr)
         return 1
     return code
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    """``--json``: the command's result as one JSON object on stdout."""
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON object on stdout (progress and notes go to stderr)",
+    )
+
+
+def print_json(result: Any) -> None:
+    """One JSON object on stdout (paths and other non-JSON values as strings)."""
+    print(json.dumps(result, indent=2, default=str))
 
 
 def options(cls: type[T], args: argparse.Namespace) -> T:

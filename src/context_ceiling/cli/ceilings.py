@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import Any
 
+from context_ceiling.cli import add_json, print_json
+
 
 def add_parser(sub: Any) -> None:
     c = sub.add_parser(
@@ -18,7 +20,7 @@ def add_parser(sub: Any) -> None:
         "validate",
         help="validate a ceilings document (with --config: as that sidecar would at startup)",
     )
-    v.add_argument("path")
+    v.add_argument("path", help="the ceilings document (YAML or JSON)")
     v.add_argument(
         "--config",
         "-c",
@@ -26,6 +28,7 @@ def add_parser(sub: Any) -> None:
         help="also check it against this sidecar config: windows against its model registry, "
         "models and workloads it does not know (offline; the admin API's checks but the version)",
     )
+    add_json(v)
     c.set_defaults(func=ceilings_command)
 
 
@@ -41,8 +44,17 @@ def ceilings_command(args: argparse.Namespace) -> int:
         print(json.dumps(json_schema(), indent=2))
         return 0
     doc = load_document(args.path)
+    result: dict[str, Any] = {
+        "path": args.path,
+        "valid": True,
+        "version": doc.version,
+        "entries": len(doc.entries),
+    }
     if not args.config:
-        print(f"{args.path}: valid, version {doc.version}, {len(doc.entries)} entries")
+        if args.json:
+            print_json(result)
+        else:
+            print(f"{args.path}: valid, version {doc.version}, {len(doc.entries)} entries")
         return 0
     from context_ceiling.sidecar.config import load_settings
 
@@ -61,6 +73,12 @@ def ceilings_command(args: argparse.Namespace) -> int:
             notes.append(
                 f"{e.model}/{e.workload}: workload {e.workload!r} is not configured (kept, unused)"
             )
+    if args.json:
+        print_json(
+            result
+            | {"config": args.config, "in_use": len(doc.entries) - len(notes), "notes": notes}
+        )
+        return 0
     print(
         f"{args.path}: valid against {args.config}, version {doc.version}, "
         f"{len(doc.entries) - len(notes)} of {len(doc.entries)} entries in use"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from context_ceiling.cli import add_json, print_json
 from context_ceiling.core.errors import UserError
 
 
@@ -25,24 +26,46 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
     p.add_argument("--dry-run", action="store_true", help="show what would change, change nothing")
     p.add_argument("--force", action="store_true", help="apply even if the version is not newer")
+    add_json(p)
     p.set_defaults(func=push_command)
 
 
 def push_command(args: argparse.Namespace) -> int:
-    from context_ceiling.core.push import push
+    from context_ceiling.core.push import PushError, push
 
     if not args.to and not args.file and not args.to_configmap:
         raise UserError(
             "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
         )
-    lines = push(
-        args.document,
-        args.to or [],
-        args.file,
-        configmap=args.to_configmap,
-        namespace=args.namespace,
-        dry_run=args.dry_run,
-        force=args.force,
-    )
-    print("\n".join(lines))
+    try:
+        lines = push(
+            args.document,
+            args.to or [],
+            args.file,
+            configmap=args.to_configmap,
+            namespace=args.namespace,
+            dry_run=args.dry_run,
+            force=args.force,
+        )
+    except PushError as exc:
+        if args.json:
+            print_json({"ok": False, "dry_run": args.dry_run, "targets": _by_target(str(exc))})
+        raise
+    if args.json:
+        print_json({"ok": True, "dry_run": args.dry_run, "targets": _by_target("\n".join(lines))})
+    else:
+        print("\n".join(lines))
     return 0
+
+
+def _by_target(report: str) -> list[dict[str, Any]]:
+    """The report's lines as one object per target line (``TARGET: what happened``), each with
+    the entry changes printed under it."""
+    out: list[dict[str, Any]] = []
+    for line in report.splitlines():
+        if line.startswith("  ") and out:
+            out[-1]["changes"].append(line.strip())
+            continue
+        target, _, message = line.partition(": ")
+        out.append({"target": target, "message": message, "changes": []})
+    return out

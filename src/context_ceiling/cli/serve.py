@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from context_ceiling.cli import add_json, print_json
+
 
 def add_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="run the sidecar proxy")
+    serve = sub.add_parser(
+        "serve",
+        help="run the sidecar proxy",
+        description="Run the sidecar proxy: point your SDK's base_url at it.",
+    )
     serve.add_argument("--config", "-c", help="sidecar YAML file (or CEILING_CONFIG)")
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port")
@@ -22,6 +28,7 @@ def add_parser(sub: Any) -> None:
         help="load the config, its tokenizers and the ceilings file as serving would, print one "
         "line and exit (0: it would start; 2: it would not, and why)",
     )
+    add_json(serve)
     serve.set_defaults(func=serve_command)
 
 
@@ -48,7 +55,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.workers is not None:
         settings.workers = args.workers
     if args.check:
-        return _check(settings)
+        return _check(settings, args.json)
     configure(settings.log_level)
     try:
         import uvloop  # noqa: F401
@@ -72,7 +79,7 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(settings: Any) -> int:
+def _check(settings: Any, as_json: bool = False) -> int:
     """What startup would load, without listening: the registry (tokenizer files), the
     ceilings file against that registry, the admin token file."""
     from context_ceiling.core.ceilings import CeilingsError, fit_problems, load_document
@@ -84,13 +91,17 @@ def _check(settings: Any) -> int:
     bpe = TiktokenCounter("o200k_base", settings.counting.bpe).engine
     admin = admin_token(settings)
     ceilings = "no ceilings file"
+    version: int | None = None
+    entries = 0
     if settings.ceilings_file is not None and settings.ceilings_file.exists():
         doc = load_document(settings.ceilings_file)
         problems = fit_problems(doc, {s.metric_label: s.window for s in registry.specs})
         if problems:
             raise CeilingsError(str(settings.ceilings_file), problems)
         ceilings = f"ceilings version {doc.version} ({len(doc.entries)} entries)"
+        version, entries = doc.version, len(doc.entries)
     capture = "capture off"
+    store = None
     if settings.capture.enabled:
         from context_ceiling.core.capture import CaptureStore
         from context_ceiling.sidecar.capture import hostname_path
@@ -98,6 +109,24 @@ def _check(settings: Any) -> int:
         path = hostname_path(settings.capture.store)
         CaptureStore.open(path, create=True).close()
         capture = f"capture on ({path})"
+        store = str(path)
+    if as_json:
+        print_json(
+            {
+                "ok": True,
+                "models": len(registry.specs),
+                "workloads": list(settings.workloads),
+                "mode": str(settings.enforcement.mode),
+                "ceilings_file": str(settings.ceilings_file) if settings.ceilings_file else None,
+                "ceilings_version": version,
+                "ceilings_entries": entries,
+                "admin_api": bool(admin),
+                "capture_store": store,
+                "workers": settings.workers,
+                "bpe": str(bpe),
+            }
+        )
+        return 0
     print(
         f"config ok: {len(registry.specs)} models, {len(settings.workloads)} workloads, "
         f"mode {settings.enforcement.mode}, {ceilings}, admin API {'on' if admin else 'off'}, "

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from context_ceiling.cli import Parser, options
+from context_ceiling.cli import Parser, add_json, options
 from context_ceiling.core.wire import MODES
 from context_ceiling.sweep.derive import DeriveOptions, derive
 from context_ceiling.sweep.job import JobOptions, run_job
@@ -24,13 +24,23 @@ from context_ceiling.sweep.run import RunOptions, run
 def add_parser(sub: Any) -> None:
     sw = sub.add_parser("sweep", help="measure the usable context of a model on a workload")
     s = sw.add_subparsers(dest="action", required=True)
-    add_run_arguments(s.add_parser("run", help="run (or --resume) a sweep"))
+    r = s.add_parser("run", help="run (or --resume) a sweep")
+    add_run_arguments(r)
+    add_json(r)
     d = s.add_parser("derive", help="turn a run into a ceilings document entry")
     d.add_argument("run", help="run directory")
     d.add_argument("--model", required=True, help="the sidecar registry label of the model")
-    d.add_argument("--workload", default="default")
-    d.add_argument("--tolerance", type=float)
-    d.add_argument("--margin", type=float)
+    d.add_argument("--workload", default="default", help="the workload the ceiling is for")
+    d.add_argument(
+        "--tolerance",
+        type=float,
+        help="largest accuracy drop from the reference that still passes (default: the run's)",
+    )
+    d.add_argument(
+        "--margin",
+        type=float,
+        help="share of the passing fill held back below it (default: the run's)",
+    )
     d.add_argument(
         "--merge", help="an existing ceilings document to add the entry to (version + 1)"
     )
@@ -62,19 +72,21 @@ def add_parser(sub: Any) -> None:
         choices=MODES,
         help="the entry's mode (overrides the sidecar's)",
     )
+    add_json(d)
     m = s.add_parser("merge", help="merge shard runs into one run directory and report it")
     m.add_argument("out", help="the merged run directory")
     m.add_argument("shards", nargs="+", help="shard run directories")
     _add_job_parser(s)
     p = s.add_parser("report", help="(re)write a run's report")
-    p.add_argument("run")
+    p.add_argument("run", help="run directory")
+    add_json(p)
     sw.set_defaults(func=sweep_command)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``sweep run`` (the job parses its run arguments with them too)."""
     p.add_argument("--base-url", help="OpenAI-style base URL (with /v1) or Anthropic base URL")
-    p.add_argument("--api", choices=["openai", "anthropic"])
+    p.add_argument("--api", choices=["openai", "anthropic"], help="the upstream's API style")
     p.add_argument("--model", help="model name sent upstream")
     p.add_argument(
         "--api-key-env",
@@ -91,22 +103,26 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--levels",
         help="utilization levels; 'max' = the practical limit",
     )
-    p.add_argument("--repeats", type=int)
+    p.add_argument("--repeats", type=int, help="calls per item and level")
     p.add_argument("--window", help="context window in tokens, or auto (llama.cpp /props)")
-    p.add_argument("--tokenizer", choices=["auto", "engine", "o200k_base", "cl100k_base"])
+    p.add_argument(
+        "--tokenizer",
+        choices=["auto", "engine", "o200k_base", "cl100k_base"],
+        help="how fill is counted: engine = the server's /tokenize; auto = engine when it answers",
+    )
     p.add_argument(
         "--tokenize-url",
         help="the engine's root URL for /tokenize when --base-url is a sidecar or proxy",
     )
     p.add_argument("--max-tokens", type=int, help="output reservation per call")
-    p.add_argument("--concurrency", type=int)
+    p.add_argument("--concurrency", type=int, help="calls in flight at once")
     p.add_argument(
         "--shared-haystack",
         action="store_true",
         help="many items' evidence in one haystack per level",
     )
     p.add_argument("--no-control", action="store_true", help="skip the closed-book control calls")
-    p.add_argument("--max-calls", type=int)
+    p.add_argument("--max-calls", type=int, help="stop starting calls after this many")
     p.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
     p.add_argument(
         "--refine",
@@ -135,10 +151,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help="reasoning reservation on top of --max-tokens (thinking budget for anthropic)",
     )
-    p.add_argument("--tolerance", type=float)
-    p.add_argument("--margin", type=float)
-    p.add_argument("--resolution", type=float)
-    p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        help="largest accuracy drop from the reference that still passes; sizes the sweep",
+    )
+    p.add_argument("--margin", type=float, help="share of the passing fill held back below it")
+    p.add_argument(
+        "--resolution",
+        type=float,
+        help="smallest gap in utilization the refinement between levels measures",
+    )
+    p.add_argument("--seed", type=int, help="seeds the item draw, the haystacks and the calls")
     p.add_argument(
         "--bypass",
         action="store_true",
@@ -162,7 +186,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--shard",
         help="i/n: run only haystack groups with index %% n == i (Kubernetes Indexed Job)",
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no live progress bar (a line per step is still printed)",
+    )
     p.set_defaults(**{f.name: f.default for f in dataclasses.fields(RunOptions)})
 
 
@@ -187,8 +215,8 @@ def _add_job_parser(s: Any) -> None:
     )
     j.add_argument("--shards", type=int, required=True, help="the Job's completions")
     j.add_argument("--model-label", required=True, help="the sidecar registry label to derive for")
-    j.add_argument("--workload", default="default")
-    j.add_argument("--mode", choices=MODES)
+    j.add_argument("--workload", default="default", help="the workload the ceiling is for")
+    j.add_argument("--mode", choices=MODES, help="the entry's mode (overrides the sidecar's)")
     j.add_argument(
         "--configmap",
         metavar="NAME[/KEY]",
@@ -209,7 +237,10 @@ def _env_int(name: str) -> int | None:
 
 
 def sweep_command(args: argparse.Namespace) -> int:
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    if getattr(args, "json", False):  # stdout carries the JSON result alone
+        console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 160)
+    else:
+        console = Console(width=None if sys.stdout.isatty() else 160)
     if args.action == "run":
         return run(options(RunOptions, args), console)
     if args.action == "derive":
@@ -225,4 +256,4 @@ def sweep_command(args: argparse.Namespace) -> int:
             options(RunOptions, run_args),
             console,
         )
-    return report(Path(args.run), console)
+    return report(Path(args.run), console, args.json)

@@ -4,10 +4,11 @@ reference answers (the model's own, with only the evidence in context)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Any
 
-from context_ceiling.cli import options
+from context_ceiling.cli import add_json, options, print_json
 from context_ceiling.sweep.labels import export, import_labels
 from context_ceiling.sweep.traffic import BuildOptions, build, reference
 
@@ -34,42 +35,46 @@ def add_parser(sub: Any) -> None:
         help="only this workload's captures; repeat for more (default: all)",
     )
     b.add_argument("--tolerance", type=float, default=0.05, help="what the sweep must resolve")
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--repeats", type=int, default=3, help="the repeats the sweep will make")
     b.add_argument(
         "--min-items",
         type=int,
         help="the items the build must yield (default: what the tolerance needs)",
     )
-    b.add_argument("--max-items", type=int)
+    b.add_argument("--max-items", type=int, help="at most this many items (default: all)")
     b.add_argument(
         "--near-duplicate",
         type=float,
         default=0.8,
         help="word-set similarity from which two questions are merged",
     )
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="seeds the draw of items")
+    add_json(b)
     e = s.add_parser("export", help="write items for labelling (.jsonl or .csv)")
-    e.add_argument("taskset")
+    e.add_argument("taskset", help="the task set directory")
     e.add_argument("--out", required=True, help="labels.jsonl or labels.csv")
     i = s.add_parser("import", help="apply labels (exact / set / json) to a task set")
-    i.add_argument("taskset")
+    i.add_argument("taskset", help="the task set directory")
     i.add_argument("labels", help="the labelled .jsonl or .csv")
     r = s.add_parser(
         "reference",
         help="make each unlabelled item's gold the model's answer with only its evidence",
     )
-    r.add_argument("taskset")
-    r.add_argument("--base-url", required=True)
-    r.add_argument("--model", required=True)
-    r.add_argument("--api", choices=("openai", "anthropic"), default="openai")
-    r.add_argument("--max-tokens", type=int, default=200)
-    r.add_argument("--concurrency", type=int, default=4)
+    r.add_argument("taskset", help="the task set directory")
+    r.add_argument("--base-url", required=True, help="the model's API base URL")
+    r.add_argument("--model", required=True, help="model name sent upstream")
+    r.add_argument("--api", choices=("openai", "anthropic"), default="openai", help="the API style")
+    r.add_argument("--max-tokens", type=int, default=200, help="output reservation per call")
+    r.add_argument("--concurrency", type=int, default=4, help="calls in flight at once")
     t.set_defaults(func=taskset_command)
 
 
 def taskset_command(args: argparse.Namespace) -> int:
     if args.action == "build":
         rep = build(options(BuildOptions, args))
+        if args.json:
+            print_json({"taskset": args.out} | dataclasses.asdict(rep))
+            return 0
         print("\n".join(rep.lines()))
         print(
             f"{args.out}: {rep.items} items, unlabelled (graded as agreement with the answer "

@@ -8,9 +8,8 @@ package (``core/data``), verify their sha256 and hand tiktoken the ranks directl
 never touches the network.
 
 The same vocabularies can also drive a faster reimplementation of tiktoken's encoder:
-``riptoken`` (the ``fast`` extra, ~1.5x faster here on real text) or ``gigatoken`` (the
-``gigatoken`` extra, 4x faster than riptoken on new text and more on recurring vocabulary,
-through a bounded cache of pieces it has encoded). Either is used only where it agrees with
+``riptoken`` (the ``fast`` extra) or ``gigatoken`` (the ``gigatoken`` extra, faster again,
+through a bounded cache of pieces it has encoded; docs/counting.md has the measured figures). Either is used only where it agrees with
 tiktoken token for token on the packaged check text (``data/bpe_check.txt``, many scripts and
 edge cases), and tiktoken stays the fallback: without them, when they disagree, and for text they
 cannot take (lone surrogates, which tiktoken repairs itself). ``tests/test_bpe_engines.py``
@@ -268,7 +267,7 @@ def bpe_engine(counter: TextCounter) -> str | None:
 #: than one character, a run of non-whitespace and a run of whitespace (the patterns' classes;
 #: o200k's punctuation piece may end in a run of newlines and slashes), so runs under LONG_RUN
 #: bytes bound every piece under 500 bytes. Checked on the UTF-8 bytes with C-speed translations
-#: and substring searches (~0.4 ms on 300 kB): a regular expression here cost more than it saved.
+#: and substring searches: a regular expression here costs more than the fast encoder saves.
 LONG_RUN = 248
 _WS_BYTES = b" \t\n\x0b\x0c\r"
 _CLASS = bytes(0 if c in _WS_BYTES else 1 for c in range(256))

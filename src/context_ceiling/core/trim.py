@@ -2,6 +2,14 @@
 
 Stages, in a configurable order, each run only while the request is still over budget:
 
+- ``clear``: replace older tool results whole by a one-line placeholder that names the tool, the
+  call id and the tokens cleared, oldest first, keeping the latest ``keep`` tool uses and never
+  the tools in ``exclude_tools`` (optionally clearing the cleared calls' inputs too). Calls and
+  results keep their ids, so the request stays valid for every provider. Cache-aware and
+  stateless: results are cleared in batches whose boundaries depend only on the history before
+  them, each batch freeing at least ``clear_at_least``, so the next turns of an agent loop only
+  append to what was forwarded until the next clearing event (the provider's prefix cache keeps
+  hitting);
 - ``tool_results``: shorten tool results carried forward, oldest first, each only as far as the
   budget still needs and never below N tokens, keeping its head and tail around a visible marker
   that says how many tokens were removed;
@@ -9,7 +17,9 @@ Stages, in a configurable order, each run only while the request is still over b
   matching the chunk pattern) in user and tool messages, whole chunks only, the lowest-ranked
   (last) first, until it fits;
 - ``history``: drop the oldest whole turns, keeping system messages, the first user turn
-  (configurable) and the latest turn.
+  (configurable) and the latest turn; then, inside the turns it keeps (a single-task agent loop
+  is one turn), the oldest whole tool rounds (an assistant message with its calls and the
+  results that answer them), keeping the latest ``keep``, in the same cache-aware batches.
 
 A turn is what the providers' rules make one unit: a user message that starts it, then every
 assistant message with its tool calls and the messages that answer them (OpenAI ``tool``
@@ -37,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import Field
 
 from context_ceiling.core.counting import (
@@ -57,6 +68,9 @@ from context_ceiling.core.utilization import Component
 from context_ceiling.core.wire import STAGES, Shape, Stage
 
 MARKER = "\n[... {n} tokens removed by context-ceiling ...]\n"
+MARKER_RE = re.compile(r"\n?\[\.\.\. (\d+) tokens removed by context-ceiling \.\.\.\]\n?")
+CLEARED = "[tool result cleared by context-ceiling: {name} (call {id}), {n} tokens]"
+CLEARED_RE = re.compile(r"\[tool result cleared by context-ceiling: .* \(call .*\), \d+ tokens\]")
 MAX_ROUNDS = 4  # trim, recount; a second round is rare (an optimistic estimate), a fourth unseen
 PLACEHOLDER = "[retrieved documents removed by context-ceiling to fit the context budget]"
 
@@ -64,11 +78,30 @@ PLACEHOLDER = "[retrieved documents removed by context-ceiling to fit the contex
 class Policy(Strict):
     """How to trim (one per workload)."""
 
+    #: the trim stages, in the order they run
     stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
+    #: a tool result is never cut below this many tokens
     tool_result_max_tokens: int = Field(default=1024, ge=16)
+    #: keep at most this many retrieved chunks, whatever the budget (none: no cap)
     max_retrieved_chunks: int | None = Field(default=None, ge=0)
+    #: never drop the first user message (the task of an agent loop)
     keep_first_user: bool = True
+    #: never edit what sits before an Anthropic cache_control breakpoint
     protect_cache_prefix: bool = True
+    #: the latest tool uses whose results are never cleared, and the latest tool rounds never
+    #: dropped (the ``clear`` and ``history`` stages)
+    keep: int = Field(default=3, ge=0)
+    #: tools whose results are never cleared
+    exclude_tools: list[str] = Field(default_factory=list)
+    #: when a result is cleared, clear its call's input too (edits the assistant message)
+    clear_tool_inputs: bool = False
+    #: each clearing event frees at least this much: a share of the budget below 1, tokens from
+    #: 1 up. Larger batches mean fewer events, and between events every turn only appends to the
+    #: previous forwarded request, which the provider's prompt cache serves at a tenth of the price
+    clear_at_least: float = Field(default=0.4, gt=0)
+    #: inside the turns the history stage keeps, drop the oldest whole tool rounds when clearing
+    #: was not enough
+    drop_tool_rounds: bool = True
 
 
 @dataclass
@@ -81,6 +114,13 @@ class FitReport:
     removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
     cache_loss_tokens: int = 0
     actions: list[str] = field(default_factory=list)
+    #: tool results replaced by a placeholder (all of them, not only this turn's new ones)
+    cleared_tool_uses: int = 0
+    #: whole tool rounds dropped inside the kept turns
+    dropped_tool_rounds: int = 0
+    #: this request cleared or dropped more than the previous turn of its loop would have: the
+    #: point where the forwarded history changes, and the prompt cache misses once
+    clearing_event: bool = False
 
     @property
     def fits(self) -> bool:
@@ -116,6 +156,10 @@ def requested_output(body: Mapping[str, Any], api: Shape) -> int | None:
     return None
 
 
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
 def _texts(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -137,6 +181,35 @@ def _cut(text: str, spans: set[tuple[int, int]]) -> str:
         pos = end + 1 if text[end : end + 1] == "\n" else end
     out.append(text[pos:])
     return "".join(out)
+
+
+@dataclass(slots=True)
+class _Use:
+    """One tool use: where its result is, where its call is, and the result's tokens."""
+
+    result: tuple[int, int]  # (message, block); block -1: the whole message (or item)
+    call: tuple[int, int] | None  # (message, index of the call in it); None: no call found
+    name: str
+    call_id: str
+    tokens: int
+
+
+def _batch_end(freed: list[int], step: int, needed: int) -> int:
+    """How many candidates (oldest first) to take so that at least ``needed`` is freed, taken in
+    whole batches. A batch ends where ``step`` more has been freed since the last batch ended:
+    where the batches end depends only on the candidates before, so a longer history (an agent
+    loop's next turn) keeps them, and the same cut repeats until one more batch is needed."""
+    if needed <= 0:
+        return 0
+    total = since = 0
+    for k, f in enumerate(freed, 1):
+        total += f
+        since += f
+        if since >= step:
+            if total >= needed:
+                return k
+            since = 0
+    return len(freed)
 
 
 class _Trimmer:
@@ -162,9 +235,12 @@ class _Trimmer:
         self.drop_messages: set[int] = set()
         self.drop_blocks: dict[int, set[int]] = defaultdict(set)
         # sets: a RAG prompt drops a hundred chunks from one text (a list's membership test made
-        # dropping them quadratic: the trimmer on the 64k benchmark body 304 -> 163 us)
+        # dropping them quadratic in the number of chunks)
         self.spans: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
         self.replace: dict[tuple[int, int], Any] = {}
+        #: calls whose input the clear stage emptied (``clear_tool_inputs``)
+        self.clear_inputs: set[tuple[int, int]] = set()
+        self.dropped_in_rounds = 0  # messages the clear stage dropped with their tool rounds
         self.first_cut: tuple[int, int] | None = None
         self.boundary = self._cache_boundary()
         self.count = count
@@ -182,11 +258,11 @@ class _Trimmer:
     def fits(self) -> bool:
         return self.report.after <= self.report.budget
 
-    def _take(self, kind: Stage, i: int, j: int, tokens: int) -> None:
+    def _take(self, kind: Stage, i: int, j: int, tokens: int, cut: bool = True) -> None:
         self.report.after -= tokens
         self.report.removed[kind] += tokens
         self.taken[i] = self.taken.get(i, 0) + tokens
-        if self.first_cut is None or (i, j) < self.first_cut:
+        if cut and (self.first_cut is None or (i, j) < self.first_cut):
             self.first_cut = (i, j)
 
     def _cache_boundary(self) -> tuple[int, int] | None:
@@ -212,6 +288,210 @@ class _Trimmer:
         needed = self.report.after - self.report.budget
         return max(self.policy.tool_result_max_tokens, tokens - needed)
 
+    def _step(self) -> int:
+        """What one clearing batch frees at least (``clear_at_least``: a share of the budget
+        below 1, tokens from 1 up)."""
+        v = self.policy.clear_at_least
+        return max(1, int(v * self.report.budget) if v < 1 else int(v))
+
+    def _is_result(self, i: int) -> bool:
+        m = self.messages[i] if 0 <= i < len(self.messages) else None
+        if not isinstance(m, dict):
+            return False
+        if self.api == "openai":
+            return m.get("role") in ("tool", "function")
+        if self.api == "responses":
+            return m.get("type") == "function_call_output"
+        content = m.get("content")
+        return (
+            m.get("role") == "user"
+            and isinstance(content, list)
+            and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+        )
+
+    def _content_tokens(self, i: int) -> int:
+        return sum(p.tokens for p in self.parts.get(i, ()) if not p.frame)
+
+    def _output_tokens(self, i: int) -> int:
+        """A Responses ``function_call_output``'s text: its part is the text and the item's 3
+        framing tokens, which a shortened output keeps."""
+        return self._content_tokens(i) - 3
+
+    def _tool_uses(self) -> list[_Use]:
+        """Every tool use whose result is in the request, in order, with its call's place."""
+        calls: dict[str, tuple[tuple[int, int], str]] = {}
+        uses: list[_Use] = []
+        for i, m in enumerate(self.messages):
+            if not isinstance(m, dict):
+                continue
+            if self.api == "openai":
+                if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+                    for k, tc in enumerate(m["tool_calls"]):
+                        fn = tc.get("function") if isinstance(tc, dict) else None
+                        if isinstance(fn, dict):
+                            calls[str(tc.get("id"))] = ((i, k), str(fn.get("name", "")))
+                elif m.get("role") in ("tool", "function"):
+                    cid = str(m.get("tool_call_id") or "")
+                    where, name = calls.get(cid, (None, str(m.get("name") or "")))
+                    tokens = self._content_tokens(i)
+                    uses.append(_Use((i, -1), where, name, cid, tokens))
+            elif self.api == "responses":
+                if m.get("type") == "function_call":
+                    calls[str(m.get("call_id"))] = ((i, -1), str(m.get("name", "")))
+                elif m.get("type") == "function_call_output":
+                    cid = str(m.get("call_id") or "")
+                    where, name = calls.get(cid, (None, ""))
+                    tokens = self._output_tokens(i)
+                    uses.append(_Use((i, -1), where, name, cid, tokens))
+            elif self.api == "anthropic" and isinstance(m.get("content"), list):
+                for j, b in enumerate(m["content"]):
+                    if not isinstance(b, dict):
+                        continue
+                    if b.get("type") == "tool_use":
+                        calls[str(b.get("id"))] = ((i, j), str(b.get("name", "")))
+                    elif b.get("type") == "tool_result":
+                        cid = str(b.get("tool_use_id") or "")
+                        where, name = calls.get(cid, (None, ""))
+                        tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j) - 3
+                        uses.append(_Use((i, j), where, name, cid, tokens))
+        return uses
+
+    def _tail(self) -> int:
+        """Where what this turn appended to the previous one starts: the latest assistant
+        message (the model's last reply, and what answers it). -1: there is no previous turn."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            m = self.messages[i]
+            if not isinstance(m, dict):
+                continue
+            if m.get("role") == "assistant" or (
+                self.api == "responses" and m.get("type") in ("function_call", "reasoning")
+            ):
+                while i > 0 and self.api == "responses" and self._is_call_item(i - 1):
+                    i -= 1  # a reply's reasoning and calls are items of their own
+                return i
+        return -1
+
+    def _is_call_item(self, i: int) -> bool:
+        m = self.messages[i]
+        return isinstance(m, dict) and (
+            m.get("type") in ("function_call", "reasoning")
+            or (m.get("type") == "message" and m.get("role") == "assistant")
+        )
+
+    def _left(self, i: int) -> int:
+        """What message ``i`` is still worth."""
+        return sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
+
+    def clear(self, allow_prefix: bool) -> None:
+        """Older tool results replaced whole, in batches; then, in the latest turn, older whole
+        tool rounds dropped, in batches (see the module's docstring)."""
+        if self.fits():
+            return
+        tail = self._tail()
+        tail_tokens = (
+            sum(self._left(i) for i in range(tail, len(self.messages))) if tail >= 0 else 0
+        )
+        step = self._step()
+        # 1. results replaced by a placeholder
+        uses = self._tool_uses()
+        older = uses[: max(0, len(uses) - self.policy.keep)]
+        excluded = set(self.policy.exclude_tools)
+        cands: list[tuple[_Use, int, str]] = []
+        for u in older:
+            i, j = u.result
+            if u.name in excluded or u.result in self.replace or i in self.drop_messages:
+                continue
+            if self._already_cleared(u):
+                continue  # a placeholder (an earlier round's, or the client resent ours)
+            if self._protected(i, j, allow_prefix):
+                continue
+            text = CLEARED.format(name=u.name or "tool", id=u.call_id or "?", n=u.tokens)
+            gain = u.tokens - self.counter.count(text)
+            if gain > 0:
+                cands.append((u, gain, text))
+        freed = [f for _, f, _ in cands]
+        needed = self.report.after - self.report.budget
+        end = _batch_end(freed, step, needed)
+        prev_uses = [u for u in uses if tail >= 0 and u.result[0] < tail]
+        prev_older = {u.result for u in prev_uses[: max(0, len(prev_uses) - self.policy.keep)]}
+        n_prev = sum(1 for u, _, _ in cands if u.result in prev_older)
+        prev_needed = needed - tail_tokens if tail >= 0 else needed
+        prev_end = _batch_end(freed[:n_prev], step, prev_needed) if tail >= 0 else 0
+        event = end > prev_end
+        for k, (u, f, text) in enumerate(cands[:end]):
+            i, j = u.result
+            m = self.messages[i]
+            self.replace[(i, j)] = text if j < 0 else {**m["content"][j], "content": text}
+            self._take("clear", i, j, f, cut=event and k >= prev_end)
+            self.report.cleared_tool_uses += 1
+            if self.policy.clear_tool_inputs and u.call is not None:
+                self._clear_input(u.call)
+        self.report.clearing_event |= event
+        if self.fits() or not self.policy.drop_tool_rounds:
+            return
+        # 2. whole rounds of the latest turn (a single-task loop is one turn)
+        starts = [i for i, m in enumerate(self.messages) if self._starts_turn(m)]
+        first = starts[-1] if starts else -1
+        rounds = self._rounds(first + 1, len(self.messages))
+        older_rounds = rounds[: max(0, len(rounds) - max(1, self.policy.keep))]
+        picks = [r for r in older_rounds if not self._protected(r[0], -1, allow_prefix)]
+        worth = [sum(self._left(i) for i in r if not self._system(i)) for r in picks]
+        needed = self.report.after - self.report.budget
+        end = _batch_end(worth, step, needed)
+        prev_rounds = [r for r in rounds if tail >= 0 and r[-1] < tail]
+        n_prev = len(prev_rounds[: max(0, len(prev_rounds) - max(1, self.policy.keep))])
+        prev_end = _batch_end(worth[:n_prev], step, needed - tail_tokens) if tail >= 0 else 0
+        event = end > prev_end
+        for k, r in enumerate(picks[:end]):
+            for i in r:
+                if self._system(i) or i in self.drop_messages:
+                    continue
+                self.drop_messages.add(i)
+                self.dropped_in_rounds += 1
+                self._take("clear", i, -1, self._left(i), cut=event and k >= prev_end)
+            self.report.dropped_tool_rounds += 1
+        self.report.clearing_event |= event
+
+    def _already_cleared(self, u: _Use) -> bool:
+        i, j = u.result
+        m = self.messages[i]
+        if j >= 0:
+            text = _texts(m["content"][j].get("content"))
+        else:
+            text = m.get("output") if self.api == "responses" else _texts(m.get("content"))
+        return isinstance(text, str) and CLEARED_RE.fullmatch(text.strip()) is not None
+
+    def _system(self, i: int) -> bool:
+        m = self.messages[i]
+        return isinstance(m, dict) and m.get("role") in ("system", "developer")
+
+    def _rounds(self, start: int, end: int) -> list[list[int]]:
+        """The complete tool rounds among messages ``start`` .. ``end`` - 1: each ends with the
+        last of a run of messages that carry results."""
+        rounds: list[list[int]] = []
+        current: list[int] = []
+        for i in range(start, end):
+            current.append(i)
+            if self._is_result(i) and not (i + 1 < end and self._is_result(i + 1)):
+                rounds.append(current)
+                current = []
+        return rounds
+
+    def _clear_input(self, call: tuple[int, int]) -> None:
+        i, k = call
+        m = self.messages[i]
+        if self.api == "openai":
+            fn = m["tool_calls"][k].get("function") or {}
+            old = str(fn.get("arguments") or "")
+        elif self.api == "responses":
+            old = str(m.get("arguments") or "")
+        else:
+            old = _json_text(m["content"][k].get("input", {}))
+        saved = self.counter.count(old) - self.counter.count("{}")
+        if saved > 0 and call not in self.clear_inputs:
+            self.clear_inputs.add(call)
+            self._take("clear", i, k, saved, cut=False)
+
     def tool_results(self, allow_prefix: bool) -> None:
         for i, m in enumerate(self.messages):
             if self.fits():
@@ -225,7 +505,7 @@ class _Trimmer:
                 text = m.get("output") if output else _texts(m.get("content"))
                 if not isinstance(text, str):
                     continue  # structured output (images, files): left whole
-                tokens = sum(p.tokens for p in self.parts.get(i, ()) if not p.frame)
+                tokens = self._output_tokens(i) if output else self._content_tokens(i)
                 new = self._truncate(text, tokens, self._target(tokens))
                 if new is not None:
                     text, new_tokens = new
@@ -258,11 +538,18 @@ class _Trimmer:
             return None
         inner = target - self.marker_tokens
         best: tuple[str, int] | None = None
+        # a text already cut (an earlier round, or an upstream proxy) is cut again around its
+        # marker, never through it: one marker with the true total
+        found = MARKER_RE.search(text)
+        before = int(found.group(1)) if found else 0
+        left, right = (text[: found.start()], text[found.end() :]) if found else (text, text)
+        whole = left if not found else left + right
         for _ in range(4):
-            keep = max(1, int(len(text) * (max(1, inner) / 2) / tokens))
-            head, tail = text[:keep], text[-keep:]
+            keep = max(1, int(len(whole) * (max(1, inner) / 2) / tokens))
+            head, tail = left[:keep], right[-keep:]
             kept = self.counter.count(head) + self.counter.count(tail)
-            new = head + MARKER.format(n=max(0, tokens - kept)) + tail
+            gone = (tokens - self.marker_tokens if found else tokens) - kept
+            new = head + MARKER.format(n=max(0, before + gone)) + tail
             new_tokens = self.counter.count(new)
             if new_tokens < tokens:
                 best = (new, new_tokens)
@@ -273,7 +560,7 @@ class _Trimmer:
 
     def retrieved(self, allow_prefix: bool) -> None:
         found: dict[int, list[Part]] = {}
-        retrieved = Component.RETRIEVED  # an enum member lookup costs ~0.2 us on Python 3.11
+        retrieved = Component.RETRIEVED  # hoisted: an enum member lookup per part adds up
         for p in self.count.parts:  # one pass, not one per message: most messages have none
             if p.component is retrieved and p.message >= 0:
                 found.setdefault(p.message, []).append(p)
@@ -379,11 +666,26 @@ class _Trimmer:
                 for p in self.count.parts
                 if p.message >= 0 and lo <= (p.message, p.block) <= hi
             )
+        elif self.first_cut is not None:
+            # every API caches the longest unchanged prefix: what the previous turn already sent
+            # (before the tail) and this one kept after its first edit is billed uncached again
+            tail = self._tail()
+            self.report.cache_loss_tokens = sum(
+                self._left(i)
+                for i in range(max(0, self.first_cut[0]), max(0, tail))
+                if i not in self.drop_messages
+            )
         self.report.actions = self._summary()
 
     def _summary(self) -> list[str]:
         out = []
-        n_tools = sum(1 for _ in self.replace)
+        if self.report.cleared_tool_uses:
+            out.append(f"cleared {self.report.cleared_tool_uses} older tool result(s)")
+        if self.clear_inputs:
+            out.append(f"cleared the inputs of {len(self.clear_inputs)} tool call(s)")
+        if self.report.dropped_tool_rounds:
+            out.append(f"dropped {self.report.dropped_tool_rounds} older tool round(s)")
+        n_tools = sum(1 for _ in self.replace) - self.report.cleared_tool_uses
         if n_tools:
             out.append(
                 f"capped {n_tools} tool result(s) at {self.policy.tool_result_max_tokens} tokens"
@@ -393,17 +695,27 @@ class _Trimmer:
         )
         if n_chunks:
             out.append(f"dropped {n_chunks} retrieved chunk(s)")
-        if self.drop_messages:
-            out.append(f"dropped {len(self.drop_messages)} message(s) of older turns")
+        in_turns = len(self.drop_messages) - self.dropped_in_rounds
+        if in_turns:
+            out.append(f"dropped {in_turns} message(s) of older turns")
         return out
 
     def changed(self) -> bool:
         return bool(
-            self.replace or self.drop_messages or self.spans or any(self.drop_blocks.values())
+            self.replace
+            or self.drop_messages
+            or self.spans
+            or self.clear_inputs
+            or any(self.drop_blocks.values())
         )
 
     def materialize(self) -> dict[str, Any]:
-        touched = {i for i, _ in self.replace} | set(self.drop_blocks) | {i for i, _ in self.spans}
+        touched = (
+            {i for i, _ in self.replace}
+            | set(self.drop_blocks)
+            | {i for i, _ in self.spans}
+            | {i for i, _ in self.clear_inputs}
+        )
         if not touched and not self.drop_messages:
             return dict(self.body)
         messages: list[Any] = []
@@ -415,6 +727,15 @@ class _Trimmer:
                 continue
             m2 = dict(m)
             content = m.get("content")
+            if self.api == "openai" and any(c[0] == i for c in self.clear_inputs):
+                m2["tool_calls"] = [
+                    {**tc, "function": {**tc["function"], "arguments": "{}"}}
+                    if (i, k) in self.clear_inputs
+                    else tc
+                    for k, tc in enumerate(m["tool_calls"])
+                ]
+            elif self.api == "responses" and (i, -1) in self.clear_inputs:
+                m2["arguments"] = "{}"
             if (i, -1) in self.replace:
                 m2["output" if "output" in m else "content"] = self.replace[(i, -1)]
             elif isinstance(content, str):
@@ -426,6 +747,8 @@ class _Trimmer:
                 for j, b in enumerate(content):
                     if j in self.drop_blocks.get(i, ()):
                         continue
+                    if (i, j) in self.clear_inputs:
+                        b = {**b, "input": {}}
                     if (i, j) in self.replace:
                         b = self.replace[(i, j)]
                     elif (i, j) in self.spans:
@@ -450,6 +773,21 @@ COUNTERS = {
     "responses": count_responses,
     "gemini": count_gemini,
 }
+
+
+def count(
+    body: Mapping[str, Any],
+    *,
+    api: Shape,
+    counter: TextCounter | None = None,
+    chat_format: ChatFormat | None = None,
+    chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+) -> RequestCount:
+    """Count a request body the way the sidecar does: its input tokens (``.total``) and their
+    breakdown by component, with ``counter`` (default: tiktoken's ``o200k_base``) and the
+    model's ``chat_format`` framing. Raises :class:`ValueError` for a body of the wrong shape."""
+    pattern = re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
+    return COUNTERS[api](body, counter or TiktokenCounter("o200k_base"), chat_format, pattern)
 
 
 def fit(
@@ -494,6 +832,9 @@ def fit(
                 report.removed[k] += v
             report.cache_loss_tokens += trimmer.report.cache_loss_tokens
             report.actions += [a for a in trimmer.report.actions if a not in report.actions]
+            report.cleared_tool_uses += trimmer.report.cleared_tool_uses
+            report.dropped_tool_rounds += trimmer.report.dropped_tool_rounds
+            report.clearing_event |= trimmer.report.clearing_event
         # the honest figure: the output counted again with the same counter, markers and
         # placeholders included (the per-part estimate can be off by a few tokens a cut); the
         # messages it shares with the body counted before are taken over, not walked again

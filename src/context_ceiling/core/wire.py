@@ -44,13 +44,14 @@ ModeValue = Annotated[
     BeforeValidator(_yaml_off, json_schema_input_type=Mode | Literal[False]),
 ]
 
-#: the trimming stages, in their default order
-Stage = Literal["tool_results", "retrieved", "history"]
+#: the trimming stages, in their default order (``clear``: older tool results replaced whole)
+Stage = Literal["clear", "tool_results", "retrieved", "history"]
 STAGES: tuple[Stage, ...] = get_args(Stage)
 
 #: the input component each stage removes tokens from
 STAGE_COMPONENT: Mapping[Stage, Component] = MappingProxyType(
     {
+        "clear": Component.TOOL_RESULTS,
         "tool_results": Component.TOOL_RESULTS,
         "retrieved": Component.RETRIEVED,
         "history": Component.HISTORY,

@@ -4,10 +4,10 @@ httpx stays the sidecar's client API (one ``httpx.AsyncClient`` per upstream, in
 transports for tests and benchmarks, httpx's exceptions and response objects everywhere), but its
 default transport (httpcore: a pure-Python HTTP/1.1 parser, h11, over anyio streams, and a pool
 that polls every idle socket and rescans every connection on each request and each release) was
-most of the sidecar's own CPU on a request under its budget: ~1.8 of 2.5 ms per streamed 8k
-request at c=16 here. aiohttp parses HTTP in C (llhttp) on plain asyncio transports and keeps its
+most of the sidecar's own CPU on a request under its budget. aiohttp parses HTTP in C (llhttp) on plain asyncio transports and keeps its
 pool as per-host deques whose closed connections leave on the loop's own ``connection_lost``;
-the same sidecar through it used 0.7 ms (``benchmarks/``, README "Benchmarks").
+the same sidecar through it uses a fraction of that CPU (``bare`` against ``bare-aiohttp`` in
+benchmarks/RESULTS.md).
 
 What this adapter owns, because a proxy depends on it: nothing is added to what the client sent
 (no User-Agent, Accept, Accept-Encoding or Content-Type of aiohttp's, no cookies, no redirects,

@@ -91,9 +91,9 @@ def create_app(
     ``group``: this process is one of several workers (``sidecar/workers.py``); ``freeze_heap``:
     this process is a server that lives as long as this app (``ceiling serve``), so once started
     its heap is moved out of the collector's generations (``gc.freeze``). Without that every
-    full collection walked the modules, settings and tokenizer tables loaded at startup: a ~50 ms
-    stall of the event loop every few thousand requests (measured at 1k tokens, c=16; ~2.5 ms
-    after). In a process that builds many apps (tests) frozen garbage would never be freed."""
+    full collection walked the modules, settings and tokenizer tables loaded at startup: a long
+    stall of the event loop every few thousand requests, an order of magnitude shorter after.
+    In a process that builds many apps (tests) frozen garbage would never be freed."""
     state = State.build(settings, transport, metrics, tracing)
     state.ceilings.reload_file("startup")  # a bad file at startup raises CeilingsError
     if group is not None:
@@ -233,8 +233,8 @@ class HotPath:
     """The proxy routes as plain ASGI in front of Starlette; everything else goes to Starlette.
 
     Every model call passes through here, and a stream sends dozens of messages; Starlette's
-    router and its two exception middlewares wrap every one of them (measured: about 0.3 ms per
-    streamed request at 1k tokens). The proxy handlers already turn every expected failure into
+    router and its two exception middlewares wrap every one of them, a cost paid on every
+    message of every stream. The proxy handlers already turn every expected failure into
     the client's own error format, so they need none of that; an unexpected exception still
     becomes a 500 in that format rather than a bare text page.
     """

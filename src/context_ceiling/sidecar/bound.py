@@ -30,7 +30,7 @@ from context_ceiling.sidecar.enforce import Decision
 SLACK = 64
 MARGIN = 1.1
 #: content priced apart from its bytes (images; files and media named by id or URI), in one
-#: pass over the body: a loop of eight substring searches cost 0.8 ms on a 280 kB body, this 0.16
+#: pass over the body: a loop of eight substring searches costs several times this one pass
 _PRICED_APART = re.compile(
     rb'"(?:image_url|input_image|input_file|file_id|inlineData|inline_data|fileData|file_data)"'
     rb'|"type":\s*"image"'
@@ -65,8 +65,8 @@ class Sampler:
     refills at ``share`` seconds per second (at most ``BURST`` seconds' worth is saved up, so a
     quiet pod still samples a burst of long requests), and while it is negative no request is
     due. Why: a fixed 1-in-16 costs in proportion to the bodies'
-    length (at 64k tokens a count is ~20 ms, so 1-in-16 at 250 requests a second is a third of a
-    core, measured at +2 ms of CPU per request); the credit bounds the cost whatever the sizes.
+    length (long bodies at a high rate would take a large share of a core); the credit bounds
+    the cost whatever the sizes.
     The sample is not biased by size: the first request due after the credit recovers is
     counted, whichever it is. Per process (each worker has its own).
 

@@ -54,7 +54,9 @@ class _Section(Strict):
 
 
 class Listen(_Section):
+    #: the address to listen on (0.0.0.0 in a pod)
     host: str = "127.0.0.1"
+    #: the port for traffic, metrics and the admin API
     port: int = Field(default=8787, ge=0, le=65535)
 
 
@@ -72,8 +74,10 @@ class Upstream(_Section):
     includes ``/v1`` (``https://api.openai.com/v1``), for Anthropic it does not
     (``https://api.anthropic.com``)."""
 
+    #: what you would give the provider's SDK (OpenAI: with /v1; Anthropic and Gemini: without)
     base_url: str
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    #: connections kept open to this upstream
     pool_size: int = Field(default=100, ge=1)
 
     @field_validator("base_url")
@@ -99,11 +103,14 @@ class Upstreams(_Section):
     """``openai`` and ``anthropic``: where each API's requests go by default. ``named``: any
     number of further upstreams; a model entry's ``upstream`` sends its requests to one."""
 
+    #: the default upstream of OpenAI-style routes (chat completions, Responses, the pass-through)
     openai: Upstream | None = None
+    #: the default upstream of Anthropic routes (messages, count_tokens, message batches)
     anthropic: Upstream | None = None
     #: Google's Gemini API (``https://generativelanguage.googleapis.com``) or Vertex AI
     #: (``https://REGION-aiplatform.googleapis.com``)
     gemini: Upstream | None = None
+    #: further upstreams by name; a model entry's `upstream` routes its requests to one
     named: dict[str, NamedUpstream] = Field(default_factory=dict)
 
     @field_validator("named")
@@ -122,6 +129,7 @@ class Upstreams(_Section):
 class Limits(_Section):
     """Bounds on what one client or one upstream can make the sidecar hold or wait for."""
 
+    #: a request body larger than this is a 413
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     #: a non-stream upstream response larger than this is a 502 (it is held to read its usage)
     max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -153,8 +161,8 @@ class Counting(_Section):
     nothing needs counting. Every ``sample_every``-th request a bound let through is still
     counted exactly (the components, the staleness check and the estimate error need a count),
     as long as these sampled counts have used at most ``sample_cpu`` of one core (0.02: 20 ms a
-    second, averaged over 10 s; per worker): a 64k-token count takes ~20 ms, so a fixed 1-in-16
-    would cost a third of a core at 250 requests a second.
+    second, averaged over 10 s; per worker): a long count is costly, so a fixed 1-in-16 would
+    cost a large share of a core at high request rates.
 
     ``overlap_bytes``: a request body of at least this many bytes is forwarded at once and
     counted exactly on worker threads while the upstream call runs, when its forwarding cannot
@@ -166,8 +174,8 @@ class Counting(_Section):
     on the worker threads too, the event loop serving other requests meanwhile. tiktoken
     and riptoken release the GIL while they encode, so the count runs on another core (gigatoken
     holds it: its count overlaps the upstream's wait, not other requests' work); behind a model that
-    takes longer to answer than the count (64k tokens: ~15-25 ms here) it adds no latency.
-    Below the default (~15k tokens) the threads' GIL hand-offs cost more than they save.
+    takes longer to answer than the count it adds no latency. Below the default (~15k tokens)
+    the threads' GIL hand-offs cost more than they save.
     ``count_threads``: the worker threads (0: as many as the CPUs this process may use).
     ``overlap_bytes: 0`` counts every request before forwarding it, on the event loop.
 
@@ -216,10 +224,14 @@ class Enforcement(_Section):
     """Trimming to the ceiling. ``off``: forward unchanged; ``observe``: compute what would be
     trimmed, record it, forward unchanged; ``enforce``: trim (or reject) to fit."""
 
+    #: off: forward unchanged; observe: record what trimming would remove; enforce: trim (or
+    #: reject) to fit
     mode: ModeValue = "off"
+    #: what trimming may remove, in which order (see the enforcement page)
     policy: Policy = Field(default_factory=Policy)
     #: output reservation for requests that do not say max_tokens / max_completion_tokens
     default_output_reservation: int = Field(default=4096, ge=0)
+    #: per-workload overrides of mode and policy
     workloads: dict[str, WorkloadEnforcement] = Field(default_factory=dict)
 
     def for_workload(self, workload: str) -> tuple[Mode, Policy]:
@@ -266,6 +278,7 @@ class Capture(_Section):
     """Sample live requests into a capture store, for building task sets from your own traffic
     (``ceiling taskset build``). Off unless enabled, and then only at the sampled rates."""
 
+    #: capture sampled requests into the store (off by default)
     enabled: bool = False
     #: the SQLite store; ``{hostname}`` becomes this replica's host name (one file per pod)
     store: Path = Path("capture-{hostname}.sqlite")
@@ -297,10 +310,16 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
+    #: where the sidecar listens
     listen: Listen = Field(default_factory=Listen)
+    #: where requests go
     upstreams: Upstreams = Field(default_factory=Upstreams)
+    #: the model registry: window, tokenizer and upstream per model name or glob; a request whose
+    #: model matches no entry counts as `other`, with no utilization
     models: list[ModelSpec] = Field(default_factory=list)
+    #: the workload names a client may send in X-Ceiling-Workload (anything else counts as default)
     workloads: list[str] = Field(default_factory=lambda: ["default"])
+    #: the ceilings document (YAML or JSON), relative to the config file
     ceilings_file: Path | None = None
     #: write accepted admin-API pushes to ceilings_file (off when it is a read-only ConfigMap)
     ceilings_persist: bool = True
@@ -308,13 +327,21 @@ class Settings(BaseSettings):
     ceilings_watch: bool = True
     #: the admin API's bearer token (env CEILING_ADMIN_TOKEN) or a file holding it; neither: API off
     admin_token: SecretStr | None = None
+    #: a file holding the admin API's bearer token (a mounted Secret)
     admin_token_file: Path | None = None
+    #: when live traffic stops resembling the traffic a ceiling was measured on
     staleness: Staleness = Field(default_factory=Staleness)
+    #: how retrieved chunks inlined as text are recognised
     retrieval: Retrieval = Field(default_factory=Retrieval)
+    #: token counting: cache, strategy, engine
     counting: Counting = Field(default_factory=Counting)
+    #: trimming to the ceiling
     enforcement: Enforcement = Field(default_factory=Enforcement)
+    #: bounds on what one client or upstream can make the sidecar hold or wait for
     limits: Limits = Field(default_factory=Limits)
+    #: traffic capture for task sets built from your own traffic
     capture: Capture = Field(default_factory=Capture)
+    #: the JSON log's level (one line per request at info)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: worker processes behind the one port (1: a single process). More than one gives a pod
     #: more than one core (one process's event loop holds the GIL; tiktoken and riptoken

@@ -370,8 +370,8 @@ class Metrics:
 
     def child(self, family: _M, **labels: str) -> _M:
         """``family.labels(**labels)``, cached per label set: prometheus_client checks the
-        names and takes a lock on each call (~2 us, a dozen calls per request). Label values
-        are bounded (README, "What is recorded"), so the cache is too; no family here ever
+        names and takes a lock on each call, a dozen calls per request. Label values
+        are bounded (docs/observability.md), so the cache is too; no family here ever
         removes a child."""
         key = (id(family), *labels.values())
         found = self._children.get(key)

@@ -92,8 +92,8 @@ def ask_for_usage(obj: dict[str, Any], body: bytes | None) -> tuple[bytes | None
 
     When ``body`` is still the client's bytes and they carry no ``stream_options`` at all (the
     usual case), the option is spliced in as the object's first member and every other byte
-    goes upstream as the client sent it: re-serializing the parsed body instead cost ~0.03 ms in
-    a tight loop and ~0.04 ms on the request path for a 64k-token body."""
+    goes upstream as the client sent it: re-serializing the parsed body instead costs a
+    measurable share of a long request's CPU (benchmarks/RESULTS.md)."""
     opts = obj.get("stream_options")
     if isinstance(opts, dict) and opts.get("include_usage"):
         return body, False

@@ -45,7 +45,7 @@ from context_ceiling.sweep.taskset import Item, TaskSet, load_taskset
 
 
 def mean(values: Iterable[float]) -> float:
-    """The arithmetic mean (``statistics.mean`` is exact with fractions, and 20x slower here)."""
+    """The arithmetic mean (``statistics.mean`` is exact with fractions, and much slower)."""
     xs = list(values)
     return sum(xs) / len(xs)
 
@@ -177,8 +177,8 @@ def analyse(
     include_closed_book: bool = False,
     metric: str = "accuracy",
 ) -> Analysis:
-    """``seed`` and ``bootstrap`` are kept for callers of the first release; the intervals are
-    analytic now and need neither."""
+    """``seed`` and ``bootstrap`` are accepted and ignored, so older callers keep working: the
+    intervals are analytic and need neither."""
     del seed, bootstrap
     all_records = list(records)
     return analyse_graded(
@@ -422,7 +422,7 @@ def _judge(
 
 
 def design_of(plan: Plan) -> Design:
-    """What the plan says was to be measured (a run of the first release: every item at every
+    """What the plan says was to be measured (a plan without a recorded design: every item at every
     planned level)."""
     ids = plan.item_ids
     per = {lv: ids[: plan.items_at(lv)] for lv in plan.levels}

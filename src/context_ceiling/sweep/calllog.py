@@ -68,8 +68,7 @@ class CallLog:
     """``calls.jsonl``: append-only, one JSON record per completed call."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path  # its folder is made by the first append: a dry run creates nothing
         self._repair()
 
     def _repair(self) -> None:
@@ -105,6 +104,7 @@ class CallLog:
 
     def append(self, record: CallRecord) -> None:
         line = record.model_dump_json() + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(line)
             f.flush()

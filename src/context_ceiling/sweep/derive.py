@@ -3,6 +3,7 @@ provenance and fingerprint, or the reasons there is none (exit status 1)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -133,6 +134,7 @@ class DeriveOptions:
     include_closed_book: bool = False
     out: str | None = None
     mode: Mode | None = None
+    json: bool = False  # the result as one JSON object on stdout (the console is on stderr)
 
 
 def derive(opts: DeriveOptions, console: Console) -> int:
@@ -147,6 +149,8 @@ def derive(opts: DeriveOptions, console: Console) -> int:
     elif refusals:
         for why in refusals:
             console.print(f"[bold red]refused:[/] {why}")
+        if opts.json:
+            print(json.dumps({"ok": False, "run": str(out), "refusals": refusals}, indent=2))
         raise CeilingError(f"no ceiling written for {out}: {refusals[0]}")
     entry = entry_from(a, ra.plan, ra.rows, opts.model, opts.workload)
     if opts.mode:
@@ -164,4 +168,15 @@ def derive(opts: DeriveOptions, console: Console) -> int:
         f"{entry.model}/{entry.workload}: ceiling {entry.ceiling_tokens:,} tokens "
         f"({entry.ceiling_utilization:.1%} of {entry.window:,}), document version {doc.version} -> {target}"
     )
+    if opts.json:
+        result = {
+            "ok": True,
+            "run": str(out),
+            "document": str(target),
+            "version": doc.version,
+            "resolved": a.resolved,
+            "forced_past": refusals if opts.force else [],
+            "entry": entry.model_dump(mode="json"),
+        }
+        print(json.dumps(result, indent=2))
     return 0

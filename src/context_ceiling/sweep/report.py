@@ -257,9 +257,17 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
     return {"png": out / "curve.png", "html": out / "report.html", "json": out / "summary.json"}
 
 
-def report(out: Path, console: Console) -> int:
-    """``ceiling sweep report``: (re)write a run's report from its plan and log."""
+def report(out: Path, console: Console, as_json: bool = False) -> int:
+    """``ceiling sweep report``: (re)write a run's report from its plan and log; with
+    ``as_json``, print the run's summary (``summary.json``) on stdout as well."""
     ra = analysis_of(out)
     paths = write(out, ra.analysis, ra.plan, console, item_lines(ra))
     console.print(f"report: {paths['html']}  plot: {paths['png']}  summary: {paths['json']}")
+    if as_json:
+        summary = json.loads(paths["json"].read_text())
+        print(
+            json.dumps(
+                {"run": str(out), "report": str(paths["html"]), "summary": summary}, indent=2
+            )
+        )
     return 0

@@ -10,6 +10,7 @@ its calls. The report, and a regression verdict for a ``--reduced`` run, close i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ class RunOptions:
     baseline: str | None = None
     shard: str | None = None
     no_progress: bool = False
+    json: bool = False  # the result as one JSON object on stdout (the console is on stderr)
 
 
 def run(opts: RunOptions, console: Console) -> int:
@@ -112,7 +114,10 @@ def run(opts: RunOptions, console: Console) -> int:
         )
     code = report(out, console)
     if plan.baseline:
-        return verdict(out, Path(plan.baseline), console)
+        code = verdict(out, Path(plan.baseline), console)
+    if opts.json:
+        summary = json.loads((out / "summary.json").read_text())
+        print(json.dumps({"run": str(out), "exit_status": code, "summary": summary}, indent=2))
     return code
 
 
@@ -209,7 +214,7 @@ class _Sweep:
     (held in the plan itself, so saving the plan saves the design)."""
 
     def __init__(self, plan: Plan, opts: RunOptions, out: Path, console: Console) -> None:
-        self.plan, self.out, self.console = plan, out, console
+        self.plan, self.opts, self.out, self.console = plan, opts, out, console
         self.ts = load_taskset(plan.taskset_arg)
         self.window = plan.window or window_of(plan.window_arg, plan.base_url)
         if not plan.levels:
@@ -315,6 +320,22 @@ class _Sweep:
             f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.tolerance:.0%}{more}; "
             "nothing was sent"
         )
+        if self.opts.json:
+            estimate = {
+                "dry_run": True,
+                "calls": calls,
+                "input_tokens": tokens,
+                "window": self.window,
+                "levels": list(plan.levels),
+                "repeats": plan.repeats,
+                "items": drawn,
+                "items_planned": self.planned,
+                "items_max": self.target_items if plan.adaptive else drawn,
+                "haystack_groups": plan.groups,
+                "expected_half_width": hw,
+                "tolerance": plan.tolerance,
+            }
+            print(json.dumps(estimate, indent=2))
         return 0
 
     def run(self) -> None:

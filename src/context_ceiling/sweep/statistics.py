@@ -1,6 +1,6 @@
 """Intervals and sample sizes for the sweep's decision (the statistics, apart from the data).
 
-Why not the percentile bootstrap the first release used: at the item counts a sweep can afford
+Why not a percentile bootstrap: at the item counts a sweep can afford
 and the accuracies a good model reaches, it undercovers on the optimistic side (at 10 items the
 lower bound of a paired difference lay above the truth in up to 47% of simulated data sets) and
 returns zero-width intervals whenever every item agrees. The intervals here are studentized
@@ -9,7 +9,7 @@ with pseudo-observations in the manner of Agresti-Coull (one level's accuracy: a
 always right, a quarter always wrong) and Agresti-Min (a paired difference: an eighth of an item
 at +1, an eighth at -1, a quarter at 0). The pseudo-items keep an interval from collapsing to a point when all items agree and
 vanish in weight as items are added. ``benchmarks/validity.py`` measures their coverage against
-known truth at every item count the sweep allows; the table is in the README.
+known truth at every item count the sweep allows; the table is on the docs' validity page.
 """
 
 from __future__ import annotations
