@@ -437,3 +437,72 @@ def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def _raw(url: str, head: bytes, then: bytes = b"") -> tuple[bytes, bool]:
+    """Send ``head`` (and ``then``) on a raw connection; (what came back, closed by the peer)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        try:
+            s.sendall(head)
+            s.sendall(then)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        got = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                return got, True
+            got += chunk
+        return got, False
+
+
+def test_an_oversized_head_is_refused_while_it_is_read(sidecar: Sidecar) -> None:
+    """A header far over ``max_header_bytes`` is answered 431 (JSON) as soon as the cap is
+    passed and the connection closed: the rest of it is never read into memory."""
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (4 << 20)
+    got, closed = _raw(sidecar.url, head)
+    assert got.startswith(b"HTTP/1.1 431 "), got[:80]
+    body = got.split(b"\r\n\r\n", 1)[1]
+    assert b"16384 bytes" in body and b'"error"' in body
+    assert closed
+    # a request whose head is within the cap but whose body is large is not counted as head
+    ok = httpx.post(
+        sidecar.url + "/v1/embeddings", content=b"x" * 200_000, headers={"x-small": "1"}
+    )
+    assert ok.status_code != 431
+
+
+def test_a_malformed_request_is_answered_in_json(sidecar: Sidecar) -> None:
+    got, closed = _raw(
+        sidecar.url,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\nhello\r\n0\r\n\r\n",
+    )
+    assert got.startswith(b"HTTP/1.1 400 "), got[:80]
+    assert b"application/json" in got and b'"error"' in got and closed
+
+
+def test_past_the_connection_limit_the_503_is_in_the_clients_shape() -> None:
+    settings = Settings(
+        upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}},
+        limits={"max_connections": 2},
+    )
+    app = create_app(settings)
+    with serve(app, **uvicorn_options(settings)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with (
+            socket.create_connection((host, int(port))),
+            socket.create_connection((host, int(port))),
+        ):
+            time.sleep(0.2)  # both held open: the next request is past the limit
+            r = httpx.post(
+                url + "/v1/messages",
+                json={"model": "claude-x", "max_tokens": 5, "messages": MSG},
+                headers={"anthropic-version": "2023-06-01"},
+            )
+    assert r.status_code == 503
+    assert r.json()["type"] == "error" and r.json()["error"]["type"]  # Anthropic's shape

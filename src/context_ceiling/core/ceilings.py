@@ -18,7 +18,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,7 +89,9 @@ class CeilingEntry(Strict):
     metric: str = "accuracy"
     tolerance: float = Field(ge=0, le=1, default=0.05)
     margin: float = Field(ge=0, lt=1, default=0.1)
-    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    #: when the ceiling was derived (the sweep writes it); unset in a hand-written entry, whose
+    #: age is then unknown: a document is the same document however often it is parsed
+    created_at: datetime | None = None
     provenance: Provenance = Field(default_factory=Provenance)
     fingerprint: TrafficFingerprint | None = None
     #: overrides the sidecar's configured mode for this model/workload: roll a new ceiling out in
@@ -135,8 +137,13 @@ class CeilingsDocument(Strict):
         return self
 
     def same_content(self, other: CeilingsDocument) -> bool:
-        """The same document (every field), however it was written (YAML, JSON, key order)."""
-        return self.model_dump(mode="json") == other.model_dump(mode="json")
+        """The same document (its version and every entry field), however it was written (YAML,
+        JSON, key order) and whenever it was parsed or stamped (``updated_at`` is when a sidecar
+        last wrote it, not content): re-applying a file is a no-op."""
+        keep = {"schema_version", "version", "entries"}
+        return self.model_dump(mode="json", include=keep) == other.model_dump(
+            mode="json", include=keep
+        )
 
     def is_newer_than(self, running: CeilingsDocument) -> bool:
         """The version rule, defined once: a document replaces the running one only with a

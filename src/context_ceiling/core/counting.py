@@ -368,6 +368,8 @@ def _anthropic_block(
         )
     elif kind == "thinking":
         tally.add(i, j, comp, count(str(block.get("thinking", ""))))
+    elif kind == "compaction":  # server-side compaction's summary, replayed by the client
+        tally.add(i, j, comp, 3 + count(str(block.get("content") or "")))
     else:  # server tool blocks, redacted thinking, ...: their JSON is the best estimate
         tally.add(i, j, comp, count(_json(block)))
 
@@ -480,6 +482,14 @@ def count_anthropic(
 # OpenAI Responses API
 
 
+def compaction_tokens(item: Mapping[str, Any]) -> int:
+    """A Responses ``compaction`` item's tokens, an estimate: its ``encrypted_content`` is opaque
+    (base64 of an encrypted summary), so its decoded bytes at four bytes a token; the provider's
+    reported usage is what the estimate-error metric compares it with."""
+    enc = item.get("encrypted_content")
+    return 8 + (len(enc) * 3 // 4 // 4 if isinstance(enc, str) else 0)
+
+
 def responses_items(body: Mapping[str, Any]) -> list[Any]:
     """``input`` as a list of items (a string input is one user message)."""
     items = body.get("input")
@@ -557,6 +567,8 @@ def count_responses(
             out = it.get("output")
             text = out if isinstance(out, str) else _json(out)
             tally.add(i, -1, Component.TOOL_RESULTS, 3 + count(text))
+        elif kind == "compaction":
+            tally.add(i, -1, Component.HISTORY, compaction_tokens(it))
         else:  # reasoning, item references, tool calls of built-in tools: their JSON
             tally.add(i, -1, Component.HISTORY, count(_json(it)))
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)

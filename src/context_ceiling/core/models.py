@@ -22,6 +22,7 @@ from context_ceiling.core.tokenizers import (
     TextCounter,
     TiktokenCounter,
 )
+from context_ceiling.core.wire import Strategy
 
 OTHER = "other"
 
@@ -89,6 +90,8 @@ class ModelSpec(Strict):
     max_output_tokens: int = Field(gt=0, default=4096)
     #: tokens kept free for hidden reasoning on top of the requested output (reasoning models)
     reasoning_reservation: int = Field(ge=0, default=0)
+    #: how this model's ceiling is enforced (trim, native, auto); unset: the workload's
+    strategy: Strategy | None = None
     tokenizer: TokenizerSpec = Field(default_factory=TiktokenSpec)
     chat_format: ChatFormat = Field(default_factory=ChatFormat)
     upstream: str | None = Field(

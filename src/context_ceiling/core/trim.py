@@ -73,6 +73,7 @@ CLEARED = "[tool result cleared by context-ceiling: {name} (call {id}), {n} toke
 CLEARED_RE = re.compile(r"\[tool result cleared by context-ceiling: .* \(call .*\), \d+ tokens\]")
 MAX_ROUNDS = 4  # trim, recount; a second round is rare (an optimistic estimate), a fourth unseen
 PLACEHOLDER = "[retrieved documents removed by context-ceiling to fit the context budget]"
+STUB = "[document removed by context-ceiling to fit the context budget]"
 
 
 class Policy(Strict):
@@ -98,7 +99,7 @@ class Policy(Strict):
     #: each clearing event frees at least this much: a share of the budget below 1, tokens from
     #: 1 up. Larger batches mean fewer events, and between events every turn only appends to the
     #: previous forwarded request, which the provider's prompt cache serves at a tenth of the price
-    clear_at_least: float = Field(default=0.4, gt=0)
+    clear_at_least: float = Field(default=0.6, gt=0)
     #: inside the turns the history stage keeps, drop the oldest whole tool rounds when clearing
     #: was not enough
     drop_tool_rounds: bool = True
@@ -223,10 +224,17 @@ class _Trimmer:
         budget: int,
     ) -> None:
         self.body, self.api, self.counter, self.policy = body, api, counter, policy
-        # Responses API: the input items play the part of messages (a string input is one)
+        # Responses API: the input items play the part of messages (a string input is one);
+        # Gemini: the contents, their parts the blocks
         self.messages: list[Any] = (
-            responses_items(body) if api == "responses" else list(body.get("messages") or [])
+            responses_items(body)
+            if api == "responses"
+            else list(body.get("contents") or [])
+            if api == "gemini"
+            else list(body.get("messages") or [])
         )
+        #: where a message keeps its blocks
+        self.key = "parts" if api == "gemini" else "content"
         self.parts = count.by_message()
         #: tokens the stages took from each message so far (a message history drops is worth
         #: what is left of it)
@@ -240,6 +248,7 @@ class _Trimmer:
         self.replace: dict[tuple[int, int], Any] = {}
         #: calls whose input the clear stage emptied (``clear_tool_inputs``)
         self.clear_inputs: set[tuple[int, int]] = set()
+        self._cites: bool | None = None
         self.dropped_in_rounds = 0  # messages the clear stage dropped with their tool rounds
         self.first_cut: tuple[int, int] | None = None
         self.boundary = self._cache_boundary()
@@ -302,6 +311,13 @@ class _Trimmer:
             return m.get("role") in ("tool", "function")
         if self.api == "responses":
             return m.get("type") == "function_call_output"
+        if self.api == "gemini":
+            parts = m.get("parts")
+            return (
+                m.get("role", "user") == "user"
+                and isinstance(parts, list)
+                and any(isinstance(p, dict) and "functionResponse" in p for p in parts)
+            )
         content = m.get("content")
         return (
             m.get("role") == "user"
@@ -320,6 +336,7 @@ class _Trimmer:
     def _tool_uses(self) -> list[_Use]:
         """Every tool use whose result is in the request, in order, with its call's place."""
         calls: dict[str, tuple[tuple[int, int], str]] = {}
+        pending: list[str] = []  # Gemini calls not answered yet, in order
         uses: list[_Use] = []
         for i, m in enumerate(self.messages):
             if not isinstance(m, dict):
@@ -343,6 +360,26 @@ class _Trimmer:
                     where, name = calls.get(cid, (None, ""))
                     tokens = self._output_tokens(i)
                     uses.append(_Use((i, -1), where, name, cid, tokens))
+            elif self.api == "gemini" and isinstance(m.get("parts"), list):
+                for j, part in enumerate(m["parts"]):
+                    if not isinstance(part, dict):
+                        continue
+                    if isinstance(part.get("functionCall"), dict):
+                        fc = part["functionCall"]
+                        name = str(fc.get("name", ""))
+                        calls[str(fc.get("id") or f"{name}#{len(calls)}")] = ((i, j), name)
+                        pending.append(str(fc.get("id") or f"{name}#{len(calls) - 1}"))
+                    elif isinstance(part.get("functionResponse"), dict):
+                        fr = part["functionResponse"]
+                        name = str(fr.get("name", ""))
+                        cid = str(fr.get("id") or "")
+                        if not cid:  # no ids: a response answers the oldest open call of its name
+                            cid = next((c for c in pending if calls[c][1] == name), "")
+                        if cid in pending:
+                            pending.remove(cid)
+                        where = calls[cid][0] if cid in calls else None
+                        tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j)
+                        uses.append(_Use((i, j), where, name, fr.get("id") or name, tokens))
             elif self.api == "anthropic" and isinstance(m.get("content"), list):
                 for j, b in enumerate(m["content"]):
                     if not isinstance(b, dict):
@@ -363,7 +400,7 @@ class _Trimmer:
             m = self.messages[i]
             if not isinstance(m, dict):
                 continue
-            if m.get("role") == "assistant" or (
+            if m.get("role") in ("assistant", "model") or (
                 self.api == "responses" and m.get("type") in ("function_call", "reasoning")
             ):
                 while i > 0 and self.api == "responses" and self._is_call_item(i - 1):
@@ -421,7 +458,7 @@ class _Trimmer:
         for k, (u, f, text) in enumerate(cands[:end]):
             i, j = u.result
             m = self.messages[i]
-            self.replace[(i, j)] = text if j < 0 else {**m["content"][j], "content": text}
+            self.replace[(i, j)] = self._placeholder(m, j, text)
             self._take("clear", i, j, f, cut=event and k >= prev_end)
             self.report.cleared_tool_uses += 1
             if self.policy.clear_tool_inputs and u.call is not None:
@@ -432,7 +469,8 @@ class _Trimmer:
         # 2. whole rounds of the latest turn (a single-task loop is one turn)
         starts = [i for i, m in enumerate(self.messages) if self._starts_turn(m)]
         first = starts[-1] if starts else -1
-        rounds = self._rounds(first + 1, len(self.messages))
+        comp = self._latest_compaction()
+        rounds = [r for r in self._rounds(first + 1, len(self.messages)) if comp not in r]
         older_rounds = rounds[: max(0, len(rounds) - max(1, self.policy.keep))]
         picks = [r for r in older_rounds if not self._protected(r[0], -1, allow_prefix)]
         worth = [sum(self._left(i) for i in r if not self._system(i)) for r in picks]
@@ -452,10 +490,25 @@ class _Trimmer:
             self.report.dropped_tool_rounds += 1
         self.report.clearing_event |= event
 
+    def _placeholder(self, m: dict[str, Any], j: int, text: str) -> Any:
+        """A result's replacement that keeps its call id (and Gemini's name)."""
+        if j < 0:
+            return text
+        if self.api == "gemini":
+            part = m["parts"][j]
+            return {
+                **part,
+                "functionResponse": {**part["functionResponse"], "response": {"result": text}},
+            }
+        return {**m["content"][j], "content": text}
+
     def _already_cleared(self, u: _Use) -> bool:
         i, j = u.result
         m = self.messages[i]
-        if j >= 0:
+        if self.api == "gemini":
+            response = m["parts"][j]["functionResponse"].get("response")
+            text = response.get("result") if isinstance(response, dict) else None
+        elif j >= 0:
             text = _texts(m["content"][j].get("content"))
         else:
             text = m.get("output") if self.api == "responses" else _texts(m.get("content"))
@@ -485,6 +538,8 @@ class _Trimmer:
             old = str(fn.get("arguments") or "")
         elif self.api == "responses":
             old = str(m.get("arguments") or "")
+        elif self.api == "gemini":
+            old = _json_text(m["parts"][k]["functionCall"].get("args", {}))
         else:
             old = _json_text(m["content"][k].get("input", {}))
         saved = self.counter.count(old) - self.counter.count("{}")
@@ -582,8 +637,46 @@ class _Trimmer:
                 if not self._protected(i, p.block, allow_prefix):
                     self._drop_chunk(p)
 
+    def _cites_documents(self) -> bool:
+        """Whether an assistant message cites documents by index (Anthropic citations): then a
+        dropped document leaves a stub in its place, so every kept citation names the document
+        it named before."""
+        if self._cites is None:
+            self._cites = self.api == "anthropic" and any(
+                isinstance(b, dict)
+                and isinstance(b.get("citations"), list)
+                and any(isinstance(c, dict) and "document_index" in c for c in b["citations"])
+                for m in self.messages
+                if isinstance(m, dict) and m.get("role") == "assistant"
+                for b in (m["content"] if isinstance(m.get("content"), list) else [])
+            )
+        return self._cites
+
     def _drop_chunk(self, p: Part) -> None:
         key = (p.message, p.block)
+        m = self.messages[p.message] if p.span is None else None
+        block = (
+            m["content"][p.block]
+            if isinstance(m, dict) and isinstance(m.get("content"), list) and p.block >= 0
+            else None
+        )
+        if (
+            isinstance(block, dict)
+            and block.get("type") == "document"
+            and key not in self.replace
+            and self._cites_documents()
+        ):
+            stub = {k: v for k, v in block.items() if k not in ("source", "context")}
+            stub["source"] = {"type": "text", "media_type": "text/plain", "data": STUB}
+            saved = (
+                p.tokens
+                - self.counter.count(STUB)
+                - self.counter.count(str(block.get("title") or ""))
+            )
+            if saved > 0:
+                self.replace[key] = stub
+                self._take("retrieved", p.message, p.block, saved)
+            return
         if p.span is None:
             if p.block in self.drop_blocks[p.message]:
                 return
@@ -598,13 +691,20 @@ class _Trimmer:
 
     def history(self, allow_prefix: bool) -> None:
         starts = [i for i, m in enumerate(self.messages) if self._starts_turn(m)]
-        if len(starts) < 2:
-            return
         turns = [
             (s, starts[k + 1] if k + 1 < len(starts) else len(self.messages))
             for k, s in enumerate(starts)
         ]
-        protected = {len(turns) - 1} | ({0} if self.policy.keep_first_user else set())
+        if len(turns) < 2:
+            turns = []  # one turn: nothing of it goes whole
+        # server-side compaction summarised everything before its latest item: that history
+        # may go (the first task included), the compaction itself never
+        comp = self._latest_compaction()
+        first_kept = self.policy.keep_first_user and not (
+            comp >= 0 and turns and turns[0][1] <= comp
+        )
+        protected = {len(turns) - 1} | ({0} if first_kept else set())
+        protected |= {k for k, (start, end) in enumerate(turns) if start <= comp < end}
         for k, (start, end) in enumerate(turns):
             if self.fits():
                 return
@@ -618,15 +718,50 @@ class _Trimmer:
                     self.drop_messages.add(i)
                     left = sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
                     self._take("history", i, -1, left)
+        if self.api == "responses" and comp > 0 and not self.fits():
+            # the items before the latest compaction item, as OpenAI's guide allows: the
+            # compaction carries what they said (Anthropic's block sits in an assistant message,
+            # which may not open the conversation: there only whole turns go)
+            for i in range(comp):
+                if i not in self.drop_messages and not self._system(i) and not self.fits():
+                    self.drop_messages.add(i)
+                    self._take("history", i, -1, self._left(i))
+
+    def _latest_compaction(self) -> int:
+        """The message holding the latest server-side compaction (a Responses ``compaction``
+        item, an Anthropic ``compaction`` block); -1: none."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            m = self.messages[i]
+            if not isinstance(m, dict):
+                continue
+            if m.get("type") == "compaction":
+                return i
+            content = m.get("content")
+            if isinstance(content, list) and any(
+                isinstance(b, dict) and b.get("type") == "compaction" for b in content
+            ):
+                return i
+        return -1
 
     def _role(self, i: int) -> Any:
         m = self.messages[i] if 0 <= i < len(self.messages) else None
-        return m.get("role") if isinstance(m, dict) else None
+        role = m.get("role") if isinstance(m, dict) else None
+        return "assistant" if role == "model" else role
 
     def _starts_turn(self, m: Any) -> bool:
         """A user message starts a turn unless it answers tool calls: an Anthropic user message
         with any ``tool_result`` block belongs to the assistant turn before it, whatever text
         it also carries."""
+        if self.api == "gemini":
+            parts = m.get("parts") if isinstance(m, dict) else None
+            return (
+                isinstance(m, dict)
+                and m.get("role", "user") == "user"
+                and not (
+                    isinstance(parts, list)
+                    and any(isinstance(p, dict) and "functionResponse" in p for p in parts)
+                )
+            )
         if not isinstance(m, dict) or m.get("role") != "user":
             return False
         if self.api == "openai":
@@ -726,7 +861,7 @@ class _Trimmer:
                 messages.append(m)
                 continue
             m2 = dict(m)
-            content = m.get("content")
+            content = m.get(self.key)
             if self.api == "openai" and any(c[0] == i for c in self.clear_inputs):
                 m2["tool_calls"] = [
                     {**tc, "function": {**tc["function"], "arguments": "{}"}}
@@ -747,7 +882,9 @@ class _Trimmer:
                 for j, b in enumerate(content):
                     if j in self.drop_blocks.get(i, ()):
                         continue
-                    if (i, j) in self.clear_inputs:
+                    if (i, j) in self.clear_inputs and self.api == "gemini":
+                        b = {**b, "functionCall": {**b["functionCall"], "args": {}}}
+                    elif (i, j) in self.clear_inputs:
                         b = {**b, "input": {}}
                     if (i, j) in self.replace:
                         b = self.replace[(i, j)]
@@ -756,12 +893,19 @@ class _Trimmer:
                         if not b["text"].strip():
                             continue
                     blocks.append(b)
-                m2["content"] = blocks or [{"type": "text", "text": PLACEHOLDER}]
+                empty = (
+                    {"text": PLACEHOLDER}
+                    if self.api == "gemini"
+                    else {"type": "text", "text": PLACEHOLDER}
+                )
+                m2[self.key] = blocks or [empty]
             messages.append(m2)
         out = dict(self.body)
         if self.api == "responses":
             single = isinstance(self.body.get("input"), str) and len(messages) == 1
             out["input"] = messages[0]["content"] if single else messages
+        elif self.api == "gemini":
+            out["contents"] = messages
         else:
             out["messages"] = messages
         return out
@@ -817,7 +961,7 @@ def fit(
     before = count.total
     report: FitReport | None = None  # the first round's, the later rounds added to it
     current: Mapping[str, Any] = body
-    for _ in range(MAX_ROUNDS if api != "gemini" else 0):  # Gemini: judged, never trimmed
+    for _ in range(MAX_ROUNDS):
         if count.total <= budget:
             break
         trimmer = _Trimmer(current, api, count, counter, policy or Policy(), budget)

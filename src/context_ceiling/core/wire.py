@@ -22,7 +22,7 @@ from context_ceiling.core.utilization import Component
 Api = Literal["openai", "anthropic", "gemini"]
 
 #: the request body's shape (OpenAI's Responses API is an OpenAI client with another shape); the
-#: trimmer knows the first three, Gemini's is measured and judged, not trimmed
+#: trimmer knows all four
 Shape = Literal["openai", "anthropic", "responses", "gemini"]
 
 #: ``off``: forward untouched; ``observe``: measure and report what enforcing would do;
@@ -43,6 +43,11 @@ ModeValue = Annotated[
     Mode,
     BeforeValidator(_yaml_off, json_schema_input_type=Mode | Literal[False]),
 ]
+
+#: how a ceiling is enforced: ``trim`` (the sidecar trims to it), ``native`` (the provider's own
+#: context management is given the ceiling as its threshold; the sidecar's trimming stays the
+#: safety net for the window), ``auto`` (native where the upstream is known to support it)
+Strategy = Literal["trim", "native", "auto"]
 
 #: the trimming stages, in their default order (``clear``: older tool results replaced whole)
 Stage = Literal["clear", "tool_results", "retrieved", "history"]

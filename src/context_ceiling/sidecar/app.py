@@ -174,6 +174,9 @@ def create_app(
         "/v1/responses/input_tokens": proxy.openai_responses_input_tokens,
         "/v1/messages": proxy.anthropic_messages,
         "/v1/messages/count_tokens": proxy.anthropic_count_tokens,
+        "/openai/v1/chat/completions": proxy.azure_v1_chat,
+        "/openai/v1/responses": proxy.azure_responses,
+        "/openai/responses": proxy.azure_responses,
     }
     app = Starlette(
         routes=[

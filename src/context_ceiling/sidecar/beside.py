@@ -59,6 +59,7 @@ def verdict(
         counter,
         st.chunk_pattern,
         ex.bypass,
+        st.native_ok(route.shape, ex.spec),
     )
 
 
@@ -86,7 +87,14 @@ def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: by
     upstream call: its forwarding does not wait on its count. Sets the decision it is forwarded
     under ("as it is") until the count settles."""
     d = budget_of(
-        obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
+        obj,
+        route.shape,
+        ex.spec,
+        ex.label,
+        ex.workload,
+        ex.ceilings,
+        st.settings.enforcement,
+        native_ok=st.native_ok(route.shape, ex.spec),
     )
     if d.mode == "enforce" and not provably_within(raw, route.shape, ex.spec, d, None, ex.label):
         return False

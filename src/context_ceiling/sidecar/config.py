@@ -35,7 +35,7 @@ from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import Bpe
 from context_ceiling.core.trim import Policy
-from context_ceiling.core.wire import Mode, ModeValue
+from context_ceiling.core.wire import Mode, ModeValue, Strategy
 
 ENV_PREFIX = "CEILING_"
 #: ``CEILING_*`` variables that are not sidecar settings: the config file's path, the cache of
@@ -218,6 +218,7 @@ class WorkloadEnforcement(_Section):
 
     mode: ModeValue | None = None
     policy: Policy | None = None
+    strategy: Strategy | None = None
 
 
 class Enforcement(_Section):
@@ -231,7 +232,12 @@ class Enforcement(_Section):
     policy: Policy = Field(default_factory=Policy)
     #: output reservation for requests that do not say max_tokens / max_completion_tokens
     default_output_reservation: int = Field(default=4096, ge=0)
-    #: per-workload overrides of mode and policy
+    #: trim: the sidecar trims to the ceiling; native: the provider's own context management
+    #: (Anthropic context editing, the Responses API's compaction) gets the ceiling as its
+    #: threshold and the sidecar trims only to the window; auto: native where the upstream is
+    #: Anthropic's or OpenAI's own API. A model entry's ``strategy`` wins over this one.
+    strategy: Strategy = "trim"
+    #: per-workload overrides of mode, policy and strategy
     workloads: dict[str, WorkloadEnforcement] = Field(default_factory=dict)
 
     def for_workload(self, workload: str) -> tuple[Mode, Policy]:
@@ -239,6 +245,10 @@ class Enforcement(_Section):
         if o is None:
             return self.mode, self.policy
         return o.mode or self.mode, o.policy or self.policy
+
+    def strategy_for(self, workload: str) -> Strategy:
+        o = self.workloads.get(workload)
+        return (o.strategy if o is not None else None) or self.strategy
 
 
 class Staleness(_Section):

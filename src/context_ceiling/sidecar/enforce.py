@@ -33,6 +33,9 @@ class Decision:
     reject: bool = False
     #: the trimming policy in force for the workload (set with the budget)
     policy: Policy | None = None
+    #: the provider's own context management to add to the request (``strategy: native``),
+    #: its threshold the ceiling; the budget is then the window's
+    native: dict[str, Any] | list[Any] | None = None
 
     @property
     def over(self) -> bool:
@@ -48,9 +51,11 @@ def budget_of(
     doc: CeilingsDocument,
     cfg: Enforcement,
     bypass: bool = False,
+    native_ok: bool = False,
 ) -> Decision:
     """The mode in force and the input budget (the ceiling, within the window less the output
-    reservation), before anything is counted."""
+    reservation), before anything is counted. ``native_ok``: the upstream is the provider's own
+    API (``strategy: auto`` uses its context management there)."""
     mode, policy = cfg.for_workload(workload)
     entry = doc.lookup(label, workload)
     if entry is not None and entry.mode is not None:
@@ -65,8 +70,48 @@ def budget_of(
         asked if asked is not None else cfg.default_output_reservation
     ) + spec.reasoning_reservation
     d.reservation = min(d.reservation, spec.window - 1)
+    strategy = spec.strategy or cfg.strategy_for(workload)
+    if (
+        mode == "enforce"
+        and entry is not None
+        and api in ("anthropic", "responses")
+        and (strategy == "native" or (strategy == "auto" and native_ok))
+        and "context_management" not in obj  # the client's own is never overridden
+    ):
+        d.native = native_context_management(api, entry.ceiling_tokens, policy)
+        d.budget = input_budget(spec.window, d.reservation)  # the provider keeps the ceiling
+        return d
     d.budget = input_budget(spec.window, d.reservation, entry.ceiling_tokens if entry else None)
     return d
+
+
+#: the beta that enables Anthropic's context editing
+ANTHROPIC_CONTEXT_BETA = "context-management-2025-06-27"
+
+
+def native_context_management(
+    api: Shape, ceiling: int, policy: Policy
+) -> dict[str, Any] | list[Any]:
+    """The provider's own context management with the measured ceiling as its trigger:
+    Anthropic's tool-result clearing (``keep``, ``exclude_tools``, ``clear_tool_inputs`` and
+    ``clear_at_least`` from the policy), or the Responses API's server-side compaction."""
+    if api == "responses":
+        return [{"type": "compaction", "compact_threshold": ceiling}]
+    v = policy.clear_at_least
+    edit: dict[str, Any] = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": ceiling},
+        "keep": {"type": "tool_uses", "value": policy.keep},
+        "clear_at_least": {
+            "type": "input_tokens",
+            "value": max(1, int(v * ceiling) if v < 1 else int(v)),
+        },
+    }
+    if policy.exclude_tools:
+        edit["exclude_tools"] = list(policy.exclude_tools)
+    if policy.clear_tool_inputs:
+        edit["clear_tool_inputs"] = True
+    return {"edits": [edit]}
 
 
 def decide(
@@ -81,8 +126,9 @@ def decide(
     counter: TextCounter,
     chunk_pattern: re.Pattern[str] | None,
     bypass: bool = False,
+    native_ok: bool = False,
 ) -> Decision:
-    d = budget_of(obj, api, spec, label, workload, doc, cfg, bypass)
+    d = budget_of(obj, api, spec, label, workload, doc, cfg, bypass, native_ok)
     if d.mode == "off" or spec is None or d.budget is None:
         return d
     if count.total <= d.budget:

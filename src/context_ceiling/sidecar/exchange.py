@@ -54,6 +54,9 @@ class Route:
     #: a token-counting endpoint: measured and compared with the provider's count, never
     #: trimmed, traced or streamed
     count_only: bool = False
+    #: an Azure OpenAI route: path and query go upstream as the client sent them, to the Azure
+    #: resource the model (or deployment) belongs to
+    azure: bool = False
 
 
 OPENAI_CHAT = Route(
@@ -92,6 +95,29 @@ AZURE_CHAT = Route(
     openai_body_usage,
     OpenAIStreamTap,
     "openai",
+    azure=True,
+)
+#: Azure OpenAI's v1 API (``/openai/v1/chat/completions``): the model in the body
+AZURE_V1_CHAT = Route(
+    "openai",
+    "azure_chat",
+    "/openai/v1/chat/completions",
+    count_openai,
+    openai_body_usage,
+    OpenAIStreamTap,
+    "openai",
+    azure=True,
+)
+#: the Responses API on Azure OpenAI (``/openai/v1/responses`` and ``/openai/responses``)
+AZURE_RESPONSES = Route(
+    "openai",
+    "azure_responses",
+    "/openai/v1/responses",
+    count_responses,
+    responses_body_usage,
+    lambda _injected: ResponsesStreamTap(),
+    "responses",
+    azure=True,
 )
 OPENAI_RESPONSES = Route(
     "openai",
@@ -137,6 +163,8 @@ RESPONSES_COUNT = Route(
 ROUTES: tuple[Route, ...] = (
     OPENAI_CHAT,
     AZURE_CHAT,
+    AZURE_V1_CHAT,
+    AZURE_RESPONSES,
     OPENAI_RESPONSES,
     RESPONSES_COUNT,
     ANTHROPIC_MESSAGES,

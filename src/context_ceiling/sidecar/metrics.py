@@ -259,7 +259,29 @@ class Metrics:
         )
         self.cache_loss_tokens = Counter(
             "llm_context_cache_loss_tokens",
-            "Tokens of an Anthropic cache_control prefix invalidated because trimming had to cut inside it.",
+            "Tokens the previous turn already sent that a trimmed request changed, so the "
+            "provider's prompt cache cannot serve them (every API; an Anthropic cache_control "
+            "prefix cut inside included).",
+            ["model", "workload"],
+            registry=r,
+        )
+        self.clearing_events = Counter(
+            "llm_context_clearing_events",
+            "Trimmed requests that cleared or dropped more of an agent loop's history than its "
+            "previous turn: the points where the forwarded prefix changes.",
+            ["model", "workload"],
+            registry=r,
+        )
+        self.native_edits = Counter(
+            "llm_context_native_edits",
+            "Context edits the provider reported applying under strategy native (Anthropic's "
+            "tool-result clearing, the Responses API's compaction).",
+            ["model", "workload"],
+            registry=r,
+        )
+        self.native_cleared_tokens = Counter(
+            "llm_context_native_cleared_tokens",
+            "Input tokens the provider reported clearing under strategy native.",
             ["model", "workload"],
             registry=r,
         )
@@ -321,7 +343,7 @@ class Metrics:
         )
 
         # traffic capture (capture.enabled): what was written, what was not and why, what the
-        # redaction rules replaced (rule: builtin, pattern, field)
+        # redaction rules replaced (rule: ruleset, builtin, pattern, field)
         self.captured = Counter(
             "llm_context_captured",
             "Requests written to the capture store.",
@@ -433,6 +455,8 @@ class _CeilingCollector(Collector):
         now = datetime.now(UTC)
         for e in doc.entries:
             tokens.add_metric([e.model, e.workload], e.ceiling_tokens)
+            if e.created_at is None:
+                continue  # a hand-written entry: no derivation time, no age
             created = e.created_at if e.created_at.tzinfo else e.created_at.replace(tzinfo=UTC)
             age.add_metric([e.model, e.workload], (now - created).total_seconds())
         stale = GaugeMetricFamily(

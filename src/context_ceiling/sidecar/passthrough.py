@@ -10,10 +10,17 @@ and ``llm_context_passthrough_requests_total{upstream,route,outcome}``, ``route`
 name or ``other``: never the raw path) and logged in one line, without its path beyond the route
 name.
 
-Which upstream: an Anthropic client always sends ``anthropic-version`` (and usually
-``x-api-key``); anything else goes to the OpenAI-style upstream. A sidecar with one upstream sends
-everything there. A request that names no upstream this sidecar has is a 404 in the client's
-error shape, never an empty body.
+Which upstream, first match wins: the model a JSON body names (embeddings, legacy completions,
+stored responses, ... : the model entry's ``upstream``, so a model served by a named upstream gets
+its pass-through calls there too, with the client's key and prompt); an ``X-Ceiling-Upstream:
+NAME`` header (files and batches, which name no model); an Azure OpenAI path's resource, by its
+deployment when a model entry matches the deployment name; then the API's default: an Anthropic
+client always sends ``anthropic-version`` (and usually ``x-api-key``), anything else goes to the
+OpenAI-style upstream. A sidecar with one upstream sends everything there. A request that names
+no upstream this sidecar has is a 404 in the client's error shape, never an empty body.
+
+Bodies are re-sent with the client's framing: a body the client sent with ``Content-Length`` goes
+upstream with it (some gateways answer 411 to a chunked body), a chunked one chunked.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import uuid
 from typing import Any
 
 import httpx
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.wire import Api
-from context_ceiling.sidecar.bodies import BodyTooLarge, capped, check_declared
+from context_ceiling.sidecar.bodies import BodyTooLarge, capped, check_declared, read_body
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.logs import log_request
 from context_ceiling.sidecar.metrics import OTHER_ROUTE
@@ -99,12 +107,51 @@ def client_api(request: Request) -> Api:
     return "openai"
 
 
-def pick_upstream(state: State, request: Request) -> tuple[Api, str] | None:
-    """(API, upstream name) the request belongs to: an Anthropic client's goes to an Anthropic
-    upstream (the default one, else the first named one; none: no upstream), anything else to
-    the OpenAI-style one likewise, or to the only upstream there is."""
+#: a pass-through JSON body up to this size is read whole to find the model it names (larger
+#: ones, and every other body, stream through untouched)
+MODEL_PEEK_BYTES = 1 << 20
+#: names the upstream of a pass-through request that names no model (files, batches)
+UPSTREAM_HEADER = "x-ceiling-upstream"
+
+
+def body_model(body: bytes | None) -> str | None:
+    """The ``model`` a JSON body names, if any."""
+    if not body:
+        return None
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def pick_upstream(
+    state: State, request: Request, model: str | None = None
+) -> tuple[Api, str] | None:
+    """(API, upstream name) the request belongs to (see the module's docstring): the model's
+    upstream, the named one, the Azure resource, else the API's default (an Anthropic client's
+    to an Anthropic upstream, the default one, else the first named one; anything else to the
+    OpenAI-style one likewise, or to the only upstream there is)."""
     api = client_api(request)
-    azure = state.azure_upstream() if request.url.path.startswith("/openai/") else None
+    named_header = request.headers.get(UPSTREAM_HEADER)
+    if named_header is not None:
+        found = state.named.get(named_header)
+        if found is not None:
+            return found[0], named_header
+        if named_header in state.clients:
+            return named_header, named_header
+        return None
+    azure_path = request.url.path.startswith("/openai/")
+    spec = state.registry.resolve(model) if model else None
+    if spec is None and azure_path:
+        deployment = _deployment(request.url.path)
+        spec = state.registry.resolve(deployment) if deployment else None
+    if spec is not None and spec.upstream is not None and spec.upstream in state.named:
+        up_api = state.named[spec.upstream][0]
+        if up_api == api or (azure_path and up_api == "openai"):
+            return up_api, spec.upstream
+    azure = state.azure_upstream() if azure_path else None
     if api == "openai" and azure is not None:
         return api, azure  # an Azure OpenAI client's deployment path
     if api in state.clients:
@@ -115,6 +162,13 @@ def pick_upstream(state: State, request: Request) -> tuple[Api, str] | None:
     if api == "openai" and len(state.clients) == 1 and not state.named:
         only = next(iter(state.clients))
         return only, only
+    return None
+
+
+def _deployment(path: str) -> str | None:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 3 and parts[:2] == ["openai", "deployments"]:
+        return parts[2]
     return None
 
 
@@ -143,7 +197,28 @@ class Passthrough:
     async def _forward(self, request: Request) -> Response:
         st = self.state
         started = time.perf_counter()
-        picked = pick_upstream(st, request)
+        limits = st.settings.limits
+        declared = request.headers.get("content-length")
+        peeked: bytes | None = None
+        if (
+            request.method in ("POST", "PUT", "PATCH")
+            and "json" in request.headers.get("content-type", "")
+            and declared is not None
+            and declared.isdigit()
+            and int(declared) <= min(MODEL_PEEK_BYTES, limits.max_body_bytes)
+        ):
+            try:
+                async with asyncio.timeout(limits.body_read_timeout):
+                    peeked = await read_body(request, limits.max_body_bytes)
+            except BodyTooLarge:
+                peeked = None
+            except TimeoutError:
+                return error_response(
+                    client_api(request),
+                    408,
+                    f"the request body did not arrive within {limits.body_read_timeout:g} s",
+                )
+        picked = pick_upstream(st, request, body_model(peeked))
         rid = uuid.uuid4().hex
         target = st.route(*picked) if picked else None
         if picked is None or target is None:
@@ -157,26 +232,31 @@ class Passthrough:
             )
         api = picked[0]
         route = route_label(api, request.url.path)
-        limits = st.settings.limits
 
         def fail(status: int, outcome: str, message: str) -> Response:
             self._record(api, route, request, rid, started, status, outcome)
             return error_response(api, status, message, headers={"x-ceiling-request-id": rid})
 
         too_large = f"request body exceeds the limit of {limits.max_body_bytes} bytes"
-        declared = request.headers.get("content-length")
         _, client, cfg = target
         has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
+        headers = request_headers(request.headers.items())
+        headers = [(k, v) for k, v in headers if k.lower() != UPSTREAM_HEADER]
         try:
             check_declared(declared, limits.max_body_bytes, BodyTooLarge)
+            content: Any = None
+            if peeked is not None:
+                content = peeked  # httpx frames it with its Content-Length
+            elif has_body:
+                content = capped(request.stream(), limits.max_body_bytes, BodyTooLarge)
+                if declared is not None and declared.isdigit():
+                    headers.append(("content-length", declared))  # the client's framing
             req = client.build_request(
                 request.method,
                 upstream_path(api, client.base_url, request.url.path),
                 params=list(request.query_params.multi_items()),
-                headers=request_headers(request.headers.items()),
-                content=capped(request.stream(), limits.max_body_bytes, BodyTooLarge)
-                if has_body
-                else None,
+                headers=headers,
+                content=content,
             )
             async with asyncio.timeout(cfg.timeouts.total):
                 resp = await client.send(req, stream=True)

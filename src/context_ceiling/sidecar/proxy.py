@@ -33,12 +33,14 @@ from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import budget_of, context_error
+from context_ceiling.sidecar.enforce import ANTHROPIC_CONTEXT_BETA, budget_of, context_error
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
     ANTHROPIC_COUNT,
     ANTHROPIC_MESSAGES,
     AZURE_CHAT,
+    AZURE_RESPONSES,
+    AZURE_V1_CHAT,
     GEMINI_COUNT,
     GEMINI_GENERATE,
     OPENAI_CHAT,
@@ -54,7 +56,12 @@ from context_ceiling.sidecar.logs import bounded
 from context_ceiling.sidecar.record import Recorder
 from context_ceiling.sidecar.relay import SSERelay, Tap
 from context_ceiling.sidecar.state import State
-from context_ceiling.sidecar.upstream import UpstreamClient, request_headers, response_headers
+from context_ceiling.sidecar.upstream import (
+    UpstreamClient,
+    request_headers,
+    response_headers,
+    with_beta,
+)
 from context_ceiling.sidecar.usage import Usage, ask_for_usage
 
 log = logging.getLogger("context_ceiling.sidecar.proxy")
@@ -98,7 +105,7 @@ class Proxy:
     async def _exact_count(
         self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
     ) -> RequestCount:
-        if route not in (OPENAI_CHAT, AZURE_CHAT):  # the engine's template counts chat only
+        if route.shape != "openai":  # the engine's template counts chat only
             return est
         try:
             total = await count_chat(
@@ -124,7 +131,7 @@ class Proxy:
 
     async def gemini(self, request: Request) -> Response:
         """Gemini and Vertex AI: ``.../models/{model}:generateContent``,
-        ``:streamGenerateContent`` (measured, judged against the ceiling, never trimmed) and
+        ``:streamGenerateContent`` (measured and trimmed to the ceiling like the other APIs) and
         ``:countTokens`` (passed through; feeds the estimate-error metric). The path and query
         (``alt=sse``, ``key``) go as the client sent them."""
         method = request.url.path.rsplit(":", 1)[-1]
@@ -136,6 +143,15 @@ class Proxy:
         """Azure OpenAI's ``/openai/deployments/{deployment}/chat/completions``: measured like
         chat completions, forwarded on the same path and query to an Azure upstream."""
         return await self._handle(request, AZURE_CHAT)
+
+    async def azure_v1_chat(self, request: Request) -> Response:
+        """Azure OpenAI's v1 API, ``/openai/v1/chat/completions``."""
+        return await self._handle(request, AZURE_V1_CHAT)
+
+    async def azure_responses(self, request: Request) -> Response:
+        """The Responses API on Azure OpenAI: ``/openai/v1/responses`` and
+        ``/openai/responses`` (the ``AzureOpenAI`` client's)."""
+        return await self._handle(request, AZURE_RESPONSES)
 
     async def anthropic_messages(self, request: Request) -> Response:
         return await self._handle(request, ANTHROPIC_MESSAGES)
@@ -285,7 +301,14 @@ class Proxy:
         if route.count_only:
             return False
         d = budget_of(
-            obj, route.shape, ex.spec, ex.label, ex.workload, ex.ceilings, st.settings.enforcement
+            obj,
+            route.shape,
+            ex.spec,
+            ex.label,
+            ex.workload,
+            ex.ceilings,
+            st.settings.enforcement,
+            native_ok=st.native_ok(route.shape, ex.spec),
         )
         ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
         if not provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label):
@@ -310,7 +333,7 @@ class Proxy:
         (forward, trim or reject). Returns the upstream's client and settings."""
         st, spec = self.state, ex.spec
         wanted = spec.upstream if spec else None
-        if route is AZURE_CHAT and wanted is None:
+        if route.azure and wanted is None:
             wanted = st.azure_upstream()
         target = st.route(route.api, wanted)
         if target is None:
@@ -377,15 +400,23 @@ class Proxy:
         d = ex.decision
         if d is not None and d.body is not None:
             obj = d.body
+        extra_headers: list[tuple[str, str]] = []
+        if d is not None and d.native is not None and not ex.bypass:
+            obj = {**obj, "context_management": d.native}
+            body = None  # serialized again, with the provider's context management
+            if route.shape == "anthropic":
+                extra_headers = [("anthropic-beta", ANTHROPIC_CONTEXT_BETA)]
         ex.stream = not route.count_only and (
             obj.get("stream") is True
             or (route.api == "gemini" and request.url.path.endswith(":streamGenerateContent"))
         )
         injected = False
-        if ex.stream and route in (OPENAI_CHAT, AZURE_CHAT):
+        if ex.stream and route.shape == "openai":
             body, injected = ask_for_usage(obj, body)
         content = body if body is not None else orjson.dumps(obj)
         headers = request_headers(request.headers.items())
+        if extra_headers:
+            headers = with_beta(headers, extra_headers[0][1])
         if ex.span is not None:
             carrier: dict[str, str] = {}
             st.tracing.propagate(ex.span, carrier)
@@ -394,7 +425,7 @@ class Proxy:
             )
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
-        if route is AZURE_CHAT or route.api == "gemini":  # path and query as the client sent them
+        if route.azure or route.api == "gemini":  # path and query as the client sent them
             path, params = request.url.path, list(request.query_params.multi_items())
         else:
             path, params = route.path, None

@@ -40,6 +40,12 @@ class Recorder:
         )
         h["x-ceiling-ceiling-tokens"] = str(entry.ceiling_tokens) if entry else "none"
         h["x-ceiling-trimmed-tokens"] = str(d.report.trimmed if d and d.report else 0)
+        if d and d.report and d.report.cleared_tool_uses:
+            h["x-ceiling-cleared-tool-uses"] = str(d.report.cleared_tool_uses)
+        if d and d.report and d.report.clearing_event and d.body is not None:
+            h["x-ceiling-clearing-event"] = "1"
+        if d and d.native is not None:
+            h["x-ceiling-context-management"] = "native"
         h["x-ceiling-mode"] = (
             d.mode if d else self.state.settings.enforcement.for_workload(ex.workload)[0]
         )
@@ -87,8 +93,16 @@ class Recorder:
             outcome=ex.outcome,
         ).inc()
         u = ex.usage
+        if u.native_edits:
+            m.child(m.native_edits, model=ex.label, workload=ex.workload).inc(u.native_edits)
+        if u.native_cleared_tokens:
+            m.child(m.native_cleared_tokens, model=ex.label, workload=ex.workload).inc(
+                u.native_cleared_tokens
+            )
         est_error: float | None = None
-        if ex.count is not None and u.input_tokens and not ex.count.partial:
+        if u.native_edits:  # the provider counted what was left after its own edits
+            pass
+        elif ex.count is not None and u.input_tokens and not ex.count.partial:
             est_error = (ex.forwarded_tokens - u.input_tokens) / u.input_tokens
             m.child(m.estimate_error, model=ex.label).observe(est_error)
         elif ex.count is not None and ex.count.partial and u.input_tokens and ex.spec:
@@ -110,6 +124,7 @@ class Recorder:
             and ex.body_bytes
             and not ex.route.count_only
             and (ex.decision is None or ex.decision.body is None)  # what was sent is the body
+            and not u.native_edits
         ):
             self.state.calibration.observe(ex.label, ex.body_bytes, u.input_tokens)
         if ex.upstream_started is not None:
@@ -168,6 +183,11 @@ class Recorder:
                 "trimmed": {k: v for k, v in r.removed.items() if v} if r else None,
                 "trim_actions": r.actions if r else None,
                 "cache_loss_tokens": r.cache_loss_tokens if r else None,
+                "cleared_tool_uses": r.cleared_tool_uses if r else None,
+                "clearing_event": r.clearing_event if r else None,
+                "native_context_management": bool(d and d.native is not None),
+                "native_edits": u.native_edits or None,
+                "native_cleared_tokens": u.native_cleared_tokens,
                 "status": ex.status,
                 "outcome": ex.outcome,
                 "latency_ms": round((now - ex.started) * 1000, 2),
@@ -234,6 +254,8 @@ class Recorder:
                 m.child(family, model=model, workload=wl, kind=kind).inc(tokens)
         if action == "trimmed" and r.cache_loss_tokens:
             m.child(m.cache_loss_tokens, model=model, workload=wl).inc(r.cache_loss_tokens)
+        if action == "trimmed" and r.clearing_event:
+            m.child(m.clearing_events, model=model, workload=wl).inc()
 
     @staticmethod
     def forwarded_components(ex: Exchange) -> dict[Component, int]:

@@ -1,11 +1,15 @@
-"""Redaction before anything captured is written: built-in patterns for secrets (always on),
-the configured patterns, and the configured JSON fields; each replaced value is counted."""
+"""Redaction before anything captured is written: a maintained secret rule set (gitleaks'
+default rules, vendored: :mod:`context_ceiling.sidecar.secret_rules`) and built-in patterns for
+what it leaves to context (always on), then the configured patterns and JSON fields; each
+replaced value is counted by the kind of rule that found it."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from context_ceiling.sidecar.secret_rules import SecretRules, default_rules, entropy, merge
 
 REDACTED = "[REDACTED]"
 #: secrets that must never be stored, whatever the configuration says
@@ -17,28 +21,74 @@ BUILTIN_PATTERNS = (
     r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
     r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
     r"xox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack tokens
+    r"ya29\.[0-9A-Za-z_\-]{20,}",  # Google OAuth access tokens
+    r"(?<=://)[^/\s:@\"']{1,256}:[^/\s@\"']{1,256}(?=@)",  # credentials in URLs
 )
+#: a password written out in prose or config ("the password is: ...", ``passwd=...``): the
+#: value is replaced when it looks like one (a digit or a symbol, and varied characters)
+PROSE_PASSWORD = re.compile(
+    r"(?i)\b((?:password|passwd|passphrase|pwd|secret)s?(?:\s*(?:is|was|:=|=|:))+\s*[\"']?)"
+    r"([^\s\"']{6,})"
+    # a secret under its configuration name (an AWS secret access key has no prefix of its own)
+    r"|((?:aws_?)?secret_?access_?key|client_?secret|api_?secret|private_?key)"
+    r"(\s*(?:=|:)\s*[\"']?)([A-Za-z0-9/+=_.~-]{16,})"
+)
+
+
+def _looks_secret(value: str) -> bool:
+    return (
+        any(c.isdigit() or not c.isalnum() for c in value)
+        and entropy(value) >= 2.5
+        and not value.startswith(("http", "/", "$", "{", "<", "%"))
+    )
 
 
 class Redactor:
     def __init__(
-        self, patterns: list[str], fields: list[str], count: Callable[[str, int], None]
+        self,
+        patterns: list[str],
+        fields: list[str],
+        count: Callable[[str, int], None],
+        rules: SecretRules | None = None,
     ) -> None:
+        self.rules = rules if rules is not None else default_rules()
         self.builtin = re.compile("|".join(f"(?:{p})" for p in BUILTIN_PATTERNS))
         self.custom = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
         self.fields = frozenset(fields)
         self._count = count
 
     def text(self, s: str) -> tuple[str, int]:
+        spans = merge([span for _, span in self.rules.find(s)])
+        for start, end in reversed(spans):
+            s = s[:start] + REDACTED + s[end:]
         s, a = self.builtin.subn(REDACTED, s)
+        prose = 0
+
+        def password(m: re.Match[str]) -> str:
+            nonlocal prose
+            if m.group(1):  # a password in prose: only a value that looks like one
+                head, value = m.group(1), m.group(2)
+                if not _looks_secret(value):
+                    return m.group(0)
+            else:  # a key under its configuration name: a varied value is the key
+                head, value = m.group(3) + m.group(4), m.group(5)
+                if entropy(value) < 3.0:
+                    return m.group(0)
+            prose += 1
+            return head + REDACTED
+
+        s = PROSE_PASSWORD.sub(password, s)
+        a += prose
         b = 0
         if self.custom is not None:
             s, b = self.custom.subn(REDACTED, s)
+        if spans:
+            self._count("ruleset", len(spans))
         if a:
             self._count("builtin", a)
         if b:
             self._count("pattern", b)
-        return s, a + b
+        return s, len(spans) + a + b
 
     def body(self, obj: Any) -> tuple[Any, int]:
         """``obj`` with the values of the configured fields replaced, at any depth."""

@@ -1,9 +1,14 @@
 """How ``ceiling serve`` runs the app: uvicorn (uvloop, httptools) with the sidecar's limits.
 
-uvicorn bounds idle keep-alive connections but not a request whose headers never finish (a
-slow-loris client holds its connection and buffer forever). :class:`HeaderDeadline` closes a
-connection whose request headers have not arrived whole within ``limits.header_read_timeout``;
-the body has its own deadline in the proxy (``limits.body_read_timeout``, a 408).
+uvicorn bounds idle keep-alive connections but neither a request whose headers never finish (a
+slow-loris client holds its connection and buffer forever) nor the size of a request's head
+(httptools buffers a header of any size: 150 connections sending 8 MiB each took a sidecar past
+a gigabyte). :class:`HeaderDeadline` closes a connection whose request headers have not arrived
+whole within ``limits.header_read_timeout``, and answers 431 and closes the connection as soon
+as the request line and headers pass ``limits.max_header_bytes``, counted as they are read,
+before the parser holds them. The body has its own deadline in the proxy
+(``limits.body_read_timeout``, a 408). The protocol's own answers (a malformed request, the
+connection limit) are JSON in the OpenAI error shape, as every other error the sidecar sends.
 """
 
 from __future__ import annotations
@@ -11,17 +16,47 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from context_ceiling.sidecar.config import Settings
 
 
+def _error(status: int, reason: str, message: str, kind: str) -> bytes:
+    """A whole HTTP/1.1 response in the OpenAI error shape that closes the connection."""
+    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
+
+
+async def _busy(scope: Any, receive: Any, send: Any) -> None:
+    """The answer past ``limits.max_connections``: a 503 in the error shape of the client's
+    API (its path and the headers its SDK always sends tell which)."""
+    from starlette.requests import Request
+
+    from context_ceiling.sidecar.errors import error_response
+    from context_ceiling.sidecar.passthrough import client_api
+
+    response = error_response(
+        client_api(Request(scope)), 503, "the sidecar is at its connection limit; retry"
+    )
+    response.headers["connection"] = "close"
+    response.headers["retry-after"] = "1"
+    await response(scope, receive, send)
+
+
 class HeaderDeadline(HttpToolsProtocol):
     """httptools' protocol with a deadline from a connection's (or request's) first byte to the
-    end of its headers."""
+    end of its headers, and a cap on the bytes of the request line and headers together."""
 
     header_timeout = 10.0
+    max_head_bytes = 65536
     _timer: asyncio.TimerHandle | None = None
+    _in_head = True
+    _head_bytes = 0
+    _tail = b""
 
     def _arm(self) -> None:
         if self._timer is None:
@@ -41,13 +76,58 @@ class HeaderDeadline(HttpToolsProtocol):
         super().connection_made(transport)
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            # count only the head: up to the blank line that ends it (a body may share the read)
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            self._tail = seen[-3:]
+            if self._head_bytes > self.max_head_bytes:
+                self._reject_head()
+                return
+        super().data_received(data)
+
+    def _reject_head(self) -> None:
+        self._disarm()
+        self._in_head = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(
+                _error(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"the request line and headers exceed {self.max_head_bytes} bytes",
+                    "invalid_request_error",
+                )
+            )
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_error(400, "Bad Request", msg, "invalid_request_error"))
+            self.transport.close()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._in_head, self._head_bytes, self._tail = False, 0, b""
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app, self.app = self.app, _busy  # uvicorn's own answer here is plain text
+            self.limit_concurrency = None
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app, self.limit_concurrency = app, limit
+            return
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True  # the next request on this connection starts with its head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -57,7 +137,12 @@ class HeaderDeadline(HttpToolsProtocol):
 def protocol_for(settings: Settings) -> type[HeaderDeadline]:
     """A protocol class carrying this config's header deadline (uvicorn takes a class)."""
     return type(
-        "SidecarHttp", (HeaderDeadline,), {"header_timeout": settings.limits.header_read_timeout}
+        "SidecarHttp",
+        (HeaderDeadline,),
+        {
+            "header_timeout": settings.limits.header_read_timeout,
+            "max_head_bytes": settings.limits.max_header_bytes,
+        },
     )
 
 

@@ -9,13 +9,14 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
-from context_ceiling.core.models import Registry
+from context_ceiling.core.models import ModelSpec, Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
-from context_ceiling.core.wire import Api
+from context_ceiling.core.wire import Api, Shape
 from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
@@ -138,6 +139,21 @@ class State:
         if found is None or found[0] != api:
             return None
         return upstream, found[1], found[2]
+
+    def native_ok(self, shape: Shape, spec: ModelSpec | None) -> bool:
+        """Whether the upstream this request goes to is the provider's own API, whose context
+        management ``strategy: auto`` may use: Anthropic's for messages, OpenAI's (or Azure
+        OpenAI's) for the Responses API."""
+        if shape not in ("anthropic", "responses"):
+            return False
+        api: Api = "anthropic" if shape == "anthropic" else "openai"
+        found = self.route(api, spec.upstream if spec is not None else None)
+        if found is None:
+            return False
+        host = (urlsplit(found[2].base_url).hostname or "").lower()
+        if shape == "anthropic":
+            return host == "api.anthropic.com"
+        return host == "api.openai.com" or host.endswith(".openai.azure.com")
 
     def azure_upstream(self) -> str | None:
         """The first named upstream that is an Azure OpenAI resource."""

@@ -151,6 +151,16 @@ def request_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in pairs if k.lower() not in _DROP_REQUEST and k.lower() not in hop]
 
 
+def with_beta(headers: list[tuple[str, str]], beta: str) -> list[tuple[str, str]]:
+    """The headers with ``beta`` among the ``anthropic-beta`` values (once, the client's own
+    kept: the header is a comma-separated list)."""
+    values = [v.strip() for k, v in headers if k.lower() == "anthropic-beta" for v in v.split(",")]
+    if beta in values:
+        return headers
+    rest = [(k, v) for k, v in headers if k.lower() != "anthropic-beta"]
+    return [*rest, ("anthropic-beta", ",".join([*[v for v in values if v], beta]))]
+
+
 def response_headers(headers: httpx.Headers) -> dict[str, str]:
     """Upstream headers to pass back, less the hop-by-hop ones (those named in the upstream's
     ``Connection`` included)."""

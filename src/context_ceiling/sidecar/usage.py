@@ -23,6 +23,10 @@ class Usage:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     response_model: str | None = None
+    #: the provider's own context management, as it reported it: edits applied (Anthropic's
+    #: cleared tool uses, the Responses API's compaction items) and input tokens cleared
+    native_edits: int = 0
+    native_cleared_tokens: int | None = None
 
 
 def _int(v: Any) -> int | None:
@@ -52,6 +56,26 @@ def _anthropic_usage(u: Usage, usage: Any) -> None:
         u.output_tokens = out
 
 
+def _anthropic_context_management(u: Usage, cm: Any) -> None:
+    """Anthropic's report of the context edits it applied (``context_management``)."""
+    if not isinstance(cm, dict) or not isinstance(cm.get("applied_edits"), list):
+        return
+    cleared = 0
+    for edit in cm["applied_edits"]:
+        if isinstance(edit, dict):
+            u.native_edits += 1
+            cleared += _int(edit.get("cleared_input_tokens")) or 0
+    u.native_cleared_tokens = cleared
+
+
+def _compactions(u: Usage, output: Any) -> None:
+    """The Responses API's compaction items in a response's output."""
+    if isinstance(output, list):
+        u.native_edits += sum(
+            1 for o in output if isinstance(o, dict) and o.get("type") == "compaction"
+        )
+
+
 def openai_body_usage(body: bytes) -> Usage:
     u = Usage()
     try:
@@ -77,6 +101,7 @@ def anthropic_body_usage(body: bytes) -> Usage:
         _anthropic_usage(u, obj.get("usage"))
         u.response_model = obj.get("model") if isinstance(obj.get("model"), str) else None
         u.finish_reason = obj.get("stop_reason")
+        _anthropic_context_management(u, obj.get("context_management"))
         if obj.get("input_tokens") is not None and u.input_tokens is None:  # count_tokens reply
             u.input_tokens = _int(obj.get("input_tokens"))
     return u
@@ -263,6 +288,7 @@ class AnthropicStreamTap(_StreamState):
             delta = obj.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason"):
                 self.usage.finish_reason = delta["stop_reason"]
+            _anthropic_context_management(self.usage, obj.get("context_management"))
         return event
 
 
@@ -279,6 +305,7 @@ def _responses_usage(u: Usage, obj: Any) -> None:
             u.cached_tokens = _int(details.get("cached_tokens"))
     if isinstance(obj.get("model"), str):
         u.response_model = obj["model"]
+    _compactions(u, obj.get("output"))
     status = obj.get("status")
     incomplete = obj.get("incomplete_details")
     if isinstance(incomplete, dict) and isinstance(incomplete.get("reason"), str):

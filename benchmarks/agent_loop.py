@@ -1,0 +1,344 @@
+"""Long agent loops through the real sidecar: rejected turns, forwarded over budget, provider-
+invalid requests, the prompt cache kept, and what the input costs; side by side with no
+trimming, the policy without the clear stage, and LiteLLM's ``trim_messages``.
+
+Each loop (``tests/agent_loops.py``: one task, then tool rounds whose results are 200 to 8,000
+tokens, parallel calls, the whole history resent every turn) runs turn by turn through a real
+sidecar on loopback in enforce mode, in front of a test double for the hosted API that records
+what it received. Per API and policy:
+
+- rejected: turns the sidecar answered with its context-length error;
+- over budget: forwarded requests whose independent recount is above the budget;
+- invalid: forwarded requests that break the provider's tool-use rules;
+- prefix >= 90%: after the first trimmed turn, the share of turns whose forwarded history repeats
+  at least 90% of the previous forwarded history byte for byte (what a prefix cache can serve);
+- input cost: the input tokens of the conversation priced with the provider's cache discount
+  (cached tokens at a tenth for OpenAI and Anthropic, a quarter for Gemini), against the same
+  conversation untrimmed, over the turns the untrimmed one still fits the window.
+
+``python benchmarks/agent_loop.py [--quick] [--no-litellm] [--out out/bench/agent_loop.md]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from context_ceiling import count  # noqa: E402
+from context_ceiling.core.wire import Shape  # noqa: E402
+from context_ceiling.sidecar.app import create_app  # noqa: E402
+from context_ceiling.sidecar.config import Settings  # noqa: E402
+from tests.agent_loops import Loop, history_of, prefix_share, provider_valid  # noqa: E402
+from tests.hosted_provider_double import serve  # noqa: E402
+
+APIS: tuple[Shape, ...] = ("openai", "anthropic", "responses", "gemini")
+#: what a cached input token costs against an uncached one
+CACHE_PRICE = {"openai": 0.1, "anthropic": 0.1, "responses": 0.1, "gemini": 0.25}
+WINDOW = 1_000_000
+LITELLM = Path.home() / ".cache" / "context-ceiling" / "litellm" / "bin" / "python"
+LITELLM_SCRIPT = """
+import json, sys
+from litellm.utils import trim_messages
+jobs = json.load(open(sys.argv[1]))
+out = []
+for j in jobs:
+    try:
+        out.append(trim_messages(j["messages"], model="gpt-4o", max_tokens=j["budget"]))
+    except Exception as exc:
+        out.append({"error": type(exc).__name__})
+json.dump(out, open(sys.argv[2], "w"))
+"""
+
+
+@dataclass
+class Shape_:
+    name: str
+    rounds: int
+    output_words: tuple[int, int]
+    parallel: int
+    budget: int
+
+
+SHAPES = [
+    Shape_("60 rounds, ~1.5k-token results", 60, (1100, 1100), 1, 20_000),
+    Shape_("60 rounds, 200-8k-token results", 60, (150, 6000), 1, 60_000),
+    Shape_("150 rounds, 3 parallel calls", 150, (150, 1500), 3, 60_000),
+    Shape_("300 rounds, 200-2k-token results", 300, (150, 1500), 1, 60_000),
+]
+POLICIES: dict[str, dict[str, Any] | None] = {
+    "no trimming": None,
+    "without the clear stage": {"stages": ["tool_results", "retrieved", "history"]},
+    "default policy": {},
+}
+
+
+@dataclass
+class Tally:
+    turns: int = 0
+    rejected: int = 0
+    over: int = 0
+    invalid: int = 0
+    trimmed_turns: int = 0
+    kept_prefix: int = 0
+    cost: float = 0.0
+    cost_base: float = 0.0
+    seconds: float = 0.0
+    shares: list[float] = field(default_factory=list)
+
+
+class RecordingProviderDouble:
+    """A test double for the hosted APIs: answers each route with a minimal valid body and keeps
+    the last request it received."""
+
+    def __init__(self) -> None:
+        self.last: bytes = b""
+
+    async def _any(self, request: Request) -> Response:
+        self.last = await request.body()
+        path = request.url.path
+        if path.endswith("/messages"):
+            body: dict[str, Any] = {
+                "id": "m",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude",
+                "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            }
+        elif path.endswith("/responses"):
+            body = {"id": "r", "object": "response", "status": "completed", "output": []}
+        elif ":generateContent" in path:
+            body = {"candidates": [{"content": {"role": "model", "parts": [{"text": "ok"}]}}]}
+        else:
+            body = {
+                "id": "c",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._any, methods=["POST"]),
+                Route("/v1/messages", self._any, methods=["POST"]),
+                Route("/v1/responses", self._any, methods=["POST"]),
+                Route("/v1beta/models/{model}:generateContent", self._any, methods=["POST"]),
+            ]
+        )
+
+
+@contextmanager
+def sidecar(
+    policy: dict[str, Any] | None, budget: int, tmp: Path
+) -> Iterator[tuple[str, RecordingProviderDouble]]:
+    d = RecordingProviderDouble()
+    ceilings = tmp / "ceilings.yaml"
+    entries = [
+        {
+            "model": m,
+            "workload": "default",
+            "ceiling_tokens": budget,
+            "ceiling_utilization": budget / WINDOW,
+            "window": WINDOW,
+            "output_reservation": 1000,
+            "tolerance": 0.05,
+            "margin": 0.1,
+            "created_at": "2026-12-01T00:00:00Z",
+            "provenance": {"sweep_run_id": "bench", "task_set_hash": "x", "model_version": m},
+        }
+        for m in ("gpt-4o", "claude", "gemini")
+    ]
+    ceilings.write_text(yaml.safe_dump({"schema_version": 1, "version": 1, "entries": entries}))
+    with serve(d.app()) as durl:
+        settings = Settings(
+            upstreams={
+                "openai": {"base_url": durl + "/v1"},
+                "anthropic": {"base_url": durl},
+                "gemini": {"base_url": durl},
+            },
+            models=[
+                {"match": "gpt-4o", "window": WINDOW, "max_output_tokens": 16_000},
+                {"match": "claude-*", "label": "claude", "window": WINDOW},
+                {
+                    "match": "gemini-*",
+                    "label": "gemini",
+                    "window": WINDOW,
+                    "tokenizer": {"kind": "calibrated", "encoding": "o200k_base", "factor": 1.0},
+                },
+            ],
+            ceilings_file=ceilings,
+            enforcement={
+                "mode": "enforce" if policy is not None else "off",
+                "policy": policy or {},
+            },
+            log_level="warning",
+        )
+        with serve(create_app(settings)) as url:
+            yield url, d
+
+
+def _send(client: httpx.Client, url: str, api: Shape, body: dict[str, Any]) -> httpx.Response:
+    path = {
+        "openai": "/v1/chat/completions",
+        "anthropic": "/v1/messages",
+        "responses": "/v1/responses",
+        "gemini": "/v1beta/models/gemini-2.5-pro:generateContent",
+    }[api]
+    headers = {"authorization": "Bearer sk-bench", "x-api-key": "k"}
+    if api == "anthropic":
+        headers["anthropic-version"] = "2023-06-01"
+    return client.post(url + path, content=orjson.dumps(body), headers=headers, timeout=120)
+
+
+def _account(t: Tally, api: Shape, sent: dict[str, Any], budget: int, prev: bytes | None) -> bytes:
+    """Judge one forwarded request; returns its history as bytes for the next turn's prefix."""
+    tokens = count(sent, api=api).total
+    t.over += tokens > budget
+    t.invalid += not provider_valid(api, sent)
+    history = orjson.dumps(history_of(api, sent))
+    share = prefix_share(prev, history) if prev is not None else 0.0
+    cached = int(share * len(prev or b"") / max(1, len(history)) * tokens) if prev else 0
+    t.cost += (tokens - cached) + CACHE_PRICE[api] * cached
+    return history
+
+
+def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally]:
+    out: dict[str, Tally] = {}
+    base_costs: list[float] = []
+    for name, policy in POLICIES.items():
+        t = Tally()
+        prev: bytes | None = None
+        first_trim = False
+        loop = Loop(api, shape.rounds, shape.output_words, shape.parallel, seed)
+        with sidecar(policy, shape.budget, tmp) as (url, d), httpx.Client() as client:
+            started = time.perf_counter()
+            for n, body in enumerate(loop.turns()):
+                t.turns += 1
+                r = _send(client, url, api, body)
+                if r.status_code == 400:
+                    t.rejected += 1
+                    continue
+                r.raise_for_status()
+                sent = orjson.loads(d.last)
+                before = t.cost
+                trimmed = int(r.headers.get("x-ceiling-trimmed-tokens", "0")) > 0
+                history = orjson.dumps(history_of(api, sent))
+                if first_trim and prev is not None:
+                    share = prefix_share(prev, history)
+                    t.shares.append(share)
+                    t.kept_prefix += share >= 0.9
+                first_trim = first_trim or trimmed
+                t.trimmed_turns += trimmed
+                prev = _account(t, api, sent, shape.budget, prev)
+                if name == "no trimming":
+                    base_costs.append(t.cost - before)
+                elif n < len(base_costs):
+                    t.cost_base += base_costs[n]
+            t.seconds = time.perf_counter() - started
+        if name == "no trimming":
+            t.cost_base = t.cost
+        out[name] = t
+    if api == "openai" and LITELLM.exists():
+        out["LiteLLM trim_messages"] = litellm_loop(shape, seed, base_costs)
+    return out
+
+
+def litellm_loop(shape: Shape_, seed: int, base_costs: list[float]) -> Tally:
+    """LiteLLM's ``trim_messages`` on the same chat-completions turns (its own venv)."""
+    bodies = list(Loop("openai", shape.rounds, shape.output_words, shape.parallel, seed).turns())
+    jobs = [{"messages": b["messages"], "budget": shape.budget} for b in bodies]
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(jobs))
+        subprocess.run(
+            [str(LITELLM), "-c", LITELLM_SCRIPT, str(src), str(dst)], check=True, timeout=3600
+        )
+        results = json.loads(dst.read_text())
+    t = Tally()
+    prev: bytes | None = None
+    first_trim = False
+    for n, (body, got) in enumerate(zip(bodies, results, strict=True)):
+        t.turns += 1
+        if isinstance(got, dict):
+            t.rejected += 1
+            continue
+        sent = {**body, "messages": got}
+        history = orjson.dumps(got)
+        trimmed = got != body["messages"]
+        if first_trim and prev is not None:
+            share = prefix_share(prev, history)
+            t.shares.append(share)
+            t.kept_prefix += share >= 0.9
+        first_trim = first_trim or trimmed
+        t.trimmed_turns += trimmed
+        prev = _account(t, "openai", sent, shape.budget, prev)
+        if n < len(base_costs):
+            t.cost_base += base_costs[n]
+    return t
+
+
+def report(results: dict[tuple[str, str], dict[str, Tally]]) -> str:
+    lines = [
+        "| API | loop | policy | turns | rejected | over budget | invalid | prefix >= 90% | input cost vs untrimmed |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (api, shape), by_policy in results.items():
+        for name, t in by_policy.items():
+            after = len(t.shares)
+            prefix = f"{t.kept_prefix / after:.0%} of {after}" if after else "-"
+            ratio = f"x{t.cost / t.cost_base:.2f}" if t.cost_base else "-"
+            lines.append(
+                f"| {api} | {shape} | {name} | {t.turns} | {t.rejected} | {t.over} | "
+                f"{t.invalid} | {prefix} | {ratio} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the first loop shape only")
+    ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="out/bench/agent_loop.md")
+    args = ap.parse_args()
+    global LITELLM
+    if args.no_litellm:
+        LITELLM = Path("/nonexistent")
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    results: dict[tuple[str, str], dict[str, Tally]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in shapes:
+            for api in APIS:
+                results[(api, shape.name)] = run_loop(api, shape, args.seed, Path(tmp))
+                print(f"{api} / {shape.name}: done", file=sys.stderr)
+    table = report(results)
+    print(table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

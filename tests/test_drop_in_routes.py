@@ -1,0 +1,266 @@
+"""Drop-in for every route: pass-through routed by the model the body names (or the upstream a
+header names), bodies re-sent with the client's framing, Azure's v1 and Responses paths measured
+and enforced, several Azure resources routed by deployment, and a re-pushed ceilings file that
+is a no-op. The upstreams are loopback test doubles standing in for hosted APIs and a local
+vLLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from tests.ceiling_docs import doc, entry
+from tests.hosted_provider_double import serve
+
+
+class RecordingUpstreamDouble:
+    """A test double for any OpenAI-style or Azure upstream: answers every path with a valid
+    body for its route and records method, path, query, headers and body."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.got: list[dict[str, Any]] = []
+
+    async def any(self, request: Request) -> JSONResponse:
+        body = await request.body()
+        self.got.append(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": dict(request.query_params),
+                "headers": dict(request.headers),
+                "body": json.loads(body) if body else None,
+            }
+        )
+        path = request.url.path
+        if path.endswith("/responses"):
+            return JSONResponse(
+                {
+                    "id": "resp_1",
+                    "object": "response",
+                    "created_at": 1,
+                    "status": "completed",
+                    "model": "gpt-4o",
+                    "output": [],
+                    "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6},
+                }
+            )
+        if path.endswith("/chat/completions"):
+            return JSONResponse(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": "gpt-4o",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "ok"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+                }
+            )
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}],
+                "model": "m",
+                "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                "upstream": self.name,
+            }
+        )
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[Route("/{path:path}", self.any, methods=["GET", "POST", "DELETE"])]
+        )
+
+
+def test_pass_through_goes_to_the_upstream_of_the_model_it_names() -> None:
+    hosted, vllm = RecordingUpstreamDouble("hosted"), RecordingUpstreamDouble("vllm")
+    with serve(hosted.app()) as h, serve(vllm.app()) as v:
+        settings = Settings(
+            upstreams={
+                "openai": {"base_url": h + "/v1"},
+                "named": {"vllm": {"api": "openai", "base_url": v + "/v1"}},
+            },
+            models=[
+                {"match": "gpt-4o", "window": 128000},
+                {"match": "my-llama", "window": 32768, "upstream": "vllm"},
+            ],
+        )
+        with serve(create_app(settings)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="sk-local", max_retries=0)
+            client.embeddings.create(model="my-llama", input="hello")
+            client.completions.create(model="my-llama", prompt="hi", max_tokens=1)
+            client.embeddings.create(model="text-embedding-3-small", input="hello")
+            # files and batches name no model: a header names the upstream
+            httpx.get(url + "/v1/files", headers={"x-ceiling-upstream": "vllm"}).raise_for_status()
+            missing = httpx.get(url + "/v1/files", headers={"x-ceiling-upstream": "nowhere"})
+    assert [g["path"] for g in vllm.got] == ["/v1/embeddings", "/v1/completions", "/v1/files"]
+    assert [g["path"] for g in hosted.got] == ["/v1/embeddings"]
+    assert vllm.got[0]["headers"]["authorization"] == "Bearer sk-local"
+    assert "x-ceiling-upstream" not in vllm.got[2]["headers"]
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_pass_through_keeps_the_clients_framing() -> None:
+    up = RecordingUpstreamDouble("up")
+    with serve(up.app()) as u:
+        settings = Settings(upstreams={"openai": {"base_url": u + "/v1"}})
+        with serve(create_app(settings)) as url:
+            big = {"model": "x", "input": "y" * (2 << 20)}  # too big to peek at: streamed
+            for body in ({"model": "x", "input": "hello"}, big):
+                raw = json.dumps(body).encode()
+                httpx.post(
+                    url + "/v1/embeddings",
+                    content=raw,
+                    headers={"content-type": "application/json"},
+                    timeout=30,
+                ).raise_for_status()
+    for g, body in zip(up.got, ({"model": "x", "input": "hello"}, big), strict=True):
+        assert g["headers"].get("content-length") == str(len(json.dumps(body).encode()))
+        assert "transfer-encoding" not in g["headers"]
+
+
+def _azure(tmp_path: Path, eu: str, us: str) -> Settings:
+    ceilings = tmp_path / "c.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(1, entry(model="gpt-4o", tokens=2000, window=128000))))
+    return Settings(
+        upstreams={
+            "named": {
+                "azure-eu": {"api": "openai", "azure": True, "base_url": eu},
+                "azure-us": {"api": "openai", "azure": True, "base_url": us},
+            }
+        },
+        models=[
+            {"match": "gpt-4o", "window": 128000, "upstream": "azure-eu"},
+            {"match": "gpt-4o-us", "label": "gpt-4o-us", "window": 128000, "upstream": "azure-us"},
+        ],
+        ceilings_file=ceilings,
+        enforcement={"mode": "enforce"},
+    )
+
+
+def test_azure_v1_and_responses_are_measured_and_enforced(tmp_path: Path) -> None:
+    eu, us = RecordingUpstreamDouble("eu"), RecordingUpstreamDouble("us")
+    long = "<document>" + "fact " * 3000 + "</document><document>short</document> question?"
+    with serve(eu.app()) as e, serve(us.app()) as u:
+        app = create_app(_azure(tmp_path, e, u))
+        with serve(app) as url:
+            v1 = openai.OpenAI(base_url=url + "/openai/v1", api_key="az", max_retries=0)
+            r = v1.chat.completions.with_raw_response.create(
+                model="gpt-4o", messages=[{"role": "user", "content": long}]
+            )
+            assert int(r.headers["x-ceiling-input-tokens"]) <= 2000
+            v1.responses.create(model="gpt-4o", input=long)
+            az = openai.AzureOpenAI(
+                azure_endpoint=url, api_key="az", api_version="2025-04-01-preview", max_retries=0
+            )
+            az.responses.create(model="gpt-4o", input="hi")
+            az.chat.completions.create(
+                model="gpt-4o-us", messages=[{"role": "user", "content": "hi"}]
+            )
+            reg = app.state.sidecar.metrics.registry
+    paths = [g["path"] for g in eu.got]
+    assert paths == ["/openai/v1/chat/completions", "/openai/v1/responses", "/openai/responses"]
+    assert eu.got[2]["query"] == {"api-version": "2025-04-01-preview"}
+    assert "fact fact" not in json.dumps(eu.got[0]["body"])  # trimmed to the ceiling
+    assert "fact fact" not in json.dumps(eu.got[1]["body"])
+    assert [g["path"] for g in us.got] == ["/openai/deployments/gpt-4o-us/chat/completions"]
+    for api in ("azure_chat", "azure_responses"):
+        assert reg.get_sample_value(
+            "llm_context_requests_total",
+            {"model": "gpt-4o", "workload": "default", "api": api, "outcome": "ok"},
+        )
+
+
+def test_non_chat_azure_paths_go_to_the_deployments_resource(tmp_path: Path) -> None:
+    eu, us = RecordingUpstreamDouble("eu"), RecordingUpstreamDouble("us")
+    with (
+        serve(eu.app()) as e,
+        serve(us.app()) as u,
+        serve(create_app(_azure(tmp_path, e, u))) as url,
+    ):
+        az = openai.AzureOpenAI(
+            azure_endpoint=url, api_key="az", api_version="2024-10-21", max_retries=0
+        )
+        az.embeddings.create(model="gpt-4o-us", input="x")
+        az.embeddings.create(model="gpt-4o", input="x")
+    assert [g["path"] for g in us.got] == ["/openai/deployments/gpt-4o-us/embeddings"]
+    assert [g["path"] for g in eu.got] == ["/openai/deployments/gpt-4o/embeddings"]
+
+
+def test_re_pushing_a_file_without_created_at_is_unchanged(tmp_path: Path) -> None:
+    e = entry()
+    e.pop("created_at")
+    src = tmp_path / "ceilings.yaml"
+    src.write_text(yaml.safe_dump(doc(5, e)))
+    target = tmp_path / "live.yaml"
+
+    def push(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "context_ceiling.cli",
+                "push",
+                str(src),
+                "--file",
+                str(target),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert push().returncode == 0
+    again = push()
+    assert again.returncode == 0 and "unchanged (version 5)" in again.stdout
+    dry = push("--dry-run")
+    assert (
+        dry.returncode == 0
+        and "unchanged" in dry.stdout
+        and "changed" not in dry.stdout.replace("unchanged", "")
+    )
+
+
+def test_re_pushing_to_a_running_sidecar_is_unchanged(tmp_path: Path) -> None:
+    e = entry()
+    e.pop("created_at")
+    src = tmp_path / "ceilings.yaml"
+    src.write_text(yaml.safe_dump(doc(5, e)))
+    live = tmp_path / "live.yaml"
+    live.write_text(src.read_text())
+    settings = Settings(
+        upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}},
+        models=[{"match": "gpt-4o", "window": 128000}],
+        ceilings_file=live,
+        admin_token="t0ken",
+    )
+    with serve(create_app(settings)) as url:
+        r = subprocess.run(
+            [sys.executable, "-m", "context_ceiling.cli", "push", str(src), "--to", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**__import__("os").environ, "CEILING_ADMIN_TOKEN": "t0ken"},
+        )
+    assert r.returncode == 0, r.stderr
+    assert "unchanged (version 5)" in r.stdout
