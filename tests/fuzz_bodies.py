@@ -69,6 +69,63 @@ ANTHROPIC_TEMPLATE: dict[str, Any] = {
 }
 
 
+RESPONSES_TEMPLATE: dict[str, Any] = {
+    "model": "gpt-4o",
+    "instructions": "s",
+    "input": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "t"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+            ],
+        },
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "r"},
+        {"type": "reasoning", "id": "rs", "summary": []},
+    ],
+    "tools": [{"type": "function", "name": "f", "parameters": {}}],
+    "max_output_tokens": 10,
+}
+GEMINI_TEMPLATE: dict[str, Any] = {
+    "systemInstruction": {"parts": [{"text": "s"}]},
+    "contents": [
+        {
+            "role": "user",
+            "parts": [{"text": "t"}, {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}],
+        },
+        {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {"r": 1}}}]},
+    ],
+    "tools": [{"functionDeclarations": [{"name": "f"}]}],
+    "generationConfig": {"maxOutputTokens": 10},
+}
+#: where each template is sent
+ROUTES = {
+    "openai": "/v1/chat/completions",
+    "anthropic": "/v1/messages",
+    "responses": "/v1/responses",
+    "gemini": "/v1beta/models/gemini-x:generateContent",
+}
+TEMPLATES = {
+    "openai": OPENAI_TEMPLATE,
+    "anthropic": ANTHROPIC_TEMPLATE,
+    "responses": RESPONSES_TEMPLATE,
+    "gemini": GEMINI_TEMPLATE,
+}
+
+
+def non_object_parts(template: dict[str, Any]) -> list[tuple[tuple[Any, ...], Any]]:
+    """(path, value) mutations that put a scalar or a list where a content part (an object
+    inside a list) belongs, at every depth: the shape a careless client sends."""
+    out = []
+    for path in paths(template):
+        if path and isinstance(path[-1], int):
+            for value in (5, None, "s", [1], [[{"type": "text"}]], True):
+                out.append((path, value))
+    return out
+
+
 def paths(v: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [at]
     if isinstance(v, dict):

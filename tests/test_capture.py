@@ -350,3 +350,28 @@ def test_response_text_every_wire_format(
     from context_ceiling.sidecar.capture_text import response_text
 
     assert response_text(shape, raw, stream) == (text, finish)  # type: ignore[arg-type]
+
+
+def test_a_store_deleted_under_the_writer_is_reopened_and_the_loss_counted(
+    capturing: Running, tmp_path: Path
+) -> None:
+    sc = capturing
+    oa = openai.OpenAI(
+        base_url=sc.url + "/v1",
+        api_key=KEY,
+        max_retries=0,
+        default_headers={"x-ceiling-workload": "rag"},
+    )
+    ask = [{"role": "user", "content": DOCS + "How long is the refund window?"}]
+    oa.chat.completions.create(model="gpt-4o", messages=ask)
+    assert len(_records(tmp_path, 1)) == 1
+    [path] = list(tmp_path.glob("capture-*.sqlite"))
+    for extra in tmp_path.glob("capture-*.sqlite*"):
+        extra.unlink()  # an operator (or a full-disk cleanup) removes the store
+    oa.chat.completions.create(model="gpt-4o", messages=ask)
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    recs = _records(tmp_path, 1)
+    assert len(recs) == 1  # the new file holds what came after
+    assert sc.sample("llm_context_capture_dropped_total", reason="store_lost") == 1

@@ -511,3 +511,42 @@ def test_validate_against_a_sidecar_config(tmp_path: Path) -> None:
     assert "window 64000 differs from the registry's 128000" in r.stderr
     r = cli("ceilings", "validate", str(f), "--config", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "missing.yaml: cannot read" in r.stderr
+
+
+def test_a_file_written_in_place_is_never_applied_half(
+    make_sidecar: Callable[..., Running], tmp_path: Path
+) -> None:
+    """A writer that pauses after a prefix that parses (three of six entries, the new version)
+    never has that prefix run: a change applies only once the file stops changing."""
+    import threading
+
+    path = tmp_path / "ceilings.yaml"
+    path.write_text(yaml.safe_dump(doc(1)))
+    sc = make_sidecar(ceilings_file=str(path))
+    entries = [entry(model=f"m{k}", tokens=20000 + k) for k in range(6)]
+    text = yaml.safe_dump(doc(2, *entries), sort_keys=False)
+    cut = [i for i in range(len(text)) if text.startswith("- model:", i)][3]
+    assert len(parse_document(text[:cut]).entries) == 3  # the prefix is a valid document
+    seen: set[tuple[int, int]] = set()
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            d = sc.state.ceilings.current
+            seen.add((d.version, len(d.entries)))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    try:
+        with path.open("w") as f:
+            f.write(text[:cut])
+            f.flush()
+            time.sleep(0.2)  # longer than the watcher's own debounce
+            f.write(text[cut:])
+        assert wait_for(lambda: running_version(sc) == 2)
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen <= {(1, 1), (2, 6)}, seen

@@ -35,7 +35,15 @@ from context_ceiling.sidecar.server import uvicorn_options
 from context_ceiling.sidecar.state import State
 from tests.conftest import MODELS
 from tests.fault_provider_double import FaultyProviderDouble
-from tests.fuzz_bodies import ANTHROPIC_TEMPLATE, OPENAI_TEMPLATE, mutate, paths
+from tests.fuzz_bodies import (
+    ANTHROPIC_TEMPLATE,
+    OPENAI_TEMPLATE,
+    ROUTES,
+    TEMPLATES,
+    mutate,
+    non_object_parts,
+    paths,
+)
 from tests.hosted_provider_double import serve
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -68,6 +76,7 @@ def sidecar() -> Iterator[Sidecar]:
             "upstreams": {
                 "openai": {"base_url": durl + "/v1", "timeouts": timeouts},
                 "anthropic": {"base_url": durl, "timeouts": timeouts},
+                "gemini": {"base_url": durl, "timeouts": timeouts},
             },
             "models": MODELS,
             "limits": {
@@ -218,6 +227,23 @@ def test_malformed_bodies_get_a_4xx_in_the_provider_shape(
             assert err["error"]["message"]
 
 
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses", "gemini"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_non_object_parts_never_get_a_5xx(sidecar: Sidecar, api: str, stream: bool) -> None:
+    """Every list slot of every measured API's body given a scalar or a list instead of an
+    object, streamed and not: a 4xx in the client's shape or a forward, never a 5xx."""
+    template = TEMPLATES[api] | ({"stream": stream} if api != "gemini" else {})
+    for path, value in non_object_parts(template):
+        body = mutate(template, path, value)
+        r = httpx.post(
+            sidecar.url + ROUTES[api],
+            content=json.dumps(body),
+            headers={"anthropic-version": "2023-06-01"} if api == "anthropic" else {},
+            timeout=30,
+        )
+        assert r.status_code < 500, (api, path, value, r.status_code, r.text[:200])
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
     deep: Any = "x"
@@ -353,7 +379,7 @@ def test_client_strings_are_bounded_in_logs(
         httpx.post(
             sidecar.url + "/v1/chat/completions",
             json={"model": "m" * 100_000, "messages": MSG},
-            headers={"x-request-id": "r" * 100_000},
+            headers={"x-request-id": "r" * 10_000},  # under the head cap (16 KiB here)
         )
     [rec] = [x for x in caplog.records if x.name == "ceiling.requests"]
     line = JsonFormatter().format(rec)

@@ -186,3 +186,87 @@ def test_streams_cut_at_any_moment_give_every_upstream_connection_back(tmp_path:
         proc.terminate()
         proc.wait(timeout=30)
         up.stop()
+
+
+def test_streams_longer_than_the_grace_end_with_an_error_event(tmp_path: Path) -> None:
+    """SIGTERM with streams that outlast the grace: each one gets the provider-shaped error
+    event before its connection is aborted (not a silently cut body), and is counted as
+    ``shutdown``."""
+    import threading
+    import time
+
+    double = HostedProviderDouble()
+    with serve(double.app()) as durl:
+        port = _free_port()
+        config = tmp_path / "sidecar.yaml"
+        config.write_text(
+            yaml.safe_dump(observing(port, durl, limits={"shutdown_grace_seconds": 3}))
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        bodies: list[bytes] = []
+
+        def stream() -> None:
+            got = b""
+            try:
+                with httpx.stream(
+                    "POST",
+                    url + "/v1/chat/completions",
+                    json={
+                        "model": "gpt-4o",
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "stream": True,
+                    },
+                    headers={"x-double-chunks": "200", "x-double-pace": "0.05"},
+                    timeout=30,
+                ) as r:
+                    for chunk in r.iter_raw():
+                        got += chunk
+            except httpx.HTTPError:
+                pass
+            bodies.append(got)
+
+        threads = [threading.Thread(target=stream) for _ in range(5)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=20)
+        out, _ = proc.communicate(timeout=30)
+    assert len(bodies) == 5
+    assert time.monotonic() - started < 8
+    for body in bodies:
+        assert b"data: " in body  # it was streaming
+        assert b"shutting down" in body, body[-300:]
+        assert b"[DONE]" not in body
+    assert '"outcome": "shutdown"' in out or '"outcome":"shutdown"' in out
+
+
+def test_readiness_turns_unready_when_the_drain_begins() -> None:
+    import asyncio
+
+    from context_ceiling.sidecar.app import create_app
+    from context_ceiling.sidecar.config import Settings
+
+    app = create_app(Settings(upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}}))
+    with serve(app) as url:
+        assert httpx.get(url + "/readyz").status_code == 200
+        state = app.state.sidecar
+        loop = asyncio.new_event_loop()
+        try:
+            state.drain.begin(loop)  # what SIGTERM does
+        finally:
+            loop.close()
+        r = httpx.get(url + "/readyz")
+        assert r.status_code == 503 and r.json()["status"] == "shutting down"
+        assert httpx.get(url + "/healthz").status_code == 200  # alive, just leaving

@@ -267,3 +267,86 @@ def test_a_push_that_missed_a_worker_is_a_failed_push() -> None:
     )
     with pytest.raises(PushError, match="on 2 of 3 workers"):
         _workers("http://pod", short)
+
+
+def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> None:
+    """80 pushes racing into 4 workers (persisting on): versions are accepted once each and in
+    order, every worker serves the same document soon after, and the file is what runs."""
+    import concurrent.futures
+    import random
+
+    double = HostedProviderDouble()
+    with serve(double.app()) as durl:
+        port = _free_port()
+        ceilings = tmp_path / "ceilings.yaml"
+        ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=90000))))
+        config = tmp_path / "sidecar.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                observing(
+                    port,
+                    durl,
+                    ceilings_file=str(ceilings),
+                    ceilings_persist=True,
+                    admin_token=TOKEN,
+                    workers=4,
+                )
+            )
+        )
+        shared = tmp_path / "multiproc"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(shared)
+        with (tmp_path / "log").open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc)  # type: ignore[arg-type]
+            _until(lambda: len(list(shared.glob("worker-*.json"))) == 4, "four workers up")
+            rng = random.Random(5)
+            # 80 pushes over 20 versions, each with its own content: racing pushes of one
+            # version must not both be accepted
+            pushes = [(rng.randint(2, 21), 1000 + k) for k in range(80)]
+
+            def push(p: tuple[int, int]) -> tuple[tuple[int, int], int, int]:
+                v, tokens = p
+                body = doc(v, entry(tokens=tokens))
+                r = httpx.put(
+                    url + "/admin/ceilings",
+                    json=body,
+                    headers={"authorization": f"Bearer {TOKEN}", "connection": "close"},
+                    timeout=30,
+                )
+                return p, r.status_code, time.monotonic_ns()
+
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                results = list(pool.map(push, pushes))
+            accepted = [p for p, status, _ in results if status == 200]
+            assert accepted, results
+            assert all(status in (200, 422) for _, status, _ in results)
+            versions = [v for v, _ in accepted]
+            assert len(set(versions)) == len(versions), "a version was accepted twice"
+            top, top_tokens = max(accepted)
+
+            def served() -> set[tuple[int, int]]:
+                seen = set()
+                for _ in range(24):  # new connections: the kernel spreads them over workers
+                    got = httpx.get(
+                        url + "/admin/ceilings",
+                        headers={"authorization": f"Bearer {TOKEN}", "connection": "close"},
+                    ).json()
+                    seen.add((got["version"], got["entries"][0]["ceiling_tokens"]))
+                return seen
+
+            _until(lambda: served() == {(top, top_tokens)}, "every worker on the last push", 15)
+            on_disk = yaml.safe_load(ceilings.read_text())
+            assert on_disk["version"] == top
+            assert on_disk["entries"][0]["ceiling_tokens"] == top_tokens
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)

@@ -204,6 +204,8 @@ def parse_document(data: bytes | str, where: str = "ceilings") -> CeilingsDocume
     """Parse JSON or YAML text into a validated document."""
     try:
         raw = yaml.safe_load(data)  # YAML is a superset of JSON
+    except RecursionError:
+        raise CeilingsError(where, ["nested too deeply to be a ceilings document"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""

@@ -68,8 +68,17 @@ class Admin:
         if isinstance(read, Response):
             return read
         doc, force = read
+        group = self.state.group
         try:
-            store.apply(doc, "api", force=force)
+            if group is None:
+                store.apply(doc, "api", force=force)
+                digest = None
+            else:
+                # one push at a time across the workers, validated against the latest push
+                # any of them took: versions only go up, and the file is what runs
+                async with group.push_lock():
+                    store.apply(doc, "api", force=force)
+                    digest = group.publish(doc, force)
         except CeilingsPersistError as exc:
             return _error(
                 503,
@@ -86,11 +95,10 @@ class Admin:
             "version": doc.version,
             "entries": len(doc.entries),
         }
-        group = self.state.group
-        if group is not None:
+        if group is not None and digest is not None:
             # the other workers apply it from the shared file: answer once every one runs it,
             # and say how many do if one has not within the wait
-            done, of = await group.wait_applied(group.publish(doc, force))
+            done, of = await group.wait_applied(digest)
             body["workers"], body["workers_applied"] = of, done
         return JSONResponse(body)
 

@@ -111,7 +111,10 @@ def create_app(
 
     async def readyz(_: Request) -> Response:
         """The sidecar's own state: config validated and ceilings loaded (both happen before
-        the app exists, so a running app is ready); the provider is not asked."""
+        the app exists, so a running app is ready), and not shutting down (unready from the
+        SIGTERM on, so no new stream starts in the grace); the provider is not asked."""
+        if state.drain.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok", "ceilings_version": state.ceilings.current.version})
 
     async def status(_: Request) -> Response:
@@ -141,6 +144,8 @@ def create_app(
             hup = True
         except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
             pass
+        state.drain.grace = settings.limits.shutdown_grace_seconds
+        undo_drain = state.drain.install(loop)
         log.info("sidecar started", extra={"fields": startup_fields(state)})
         if freeze_heap:
             gc.collect()
@@ -160,6 +165,7 @@ def create_app(
                 finally:
                     tg.cancel_scope.cancel()
         finally:
+            undo_drain()
             if group is not None:
                 group.leave()
             if hup:

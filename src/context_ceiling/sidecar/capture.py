@@ -12,6 +12,7 @@ API keys and bearer tokens, your patterns, and your JSON fields. Headers are nev
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import random
 import re
@@ -110,6 +111,7 @@ class Capturer:
         self.metrics = metrics
         self.chunk_pattern = chunk_pattern
         self.path = hostname_path(cfg.store)
+        self._written = 0  # records the writer put in the store file it has open
         # opened (and checked) now: a store that is corrupt or another version stops startup
         # with one line, instead of failing every write later
         CaptureStore.open(self.path, create=True).close()
@@ -186,12 +188,44 @@ class Capturer:
             redactions=n,
         )
 
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _reopen_if_gone(self, store: CaptureStore, identity: tuple[int, int] | None) -> Any:
+        """The store, opened again when its file was deleted or replaced under the writer
+        (writes would go on into an unlinked file, lost silently); what the lost file held
+        from this writer is counted as dropped (``store_lost``)."""
+        now = self._identity()
+        if now is not None and now == identity:
+            return store, identity
+        lost = self._written
+        store.close()
+        try:
+            store = CaptureStore.open(self.path, create=True)
+        except CaptureStoreError as exc:
+            log.error("capture store unusable", extra={"fields": {"error": str(exc)}})
+            return None, None
+        if lost:
+            self.metrics.capture_dropped.labels(reason="store_lost").inc(lost)
+        log.warning(
+            "capture store file was removed or replaced; reopened",
+            extra={"fields": {"path": str(self.path), "lost_records": lost}},
+        )
+        self._written = 0
+        return store, self._identity()
+
     def _run(self) -> None:
         try:
             store = CaptureStore.open(self.path, create=True)
         except CaptureStoreError as exc:
             log.error("capture store unusable", extra={"fields": {"error": str(exc)}})
             return
+        identity = self._identity()
+        self._written = 0
         last_rotate = 0.0
         try:
             while True:
@@ -208,9 +242,14 @@ class Capturer:
                         self._queue.put(None)
                         break
                     batch.append(nxt)
+                store, identity = self._reopen_if_gone(store, identity)
+                if store is None:
+                    self.metrics.capture_dropped.labels(reason="store_error").inc(len(batch))
+                    return
                 try:
                     records = [self.record(x) for x in batch]
                     store.add(records)
+                    self._written += len(records)
                     for r in records:
                         self.metrics.captured.labels(workload=r.workload).inc()
                     now = time.monotonic()
@@ -221,7 +260,8 @@ class Capturer:
                     self.metrics.capture_dropped.labels(reason="store_error").inc(len(batch))
                     log.exception("capture write failed")
         finally:
-            store.close()
+            if store is not None:
+                store.close()
 
     def rotate(self, store: CaptureStore) -> None:
         dropped = store.rotate(int(self.cfg.max_store_mib * 2**20), self.cfg.max_age_hours * 3600.0)

@@ -36,6 +36,10 @@ from context_ceiling.sidecar.staleness import StalenessTracker
 
 log = logging.getLogger("sidecar.ceilings")
 
+#: how long the ceilings file must stay the same before a change is applied, and how often that
+#: is tried before giving up until its next change
+SETTLE_S = 0.25
+SETTLE_TRIES = 40
 #: worker: a push taken by another worker of this pod (``workers`` > 1), see sidecar/group.py
 Source = Literal["startup", "file", "sighup", "api", "worker"]
 
@@ -126,12 +130,11 @@ class CeilingStore:
             },
         )
 
-    def reload_file(self, source: Source) -> str:
-        """Re-read the file; returns ``success``, ``unchanged``, ``missing`` or ``failure``."""
-        if self.path is None:
-            return "missing"
+    def _read(self, source: Source) -> bytes | str:
+        """The file's bytes, or ``missing`` / ``failure``."""
+        assert self.path is not None
         try:
-            data = self.path.read_bytes()
+            return self.path.read_bytes()
         except FileNotFoundError:
             return "missing"
         except OSError as exc:
@@ -141,6 +144,32 @@ class CeilingStore:
                 extra={"fields": {"path": str(self.path), "error": str(exc)}},
             )
             return "failure"
+
+    async def settled(self, source: Source) -> bytes | str:
+        """The file once it has stopped changing: read until two reads ``SETTLE_S`` apart agree
+        (at most ``SETTLE_TRIES`` times). A file written in place passes through partial states
+        (truncated, half written); one of those can parse as a smaller valid document, which
+        must never run."""
+        assert self.path is not None
+        data = self._read(source)
+        for _ in range(SETTLE_TRIES):
+            await anyio.sleep(SETTLE_S)
+            again = self._read(source)
+            if again == data:
+                return data
+            data = again
+        return "unsettled"
+
+    def reload_file(self, source: Source, data: bytes | None = None) -> str:
+        """Re-read the file (or take ``data``, read from it); returns ``success``,
+        ``unchanged``, ``missing`` or ``failure``."""
+        if self.path is None:
+            return "missing"
+        if data is None:
+            read = self._read(source)
+            if isinstance(read, str):
+                return read
+            data = read
         digest = hashlib.sha256(data).digest()
         if digest == self._digest and source != "sighup":  # SIGHUP always re-reads
             return "unchanged"
@@ -201,5 +230,13 @@ class CeilingStore:
                     recursive=False,
                     force_polling=None,
                 ):
-                    self.reload_file("file")
+                    data = await self.settled("file")
+                    if isinstance(data, bytes):
+                        self.reload_file("file", data)
+                    elif data == "unsettled":
+                        log.warning(
+                            "ceilings file keeps changing; not applied until it settles "
+                            "(write it by rename)",
+                            extra={"fields": {"path": str(self.path)}},
+                        )
             await anyio.sleep(poll_interval)

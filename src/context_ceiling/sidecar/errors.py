@@ -7,6 +7,8 @@ format of the API the client called.
 
 from __future__ import annotations
 
+import re
+
 import orjson
 from starlette.responses import Response
 
@@ -83,6 +85,20 @@ def error_body(api: Api, status: int, message: str, code: str | None = None) -> 
     )
 
 
+#: credentials a message could carry from what the client sent (a Gemini ``?key=``, a key in a
+#: model name or a field's value): never echoed back
+_ECHOED_SECRET = re.compile(
+    r"(?i)((?:^|[?&;\s'\"(])(?:key|api_key|api-key|apikey|access_token|token|sig|signature)=)"
+    r"[^&\s'\")]+"
+    r"|()sk-(?:ant-|proj-|svcacct-)?[A-Za-z0-9_\-]{16,}|()AIza[0-9A-Za-z_\-]{30,}"
+)
+
+
+def scrub(message: str) -> str:
+    """``message`` without any credential the client sent in it."""
+    return _ECHOED_SECRET.sub(lambda m: (m.group(1) or "") + "[REDACTED]", message)
+
+
 def error_response(
     api: Api,
     status: int,
@@ -91,7 +107,7 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> Response:
     return Response(
-        error_body(api, status, message, code),
+        error_body(api, status, scrub(message), code),
         status_code=status,
         media_type="application/json",
         headers=headers,

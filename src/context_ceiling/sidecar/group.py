@@ -16,6 +16,12 @@ keeps three kinds of small JSON file, each written atomically (temp file + renam
   after ``PUSH_WAIT_S``, saying how many do); a scrape, answered by whichever worker the kernel
   picks, reads every snapshot, so the scrape-time families describe the pod, not one worker.
 
+Pushes are serialized across the group: the worker that takes one holds ``ceilings.lock`` (an
+``flock``) while it catches up with the last push, validates against it (the version rule is a
+compare-and-set on the group's latest document), persists, applies and publishes, so two pushes
+racing into two workers are applied one after the other, in version order, and the file on disk
+is the document that runs.
+
 Nothing here is on the request path.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -54,6 +61,7 @@ SNAPSHOT_S = 1.0
 PUSH_WAIT_S = 5.0
 SHARED = "ceilings.json"
 TOKEN = "ceilings.token"
+LOCK = "ceilings.lock"
 
 
 def digest_of(doc: CeilingsDocument) -> str:
@@ -137,6 +145,23 @@ class WorkerGroup:
             write_atomically(self.file, json.dumps(self.snapshot()))
 
     # -- pushes ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def push_lock(self) -> Any:
+        """The group's push lock, held while a push is validated, persisted, applied and
+        published (waited for on a thread: the event loop keeps serving). On entry this worker
+        has caught up with the last push any worker took."""
+        fd = os.open(self.dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            try:
+                self._seen = None  # re-read the shared push whatever was seen before
+                self.catch_up()
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def publish(self, doc: CeilingsDocument, force: bool) -> str:
         """Share a document this worker has just applied; returns its digest."""

@@ -500,7 +500,13 @@ class Proxy:
 
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         return SSERelay(
-            resp, tap, deadline, headers, done, self.state.settings.limits.max_event_bytes
+            resp,
+            tap,
+            deadline,
+            headers,
+            done,
+            self.state.settings.limits.max_event_bytes,
+            drain=self.state.drain,
         )
 
     async def models(self, request: Request) -> Response:

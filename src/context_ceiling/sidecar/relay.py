@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.errors import CeilingError
+from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
 from context_ceiling.sidecar.upstream import body_chunks
 from context_ceiling.sidecar.usage import Usage
@@ -83,8 +85,12 @@ class SSERelay(Response):
         headers: dict[str, str],
         on_done: Callable[[str, Usage], None],
         max_event_bytes: int = 8 * 1024 * 1024,
+        drain: Drain | None = None,
     ) -> None:
         self.resp, self.tap, self.deadline, self.on_done = resp, tap, deadline, on_done
+        self.drain = drain
+        self._scope: anyio.CancelScope | None = None
+        self._cut = False
         self.max_event_bytes = max_event_bytes
         self.outcome = "cancelled"
         self.status_code = resp.status_code
@@ -94,8 +100,17 @@ class SSERelay(Response):
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
         ]
 
+    def cut(self) -> None:
+        """End this stream now (the sidecar is shutting down): the pump stops, and the client
+        gets the provider-shaped error event and an aborted body."""
+        self._cut = True
+        if self._scope is not None:
+            self._scope.cancel()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         failed = False
+        if self.drain is not None:
+            self.drain.streams.add(self)
         try:
             # The hang-up is delivered through an anyio cancel scope around the pump: anyio never
             # lands a scope's cancellation inside a transport's shielded clean-up; a bare
@@ -105,6 +120,7 @@ class SSERelay(Response):
             # task (it only waits on receive(), safe to cancel outright): a task group for it
             # costs more per stream than the whole watcher.
             with anyio.CancelScope() as cancel:
+                self._scope = cancel
                 watcher = asyncio.get_running_loop().create_task(
                     self._watch_disconnect(receive, cancel)
                 )
@@ -116,7 +132,23 @@ class SSERelay(Response):
                     failed = True
                 finally:
                     watcher.cancel()
+            if self._cut and not self._closed:
+                self.outcome = "shutdown"
+                with anyio.CancelScope(shield=True):
+                    await self._close()
+                    message = "context-ceiling is shutting down; the answer is incomplete"
+                    with contextlib.suppress(OSError):
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": self.tap.error_event(message),
+                                "more_body": True,
+                            }
+                        )
+                failed = True
         finally:
+            if self.drain is not None:
+                self.drain.streams.discard(self)
             if not self._closed:  # the pump closes on every ending it reaches itself
                 with anyio.CancelScope(shield=True):
                     await self._close()

@@ -21,6 +21,7 @@ from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token
+from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.group import WorkerGroup
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.staleness import StalenessTracker
@@ -54,6 +55,8 @@ class State:
     count_cache: CountCache | None = None
     #: this worker's siblings (None: one process; see sidecar/group.py)
     group: WorkerGroup | None = None
+    #: shutdown: readiness off, streams ended with an error event before the grace runs out
+    drain: Drain = field(default_factory=lambda: Drain(30.0))
     #: the threads that count requests beside their upstream call (None: counting.overlap_bytes
     #: is 0)
     count_pool: ThreadPoolExecutor | None = None
