@@ -77,12 +77,37 @@ class Shape_:
     output_words: tuple[int, int]
     parallel: int
     budget: int
+    instruct_every: int = 0
+    thinking: bool = False
+    search_results: bool = False
+
+    def loop(self, api: Shape, seed: int) -> Loop:
+        return Loop(
+            api,
+            self.rounds,
+            self.output_words,
+            self.parallel,
+            seed,
+            instruct_every=self.instruct_every,
+            thinking=self.thinking,
+            search_results=self.search_results,
+        )
 
 
 SHAPES = [
     Shape_("60 rounds, ~1.5k-token results", 60, (1100, 1100), 1, 20_000),
     Shape_("60 rounds, 200-8k-token results", 60, (150, 6000), 1, 60_000),
     Shape_("150 rounds, 3 parallel calls", 150, (150, 1500), 3, 60_000),
+    Shape_(
+        "100 rounds, 5 instructions, thinking, search results",
+        100,
+        (150, 2000),
+        2,
+        40_000,
+        instruct_every=20,
+        thinking=True,
+        search_results=True,
+    ),
     Shape_("300 rounds, 200-2k-token results", 300, (150, 1500), 1, 60_000),
 ]
 POLICIES: dict[str, dict[str, Any] | None] = {
@@ -231,7 +256,7 @@ def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally
         t = Tally()
         prev: bytes | None = None
         first_trim = False
-        loop = Loop(api, shape.rounds, shape.output_words, shape.parallel, seed)
+        loop = shape.loop(api, seed)
         with sidecar(policy, shape.budget, tmp) as (url, d), httpx.Client() as client:
             started = time.perf_counter()
             for n, body in enumerate(loop.turns()):
@@ -267,13 +292,16 @@ def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally
 
 def litellm_loop(shape: Shape_, seed: int, base_costs: list[float]) -> Tally:
     """LiteLLM's ``trim_messages`` on the same chat-completions turns (its own venv)."""
-    bodies = list(Loop("openai", shape.rounds, shape.output_words, shape.parallel, seed).turns())
+    bodies = list(shape.loop("openai", seed).turns())
     jobs = [{"messages": b["messages"], "budget": shape.budget} for b in bodies]
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
         src.write_text(json.dumps(jobs))
         subprocess.run(
-            [str(LITELLM), "-c", LITELLM_SCRIPT, str(src), str(dst)], check=True, timeout=3600
+            [str(LITELLM), "-c", LITELLM_SCRIPT, str(src), str(dst)],
+            check=True,
+            timeout=3600,
+            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin"},  # offline
         )
         results = json.loads(dst.read_text())
     t = Tally()

@@ -74,6 +74,12 @@ class Loop:
     seed: int = 0
     system: str = "You are a coding agent. Use the tools; answer when the task is done."
     task_words: int = 200
+    #: a new user instruction (after the model's answer) every this many rounds; 0: one task
+    instruct_every: int = 0
+    #: thinking before each round's calls (Anthropic thinking blocks, Responses reasoning)
+    thinking: bool = False
+    #: Anthropic tool results as search_result blocks (the documented RAG-by-tool pattern)
+    search_results: bool = False
 
     def turns(self) -> Iterator[dict[str, Any]]:
         rng = random.Random(self.seed)
@@ -94,10 +100,32 @@ class Loop:
                 for k in range(self.parallel)
             ]
             outs = [words(rng, rng.randint(*self.output_words)) for _ in calls]
-            history = history + self._round(calls, outs)
+            if self.instruct_every and r and r % self.instruct_every == 0:
+                history = history + self._instruction("Now also " + words(rng, 30))
+            history = history + self._round(calls, outs, words(rng, 120))
             yield self._body(history)
 
-    def _round(self, calls: list[tuple[str, str, dict[str, Any]]], outs: list[str]) -> list[Any]:
+    def _instruction(self, text: str) -> list[Any]:
+        """The model's answer to the instruction so far, then the user's next one."""
+        if self.api == "gemini":
+            return [
+                {"role": "model", "parts": [{"text": "Done."}]},
+                {"role": "user", "parts": [{"text": text}]},
+            ]
+        if self.api == "responses":
+            return [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Done."}],
+                },
+                {"role": "user", "content": text},
+            ]
+        return [{"role": "assistant", "content": "Done."}, {"role": "user", "content": text}]
+
+    def _round(
+        self, calls: list[tuple[str, str, dict[str, Any]]], outs: list[str], thought: str
+    ) -> list[Any]:
         if self.api == "openai":
             return [
                 {
@@ -118,24 +146,44 @@ class Loop:
                 ),
             ]
         if self.api == "anthropic":
+            thinking = (
+                [{"type": "thinking", "thinking": thought, "signature": "sig-" + calls[0][0]}]
+                if self.thinking
+                else []
+            )
             return [
                 {
                     "role": "assistant",
                     "content": [
-                        {"type": "tool_use", "id": cid, "name": name, "input": args}
-                        for cid, name, args in calls
+                        *thinking,
+                        *(
+                            {"type": "tool_use", "id": cid, "name": name, "input": args}
+                            for cid, name, args in calls
+                        ),
                     ],
                 },
                 {
                     "role": "user",
                     "content": [
-                        {"type": "tool_result", "tool_use_id": cid, "content": out}
+                        {"type": "tool_result", "tool_use_id": cid, "content": self._result(out)}
                         for (cid, _, _), out in zip(calls, outs, strict=True)
                     ],
                 },
             ]
         if self.api == "responses":
+            reasoning = (
+                [
+                    {
+                        "type": "reasoning",
+                        "id": "rs_" + calls[0][0],
+                        "summary": [{"type": "summary_text", "text": thought}],
+                    }
+                ]
+                if self.thinking
+                else []
+            )
             return [
+                *reasoning,
                 *(
                     {
                         "type": "function_call",
@@ -165,6 +213,20 @@ class Loop:
                     for (cid, name, _), out in zip(calls, outs, strict=True)
                 ],
             },
+        ]
+
+    def _result(self, out: str) -> Any:
+        if not self.search_results:
+            return out
+        half = len(out) // 2
+        return [
+            {
+                "type": "search_result",
+                "source": f"https://docs.example/{k}",
+                "title": f"result {k}",
+                "content": [{"type": "text", "text": text}],
+            }
+            for k, text in enumerate((out[:half], out[half:]))
         ]
 
     def _body(self, history: list[Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Real-looking secrets of every family a prompt may carry, generated (seeded) in each family's
 published format, each embedded in a sentence as a user would paste it. Used by the redaction
-tests and ``benchmarks/secrets.py``. None of these is a live credential."""
+tests and ``benchmarks/secret_redaction.py``. None of these is a live credential."""
 
 from __future__ import annotations
 

@@ -545,3 +545,60 @@ def test_gemini_over_budget_is_trimmed_through_the_sidecar(tmp_path: Path) -> No
     assert count(sent, api="gemini").total <= 15_000
     assert int(r.headers["x-ceiling-cleared-tool-uses"]) > 0
     assert sent["contents"][-1] == body["contents"][-1]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_loops_with_instructions_thinking_and_search_results_fit_and_stay_valid(
+    api: Shape,
+) -> None:
+    loop = Loop(
+        api,
+        rounds=80,
+        parallel=2,
+        output_words=(150, 3000),
+        instruct_every=15,
+        thinking=True,
+        search_results=True,
+        seed=2,
+    )
+    for body in loop.turns():
+        out, report = fit(body, api=api, budget=40_000)
+        assert report.fits and provider_valid(api, out)
+        assert report.after == count(out, api=api).total
+
+
+def test_earlier_turns_thinking_counts_nothing_and_this_turns_counts() -> None:
+    """Anthropic removes earlier turns' thinking from the context window (input - previous
+    thinking + this turn); the thinking of the tool loop in progress counts."""
+    thought = "let me think about which file to open " * 50
+    turn = [
+        {"role": "user", "content": "task one"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": thought, "signature": "s"},
+                {"type": "tool_use", "id": "t1", "name": "read", "input": {}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]},
+    ]
+    current = {"model": "claude", "max_tokens": 5, "messages": turn}
+    later = {
+        **current,
+        "messages": [
+            *turn,
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "task two"},
+        ],
+    }
+    no_thinking = {
+        **later,
+        "messages": [
+            {**m, "content": [b for b in m["content"] if b.get("type") != "thinking"]}
+            if m["role"] == "assistant" and isinstance(m["content"], list)
+            else m
+            for m in later["messages"]
+        ],
+    }
+    assert count(current, api="anthropic").total > 400  # this turn's thinking counts
+    assert count(later, api="anthropic").total == count(no_thinking, api="anthropic").total

@@ -264,3 +264,96 @@ def test_re_pushing_to_a_running_sidecar_is_unchanged(tmp_path: Path) -> None:
         )
     assert r.returncode == 0, r.stderr
     assert "unchanged (version 5)" in r.stdout
+
+
+def test_request_builders_ask_for_their_budget(tmp_path: Path) -> None:
+    """``GET /budget`` is read-only with its own token (never the admin one); the in-process
+    budget fits ranked chunks, history and a tool result with the sidecar's own counter."""
+    from context_ceiling import Budget, count
+
+    ceilings = tmp_path / "c.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(7, entry(model="gpt-4o", workload="rag", tokens=3000))))
+    settings = Settings(
+        upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}},
+        models=[{"match": "gpt-4o", "window": 128000}],
+        workloads=["rag"],
+        ceilings_file=ceilings,
+        admin_token="admin-secret",
+        budget_token="read-only",
+    )
+    with serve(create_app(settings)) as url:
+        assert httpx.get(url + "/budget", params={"model": "gpt-4o"}).status_code == 401
+        admin = httpx.get(
+            url + "/budget",
+            params={"model": "gpt-4o"},
+            headers={"authorization": "Bearer admin-secret"},
+        )
+        assert admin.status_code == 401  # the admin token is not the read token
+        auth = {"authorization": "Bearer read-only"}
+        got = httpx.get(
+            url + "/budget",
+            params={"model": "gpt-4o", "workload": "rag", "reservation": 500},
+            headers=auth,
+        ).json()
+        assert got["input_budget"] == 3000 and got["ceiling_tokens"] == 3000
+        assert (
+            got["provenance"]["ceilings_version"] == 7
+            and got["tokenizer"]["encoding"] == "o200k_base"
+        )
+        other = httpx.get(url + "/budget", params={"model": "gpt-4o"}, headers=auth).json()
+        assert other["ceiling_tokens"] is None and other["input_budget"] == 128000 - 4096
+        assert httpx.get(url + "/budget", params={"model": "nope"}, headers=auth).status_code == 404
+        bad = httpx.get(
+            url + "/budget", params={"model": "gpt-4o", "reservation": "x"}, headers=auth
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["message"]
+        budget = Budget.from_sidecar(url, "gpt-4o", "rag", 500, token="read-only")
+    assert budget.tokens == 3000
+    chunks = [f"<document>fact {k} " + "word " * 300 + "</document>" for k in range(20)]
+    fixed = budget.count("Answer from the documents. What is fact 3?")
+    n = budget.chunks_that_fit(chunks, used=fixed)
+    body = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "".join(chunks[:n]) + "What is fact 3?"}],
+    }
+    assert 0 < n < 20 and count(body, api="openai").total <= 3000
+    over = {**body, "messages": [{"role": "user", "content": "".join(chunks[: n + 2])}]}
+    assert count(over, api="openai").total > 3000
+    history = [
+        {"role": "user", "content": "word " * 200},
+        {"role": "assistant", "content": "ok " * 200},
+    ] * 20
+    start = budget.history_that_fits(history, used=fixed)
+    kept = {"model": "gpt-4o", "messages": history[start:]}
+    assert 0 < start < len(history) and count(kept, api="openai").total <= 3000
+    fitted = budget.fit_text("line of output " * 2000, used=fixed)
+    assert budget.count(fitted) <= 3000 - fixed and "tokens removed by context-ceiling" in fitted
+
+
+def test_push_with_a_config_refuses_what_the_pods_would(tmp_path: Path) -> None:
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(
+        "upstreams: {openai: {base_url: 'http://x/v1'}}\n"
+        "models: [{match: 'gpt-4o*', label: gpt-4o, window: 128000}]\n"
+    )
+    src = tmp_path / "ceilings.yaml"
+    src.write_text(yaml.safe_dump(doc(3, entry(tokens=30000, window=64000))))
+    target = tmp_path / "live.yaml"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "context_ceiling.cli",
+            "push",
+            str(src),
+            "--file",
+            str(target),
+            "--config",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "window 64000 differs from the registry's 128000" in r.stderr
+    assert not target.exists()  # nothing half-applied

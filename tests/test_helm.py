@@ -722,3 +722,45 @@ def test_capture_store_volume(helm: list[str], tmp_path: Path) -> None:
     # capture off: no volume at all
     [dep] = by_kind(render(helm, None), "Deployment")
     assert "capture" not in {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_a_ceilings_document_the_pods_would_refuse_fails_at_template_time(
+    helm: list[str], tmp_path: Path
+) -> None:
+    """A window the registry disagrees with passes the schema but would crash-loop every pod
+    that restarts: the chart refuses it when rendering, naming the entry and both windows."""
+    from tests.ceiling_docs import doc, entry
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc(3, entry(tokens=30000, window=64000))))
+    args = [
+        *helm,
+        "template",
+        "t",
+        str(CHART),
+        "--kube-version",
+        "1.30.0",
+        "--set-file",
+        f"ceilings={bad}",
+    ]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "gpt-4o/default: window 64000 differs from the registry's 128000" in r.stderr
+    over = tmp_path / "over.yaml"
+    e = entry(tokens=120000, window=128000, output_reservation=0)
+    over.write_text(yaml.safe_dump(doc(3, e)))
+    ok = subprocess.run(
+        [
+            *helm,
+            "template",
+            "t",
+            str(CHART),
+            "--kube-version",
+            "1.30.0",
+            "--set-file",
+            f"ceilings={over}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr  # within the window: renders

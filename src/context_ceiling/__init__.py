@@ -21,6 +21,7 @@ except PackageNotFoundError:  # pragma: no cover - a source tree that was never 
 
 if TYPE_CHECKING:
     from context_ceiling.api import (
+        Budget,
         CeilingEntry,
         CeilingError,
         CeilingsDocument,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "Budget",
     "CeilingEntry",
     "CeilingError",
     "CeilingsDocument",

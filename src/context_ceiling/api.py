@@ -9,6 +9,7 @@ sending and the sidecar that enforces after agree on every count.
 
 from __future__ import annotations
 
+from context_ceiling.core.budget import Budget
 from context_ceiling.core.ceilings import (
     CeilingEntry,
     CeilingsDocument,
@@ -24,6 +25,7 @@ from context_ceiling.core.trim import FitReport, Policy, count, fit, input_budge
 from context_ceiling.core.utilization import Component, utilization
 
 __all__ = [
+    "Budget",
     "CeilingEntry",
     "CeilingError",
     "CeilingsDocument",

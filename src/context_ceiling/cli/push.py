@@ -26,6 +26,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
     p.add_argument("--dry-run", action="store_true", help="show what would change, change nothing")
     p.add_argument("--force", action="store_true", help="apply even if the version is not newer")
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="SIDECAR_YAML",
+        help="refuse, before any target is touched, a document this sidecar config's registry "
+        "would refuse at startup (a window it disagrees with, a ceiling above it): use it with "
+        "--to-configmap and --file, whose readers are pods that start later",
+    )
     add_json(p)
     p.set_defaults(func=push_command)
 
@@ -37,6 +45,16 @@ def push_command(args: argparse.Namespace) -> int:
         raise UserError(
             "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
         )
+    if args.config:
+        from context_ceiling.core.ceilings import CeilingsError, fit_problems, load_document
+        from context_ceiling.sidecar.config import load_settings
+
+        settings = load_settings(args.config)
+        problems = fit_problems(
+            load_document(args.document), {m.metric_label: m.window for m in settings.models}
+        )
+        if problems:
+            raise CeilingsError(f"{args.document} against {args.config}", problems)
     try:
         lines = push(
             args.document,

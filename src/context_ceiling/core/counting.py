@@ -327,7 +327,13 @@ def count_openai(
 
 
 def _anthropic_block(
-    tally: _Tally, i: int, j: int, comp: Component, block: Any, chunks: re.Pattern[str] | None
+    tally: _Tally,
+    i: int,
+    j: int,
+    comp: Component,
+    block: Any,
+    chunks: re.Pattern[str] | None,
+    stripped: bool = False,
 ) -> None:
     if isinstance(block, str):
         tally.text(i, j, comp, block, chunks)
@@ -366,6 +372,10 @@ def _anthropic_block(
         tally.add(
             i, j, comp, 3 + count(str(block.get("name", ""))) + count(_json(block.get("input", {})))
         )
+    elif kind in ("thinking", "redacted_thinking") and stripped:
+        # an earlier turn's thinking: the API removes it from the context window
+        # (context_window = input - previous thinking + this turn), so it counts nothing
+        tally.add(i, j, comp, 0)
     elif kind == "thinking":
         tally.add(i, j, comp, count(str(block.get("thinking", ""))))
     elif kind == "compaction":  # server-side compaction's summary, replayed by the client
@@ -420,6 +430,22 @@ def _document_text(block: Mapping[str, Any]) -> str:
     return "\n".join(p for p in pieces if p)
 
 
+def _anthropic_turn_start(messages: list[Any]) -> int:
+    """The latest user message that starts a turn (one that answers no tool call): thinking
+    before it belongs to earlier turns."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if not isinstance(m, dict) or m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if not (
+            isinstance(content, list)
+            and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+        ):
+            return i
+    return -1
+
+
 def count_anthropic(
     body: Mapping[str, Any],
     counter: TextCounter,
@@ -456,6 +482,7 @@ def count_anthropic(
     if tools:
         tally.add(-2, -1, Component.TOOL_DEFINITIONS, ANTHROPIC_TOOL_SYSTEM_TOKENS)
     last_user = _last_index(messages, "user")
+    turn_start = _anthropic_turn_start(messages)
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages[{i}] must be an object")
@@ -470,8 +497,9 @@ def count_anthropic(
         if isinstance(content, str):
             tally.text(i, -1, comp, content, chunks)
         elif isinstance(content, list):
+            stripped = role == "assistant" and i < turn_start
             for j, block in enumerate(content):
-                _anthropic_block(tally, i, j, comp, block, chunks)
+                _anthropic_block(tally, i, j, comp, block, chunks, stripped)
         else:
             raise RequestShapeError(f"messages[{i}].content must be a string or an array")
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
@@ -569,6 +597,10 @@ def count_responses(
             tally.add(i, -1, Component.TOOL_RESULTS, 3 + count(text))
         elif kind == "compaction":
             tally.add(i, -1, Component.HISTORY, compaction_tokens(it))
+        elif kind == "reasoning" and i < last_user:
+            # an earlier turn's reasoning: the API drops it from the context (only the
+            # reasoning of the turn in progress, between its calls, is carried)
+            tally.add(i, -1, Component.HISTORY, 0)
         else:  # reasoning, item references, tool calls of built-in tools: their JSON
             tally.add(i, -1, Component.HISTORY, count(_json(it)))
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)

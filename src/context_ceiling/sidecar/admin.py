@@ -25,6 +25,7 @@ from context_ceiling.core.ceilings import (
     CeilingsPersistError,
     parse_document,
 )
+from context_ceiling.sidecar.logs import bounded
 from context_ceiling.sidecar.state import State
 
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
@@ -144,3 +145,40 @@ class Admin:
             return _error(
                 422, "invalid_ceilings", "the document was rejected; nothing changed", exc.reasons
             )
+
+
+def budget_answer(state: State, request: Request) -> Response:
+    """The read-only budget: the input budget for a model, workload and output reservation, with
+    the ceiling's version and provenance and how to count against it (``core/budget.py``)."""
+    from context_ceiling.core.budget import answer_for
+
+    token = state.budget_token
+    if token is not None:
+        header = request.headers.get("authorization") or ""
+        given = header[7:].strip().encode() if header.lower().startswith("bearer ") else b""
+        if not hmac.compare_digest(given, token.encode()):
+            return _error(401, "authentication_error", "Authorization: Bearer <budget token>")
+    q = request.query_params
+    model = q.get("model")
+    if not model:
+        return _error(400, "invalid_request_error", "the 'model' query parameter is required")
+    spec = state.registry.resolve(model)
+    if spec is None:
+        return _error(404, "not_found", f"no model entry matches {bounded(model)!r}")
+    workload = q.get("workload") or "default"
+    if workload not in state.workloads:
+        workload = "default"  # as a request with an undeclared workload counts
+    raw = q.get("reservation")
+    if raw is None:
+        reservation = state.settings.enforcement.default_output_reservation
+    elif raw.isdigit() and int(raw) < spec.window:
+        reservation = int(raw)
+    else:
+        return _error(
+            400,
+            "invalid_request_error",
+            f"'reservation' must be a whole number of tokens below the window ({spec.window})",
+        )
+    return JSONResponse(
+        answer_for(spec, spec.metric_label, workload, reservation, state.ceilings.current)
+    )

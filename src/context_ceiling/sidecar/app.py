@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from context_ceiling import __version__
 from context_ceiling.core.tokenizers import bpe_engine
 from context_ceiling.core.wire import Api
-from context_ceiling.sidecar.admin import Admin
+from context_ceiling.sidecar.admin import Admin, budget_answer
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.group import GroupCollector, WorkerGroup
@@ -117,6 +117,11 @@ def create_app(
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok", "ceilings_version": state.ceilings.current.version})
 
+    async def budget(request: Request) -> Response:
+        """``GET /budget?model=M&workload=W&reservation=R``: the input budget a request builder
+        must fit, read-only (its own optional token, never the admin one)."""
+        return budget_answer(state, request)
+
     async def status(_: Request) -> Response:
         """Upstream reachability (what /readyz used to check), for people and dashboards."""
         upstreams: dict[str, str]
@@ -192,6 +197,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
+            Route("/budget", budget, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/admin/ceilings", admin.ceilings, methods=["GET", "PUT"]),
             Route("/admin/ceilings/validate", admin.validate, methods=["POST"]),

@@ -339,6 +339,11 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     #: a file holding the admin API's bearer token (a mounted Secret)
     admin_token_file: Path | None = None
+    #: the read-only ``GET /budget``'s own bearer token (env CEILING_BUDGET_TOKEN) or a file
+    #: holding it; neither: the budget is readable by any client of the sidecar (it is not a
+    #: secret: request builders ask for it). Never the admin token.
+    budget_token: SecretStr | None = None
+    budget_token_file: Path | None = None
     #: when live traffic stops resembling the traffic a ceiling was measured on
     staleness: Staleness = Field(default_factory=Staleness)
     #: how retrieved chunks inlined as text are recognised
@@ -483,7 +488,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
             f"{p or 'config'}: upstreams: configure at least one of upstreams.openai, upstreams.anthropic"
         )
     if p is not None:
-        for name in ("ceilings_file", "admin_token_file"):
+        for name in ("ceilings_file", "admin_token_file", "budget_token_file"):
             value = getattr(settings, name)
             if value is not None and not value.is_absolute():
                 setattr(settings, name, p.parent / value)
@@ -500,14 +505,21 @@ def load_settings(path: str | Path | None = None) -> Settings:
 
 def admin_token(settings: Settings) -> str | None:
     """The admin API token, or None when the admin API is off."""
-    if settings.admin_token is not None and settings.admin_token.get_secret_value():
-        return settings.admin_token.get_secret_value()
-    if settings.admin_token_file is not None:
+    return _token(settings.admin_token, settings.admin_token_file, "admin_token_file")
+
+
+def budget_token(settings: Settings) -> str | None:
+    """The read token of ``GET /budget``, or None when it is open."""
+    return _token(settings.budget_token, settings.budget_token_file, "budget_token_file")
+
+
+def _token(value: SecretStr | None, path: Path | None, name: str) -> str | None:
+    if value is not None and value.get_secret_value():
+        return value.get_secret_value()
+    if path is not None:
         try:
-            token = settings.admin_token_file.read_text().strip()
+            token = path.read_text().strip()
         except OSError as exc:
-            raise ConfigError(
-                f"admin_token_file: cannot read {settings.admin_token_file}: {exc.strerror}"
-            ) from exc
+            raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from exc
         return token or None
     return None

@@ -20,7 +20,7 @@ from context_ceiling.core.wire import Api, Shape
 from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
-from context_ceiling.sidecar.config import Settings, Upstream, admin_token
+from context_ceiling.sidecar.config import Settings, Upstream, admin_token, budget_token
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.group import WorkerGroup
 from context_ceiling.sidecar.metrics import Metrics
@@ -55,6 +55,8 @@ class State:
     count_cache: CountCache | None = None
     #: this worker's siblings (None: one process; see sidecar/group.py)
     group: WorkerGroup | None = None
+    #: the read token of GET /budget (None: open to every client)
+    budget_token: str | None = None
     #: shutdown: readiness off, streams ended with an error event before the grace runs out
     drain: Drain = field(default_factory=lambda: Drain(30.0))
     #: the threads that count requests beside their upstream call (None: counting.overlap_bytes
@@ -126,6 +128,7 @@ class State:
             ceilings=store,
             staleness=staleness,
             admin_token=admin_token(settings),
+            budget_token=budget_token(settings),
             tracing=tracing or Tracing(),
             default_counter=(cache.wrap(fallback) if cache is not None else fallback),
             count_pool=pool,

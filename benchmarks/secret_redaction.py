@@ -2,7 +2,7 @@
 (``tests/secret_corpus.py``) through the redaction the capture store applies, and the false
 positives on the bundled task sets' text (documents, questions and answers that hold no secret).
 
-``python benchmarks/secrets.py [--n 200] [--seeds 5]``
+``python benchmarks/secret_redaction.py [--n 200] [--seeds 5]``
 """
 
 from __future__ import annotations
