@@ -1,10 +1,11 @@
 """Malformed-but-parseable bodies against a running sidecar: how many get a 5xx from it?
 
-Each body is a valid request of one API (``tests/fuzz_bodies.py``: every field the sidecar
-reads) with one value replaced by another JSON value (any type, nested up to 300 deep), sent
-streamed and not to a sidecar in front of a loopback provider double that accepts anything.
-Target (issue 15): 0 sidecar-generated 5xx in 10,000 bodies per route, every 4xx in the
-provider's shape.
+Each body is a valid request of one API (``tests/fuzz_bodies.py``: chat completions, messages,
+Responses and Gemini, every field the sidecar reads) with one mutation: a value replaced by
+another JSON value (any type, nested up to 300 deep), or a content part (an object in a list)
+replaced by a scalar or a list; sent streamed and not to a sidecar in front of a loopback
+provider double that accepts anything. Target: 0 sidecar-generated 5xx in 10,000 bodies per
+route, every 4xx in the provider's shape.
 
 ``python benchmarks/fuzz.py [--n 10000] [--seed 1]``
 """
@@ -27,8 +28,30 @@ sys.path.insert(0, str(ROOT))
 from context_ceiling.sidecar.app import create_app  # noqa: E402
 from context_ceiling.sidecar.config import Settings  # noqa: E402
 from tests.fault_provider_double import FaultyProviderDouble  # noqa: E402
-from tests.fuzz_bodies import ANTHROPIC_TEMPLATE, OPENAI_TEMPLATE, mutate, paths, random_json  # noqa: E402
+from tests.fuzz_bodies import (  # noqa: E402
+    ROUTES,
+    TEMPLATES,
+    mutate,
+    non_object_parts,
+    paths,
+    random_json,
+)
 from tests.hosted_provider_double import serve  # noqa: E402
+
+
+def _send(client: httpx.Client, url: str, body: object) -> tuple[int, bytes]:
+    """(status, body); a stream the sidecar ended with an error event and an aborted body
+    (the upstream double answered it with something that is no stream) keeps its status."""
+    with client.stream(
+        "POST",
+        url,
+        content=json.dumps(body).encode(),
+        headers={"anthropic-version": "2023-06-01"},
+    ) as r:
+        try:
+            return r.status_code, r.read()
+        except httpx.RemoteProtocolError:
+            return r.status_code, b""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     with serve(FaultyProviderDouble()) as durl:
         app = create_app(
             Settings(
-                upstreams={"openai": {"base_url": durl + "/v1"}, "anthropic": {"base_url": durl}},
+                upstreams={
+                    "openai": {"base_url": durl + "/v1"},
+                    "anthropic": {"base_url": durl},
+                    "gemini": {"base_url": durl},
+                },
                 models=[
                     {"match": "gpt-4o", "window": 128000},
                     {"match": "claude-*", "window": 200000},
@@ -50,28 +77,24 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         with serve(app) as url, httpx.Client(timeout=30) as client:
-            for route, template in (
-                ("/v1/chat/completions", OPENAI_TEMPLATE),
-                ("/v1/messages", ANTHROPIC_TEMPLATE),
-            ):
+            for api, route in ROUTES.items():
+                template = TEMPLATES[api]
                 statuses: Counter[int] = Counter()
                 bad_shape = 0
                 t0 = time.perf_counter()
                 all_paths = paths(template)
+                parts = non_object_parts(template)
                 for _ in range(args.n):
-                    body = mutate(
-                        template | {"stream": rng.random() < 0.5},
-                        rng.choice(all_paths),
-                        random_json(rng),
-                    )
-                    r = client.post(
-                        url + route,
-                        content=json.dumps(body).encode(),
-                        headers={"anthropic-version": "2023-06-01"},
-                    )
-                    statuses[r.status_code] += 1
-                    if 400 <= r.status_code < 500:
-                        err = r.json()
+                    base = template | ({"stream": rng.random() < 0.5} if api != "gemini" else {})
+                    if rng.random() < 0.3:  # a part that is not an object
+                        where, value = rng.choice(parts)
+                        body = mutate(base, where, value)
+                    else:
+                        body = mutate(base, rng.choice(all_paths), random_json(rng))
+                    status, content = _send(client, url + route, body)
+                    statuses[status] += 1
+                    if 400 <= status < 500:
+                        err = json.loads(content)
                         ok = (err.get("type") == "error") if "messages" in route else "error" in err
                         bad_shape += not ok
                 rows.append((route, statuses, bad_shape, time.perf_counter() - t0))

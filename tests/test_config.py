@@ -78,7 +78,7 @@ def test_env_only(monkeypatch: pytest.MonkeyPatch) -> None:
         (GOOD.replace("workloads: [rag]", "workloads: [Bad Name]"), ["workloads", "must match"]),
         ("listen: [1, 2", ["sidecar.yaml", "invalid YAML"]),
         ("- just\n- a list\n", ["top level must be a mapping"]),
-        ("listen: {port: 1}\n", ["configure at least one of upstreams"]),
+        ("listen: {port: 1}\n", ["configure at least one upstream"]),
     ],
 )
 def test_errors_name_file_field_reason(tmp_path: Path, text: str, needles: list[str]) -> None:

@@ -46,6 +46,16 @@ class RecordingUpstreamDouble:
             }
         )
         path = request.url.path
+        if path.endswith("/models"):
+            return JSONResponse(
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": f"{self.name}-model", "object": "model", "owned_by": self.name},
+                        {"id": "shared-model", "object": "model", "owned_by": self.name},
+                    ],
+                }
+            )
         if path.endswith("/responses"):
             return JSONResponse(
                 {
@@ -357,3 +367,23 @@ def test_push_with_a_config_refuses_what_the_pods_would(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "window 64000 differs from the registry's 128000" in r.stderr
     assert not target.exists()  # nothing half-applied
+
+
+def test_models_are_merged_across_upstreams_and_status_says_degraded() -> None:
+    hosted, vllm = RecordingUpstreamDouble("hosted"), RecordingUpstreamDouble("vllm")
+    with serve(hosted.app()) as h, serve(vllm.app()) as v:
+        settings = Settings(
+            upstreams={
+                "openai": {"base_url": h + "/v1"},
+                "named": {
+                    "vllm": {"api": "openai", "base_url": v + "/v1"},
+                    "gone": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"},
+                },
+            },
+        )
+        with serve(create_app(settings)) as url:
+            models = openai.OpenAI(base_url=url + "/v1", api_key="sk", max_retries=0).models.list()
+            status = httpx.get(url + "/status").json()
+    ids = [m.id for m in models.data]
+    assert ids == ["hosted-model", "shared-model", "vllm-model"]  # merged, once each
+    assert status["status"] == "degraded" and status["upstreams"]["gone"].startswith("unreachable")

@@ -267,7 +267,8 @@ def test_sidecar_in_your_own_pod(helm: list[str], tmp_path: Path) -> None:
     pod = example["spec"]["template"]["spec"]
     configmaps = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
     assert configmaps == {name for kind, name in docs if kind == "ConfigMap"}
-    [sidecar] = [c for c in pod["containers"] if c["name"] == "context-ceiling"]
+    [sidecar] = [c for c in pod["initContainers"] if c["name"] == "context-ceiling"]
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar: up before the app
     secret = sidecar["env"][0]["valueFrom"]["secretKeyRef"]["name"]
     assert ("Secret", secret) in docs
     assert all("subPath" not in m for m in sidecar["volumeMounts"])
@@ -325,8 +326,8 @@ def test_sweep_job_rbac_volume_and_pod(helm: list[str]) -> None:
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert pod["automountServiceAccountToken"] is True
     # the sweep runs the image built with the sweep extra; the gateway the sidecar-only one
-    assert pod["containers"][0]["image"].endswith(":0.1.0-sweep")
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.1.0")
+    assert pod["containers"][0]["image"].endswith(":0.2.0-sweep")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0")
     # one pod per shard, all on one shared claim
     assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 4
     [pvc] = by_kind(docs, "PersistentVolumeClaim")
@@ -764,3 +765,24 @@ def test_a_ceilings_document_the_pods_would_refuse_fails_at_template_time(
         text=True,
     )
     assert ok.returncode == 0, ok.stderr  # within the window: renders
+
+
+def test_image_digest_kube_version_and_notes(helm: list[str]) -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = render(helm, None, "--set", f"image.digest={digest}")
+    [dep] = by_kind(docs, "Deployment")
+    image = dep["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"ghcr.io/context-ceiling/context-ceiling@{digest}"  # pulled by digest
+    old = subprocess.run(
+        [*helm, "template", "t", str(CHART), "--kube-version", "1.29.0"],
+        capture_output=True,
+        text=True,
+    )
+    assert old.returncode != 0 and "kubeVersion" in old.stderr  # preStop sleep needs 1.30
+    notes = subprocess.run(
+        [*helm, "install", "t", str(CHART), "--dry-run=client"],  # no cluster needed
+        capture_output=True,
+        text=True,
+    )
+    assert notes.returncode == 0, notes.stderr
+    assert "base_url = http://t-context-ceiling.default.svc:8787/v1" in notes.stdout

@@ -59,3 +59,12 @@ serviceMonitor.jobLabel the value of that label on the Service (the operator's r
 {{- define "cc.captureEnabled" -}}
 {{- if and .Values.config.capture .Values.config.capture.enabled -}}true{{- end -}}
 {{- end -}}
+
+{{/* The sidecar image: by digest when one is given (immutable), else by tag. */}}
+{{- define "cc.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}

@@ -129,9 +129,12 @@ def create_app(
             upstreams = dict.fromkeys(state.all_clients(), "injected")
         else:
             upstreams = await probe.check()
+        down = [name for name, state_ in upstreams.items() if state_ not in ("ok", "injected")]
         return JSONResponse(
             {
-                "status": "ok",
+                # the sidecar itself is fine (that is /readyz); an upstream it cannot reach is
+                # what an operator looking here needs to see first
+                "status": "degraded" if down else "ok",
                 "upstreams": upstreams,
                 "ceilings_version": state.ceilings.current.version,
             }

@@ -483,9 +483,11 @@ def load_settings(path: str | Path | None = None) -> Settings:
         raise ConfigError(_describe(exc, p)) from exc
     except SettingsError as exc:
         raise _settings_error(exc) from exc
-    if settings.upstreams.openai is None and settings.upstreams.anthropic is None:
+    u = settings.upstreams
+    if u.openai is None and u.anthropic is None and u.gemini is None and not u.named:
         raise ConfigError(
-            f"{p or 'config'}: upstreams: configure at least one of upstreams.openai, upstreams.anthropic"
+            f"{p or 'config'}: upstreams: configure at least one upstream (upstreams.openai, "
+            "upstreams.anthropic, upstreams.gemini or a named one)"
         )
     if p is not None:
         for name in ("ceilings_file", "admin_token_file", "budget_token_file"):

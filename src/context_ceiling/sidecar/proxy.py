@@ -510,34 +510,88 @@ class Proxy:
         )
 
     async def models(self, request: Request) -> Response:
-        """``GET /v1/models`` passed through to the upstream the client's headers point at."""
+        """``GET /v1/models``: the models of every upstream of the API the client's headers
+        point at (the default one and the named ones), merged: one ``base_url`` serves them
+        all. An upstream that fails is left out; if every one fails, the first failure is
+        answered as it came."""
         st = self.state
         api: Api = (
             "anthropic"
             if ("x-api-key" in request.headers or "anthropic-version" in request.headers)
             else "openai"
         )
-        client = st.clients.get(api) or next(iter(st.clients.values()))
-        api = "openai" if client is st.clients.get("openai") else "anthropic"
+        targets: list[UpstreamClient] = []
+        if api in st.clients:
+            targets.append(st.clients[api])
+        targets += [
+            c for a, c, up in st.named.values() if a == api and not getattr(up, "azure", False)
+        ]
+        if not targets:  # the only upstream there is
+            api = next(iter(st.clients), "openai")
+            targets = [st.clients[api]] if st.clients else []
+        if not targets:
+            return error_response(api, 404, "this sidecar has no upstream that lists models")
         path = "/models" if api == "openai" else "/v1/models"
-        try:
-            resp = await client.get(
-                path,
-                headers=request_headers(request.headers.items()),
-                params=list(request.query_params.multi_items()),
-            )
-        except httpx.TimeoutException:
-            return error_response(api, 504, "upstream timed out")
-        except httpx.TransportError as exc:
-            return error_response(api, 502, f"upstream unreachable: {type(exc).__name__}")
+        headers = request_headers(request.headers.items())
+        params = httpx.QueryParams(list(request.query_params.multi_items()))
+
+        async def one(client: UpstreamClient) -> httpx.Response | Exception:
+            try:
+                return await client.get(path, headers=headers, params=params)
+            except httpx.HTTPError as exc:
+                return exc
+
+        answers = await asyncio.gather(*(one(c) for c in targets))
+        ok = [r for r in answers if isinstance(r, httpx.Response) and r.status_code < 300]
+        outcome = "ok" if ok else "upstream_5xx"
+        if not ok:
+            first = answers[0]
+            if isinstance(first, httpx.TimeoutException):
+                outcome, resp_ = "timeout", error_response(api, 504, "upstream timed out")
+            elif isinstance(first, Exception):
+                outcome = "unreachable"
+                resp_ = error_response(api, 502, f"upstream unreachable: {type(first).__name__}")
+            else:
+                outcome = "upstream_4xx" if first.status_code < 500 else "upstream_5xx"
+                resp_ = Response(
+                    first.content,
+                    status_code=first.status_code,
+                    headers=response_headers(first.headers),
+                )
+            st.metrics.requests.labels(
+                model=OTHER, workload="default", api="models", outcome=outcome
+            ).inc()
+            return resp_
+        merged: dict[str, Any] | None = None
+        seen: set[str] = set()
+        for r in ok:
+            try:
+                body = orjson.loads(r.content)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+                continue
+            if merged is None:
+                merged = {**body, "data": []}
+            for m in body["data"]:
+                mid = m.get("id") if isinstance(m, dict) else None
+                if isinstance(mid, str) and mid not in seen:
+                    seen.add(mid)
+                    merged["data"].append(m)
         st.metrics.requests.labels(
-            model=OTHER,
-            workload="default",
-            api="models",
-            outcome="ok"
-            if resp.status_code < 300
-            else ("upstream_4xx" if resp.status_code < 500 else "upstream_5xx"),
+            model=OTHER, workload="default", api="models", outcome="ok"
         ).inc()
+        if merged is None:
+            return Response(ok[0].content, status_code=200, headers=response_headers(ok[0].headers))
+        if len(ok) > 1 and "last_id" in merged and merged["data"]:
+            merged["last_id"] = merged["data"][-1].get("id")
         return Response(
-            resp.content, status_code=resp.status_code, headers=response_headers(resp.headers)
+            orjson.dumps(merged),
+            status_code=200,
+            media_type="application/json",
+            headers={
+                k: v
+                for k, v in response_headers(ok[0].headers).items()
+                if k.lower() not in ("content-length", "content-encoding", "content-type")
+            },
         )
