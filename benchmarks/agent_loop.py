@@ -55,6 +55,9 @@ APIS: tuple[Shape, ...] = ("openai", "anthropic", "responses", "gemini")
 #: what a cached input token costs against an uncached one
 CACHE_PRICE = {"openai": 0.1, "anthropic": 0.1, "responses": 0.1, "gemini": 0.25}
 WINDOW = 1_000_000
+#: LiteLLM's trim_messages is run on loops up to this long (its time grows with the square of
+#: the history: a 150-round loop takes it tens of minutes on 2 cores)
+LITELLM_MAX_ROUNDS = 60
 LITELLM = Path.home() / ".cache" / "context-ceiling" / "litellm" / "bin" / "python"
 LITELLM_SCRIPT = """
 import json, sys
@@ -285,7 +288,7 @@ def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally
         if name == "no trimming":
             t.cost_base = t.cost
         out[name] = t
-    if api == "openai" and LITELLM.exists():
+    if api == "openai" and LITELLM.exists() and shape.rounds <= LITELLM_MAX_ROUNDS:
         out["LiteLLM trim_messages"] = litellm_loop(shape, seed, base_costs)
     return out
 

@@ -297,7 +297,7 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f'sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{JOB_SEL}, gen_ai_request_model=~"$model"}}{r}))',
+                    f'sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{JOB_SEL}, model=~"$model"}}{r}))',
                     "{{gen_ai_token_type}}",
                 ),
             ],

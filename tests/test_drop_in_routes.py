@@ -387,3 +387,51 @@ def test_models_are_merged_across_upstreams_and_status_says_degraded() -> None:
     ids = [m.id for m in models.data]
     assert ids == ["hosted-model", "shared-model", "vllm-model"]  # merged, once each
     assert status["status"] == "degraded" and status["upstreams"]["gone"].startswith("unreachable")
+
+
+def test_genai_metrics_follow_the_semantic_conventions(tmp_path: Path) -> None:
+    """Provider names as the conventions define them (Azure: azure.ai.openai), the request's
+    own model name (bounded), the upstream's host, and time to first token / per output token
+    for streams."""
+    from tests.hosted_provider_double import HostedProviderDouble
+
+    hosted = HostedProviderDouble()
+    eu, us = RecordingUpstreamDouble("eu"), RecordingUpstreamDouble("us")
+    with serve(hosted.app()) as h, serve(eu.app()) as e, serve(us.app()) as u:
+        settings = _azure(tmp_path, e, u)
+        settings.upstreams.openai = type(settings.upstreams.named["azure-eu"])(  # type: ignore[call-arg]
+            api="openai", base_url=h + "/v1"
+        )
+        settings.models.append(
+            type(settings.models[0])(match="gpt-4o-mini*", label="mini", window=128000)
+        )
+        app = create_app(settings)
+        with serve(app) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="sk", max_retries=0)
+            stream = client.chat.completions.create(
+                model="gpt-4o-mini-2024-07-18",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            list(stream)
+            az = openai.OpenAI(base_url=url + "/openai/v1", api_key="az", max_retries=0)
+            az.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+            reg = app.state.sidecar.metrics.registry
+    mini = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "gpt-4o-mini-2024-07-18",  # the name asked for, not the label
+        "server_address": "127.0.0.1",
+        "model": "mini",
+    }
+    assert reg.get_sample_value("gen_ai_server_time_to_first_token_seconds_count", mini) == 1
+    assert reg.get_sample_value("gen_ai_server_time_per_output_token_seconds_count", mini) == 1
+    assert reg.get_sample_value("gen_ai_client_operation_duration_seconds_count", mini) == 1
+    azure = {
+        **mini,
+        "gen_ai_provider_name": "azure.ai.openai",
+        "gen_ai_request_model": "gpt-4o",
+        "model": "gpt-4o",
+    }
+    assert reg.get_sample_value("gen_ai_client_operation_duration_seconds_count", azure) == 1

@@ -115,7 +115,7 @@ def test_semconv_metrics_on_the_prometheus_endpoint(
     )  # type: ignore[arg-type]
     text = httpx.get(url + "/metrics").text
     assert (
-        'gen_ai_client_token_usage_bucket{gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-4o",gen_ai_token_type="input",le="4096.0"} 1.0'
+        'gen_ai_client_token_usage_bucket{gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-4o",gen_ai_token_type="input",le="4096.0",model="gpt-4o",server_address="127.0.0.1"} 1.0'
         in text
     )
     assert "gen_ai_client_operation_duration_seconds_count" in text

@@ -221,6 +221,8 @@ def test_an_upstream_that_compresses_unasked_is_decoded_for_the_client() -> None
                 "gen_ai_operation_name": "chat",
                 "gen_ai_provider_name": "openai",
                 "gen_ai_request_model": "gpt-4o",
+                "server_address": "127.0.0.1",
+                "model": "gpt-4o",
                 "gen_ai_token_type": "input",
             },
         )

@@ -203,6 +203,13 @@ class Exchange:
     max_tokens: int | None = None
     span: Span | None = None
     upstream: str = ""  # the upstream's name (the API's default: its API's name)
+    #: the upstream's host (the semantic conventions' server.address)
+    server_address: str = ""
+    #: gen_ai.provider.name and gen_ai.operation.name of this request
+    provider: str = ""
+    operation: str = "chat"
+    #: when the first streamed content arrived (time to first token)
+    first_chunk_at: float | None = None
     #: sampled for the capture store: the client's parsed body (before trimming) and, once it
     #: arrived, the response (a body, or a stream's events)
     capture_body: dict[str, Any] | None = None
@@ -229,6 +236,21 @@ class Exchange:
         if d is not None and d.body is not None and d.report is not None:
             return d.report.after
         return self.count.total if self.count else 0
+
+
+def provider_name(route: Route, path: str) -> str:
+    """The GenAI semantic conventions' ``gen_ai.provider.name`` of a measured route."""
+    if route.azure:
+        return "azure.ai.openai"
+    if route.api == "gemini":
+        return "gcp.vertex_ai" if "/projects/" in path else "gcp.gemini"
+    return route.api
+
+
+def operation_name(route: Route) -> str:
+    """``gen_ai.operation.name``: Gemini's generateContent is ``generate_content``; chat
+    completions, the Responses API and Anthropic messages are ``chat``."""
+    return "generate_content" if route.api == "gemini" else "chat"
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")

@@ -301,24 +301,46 @@ class Metrics:
             multiprocess_mode="livemax",  # up when any worker reaches it
         )
 
-        # OpenTelemetry GenAI semantic-convention client metrics, with the spec's bucket boundaries
+        # OpenTelemetry GenAI semantic-convention metrics, with the spec's bucket boundaries.
+        # gen_ai_request_model is the model name the request asked for (bounded: the first
+        # GENAI_MODELS names the registry matches, then the registry label); ``model`` is the
+        # registry label the sidecar's own families and the dashboard use; server_address is
+        # the upstream's host.
+        genai = [
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+            "server_address",
+            "model",
+        ]
         self.genai_tokens = Histogram(
             "gen_ai_client_token_usage",
             "gen_ai.client.token.usage: tokens used per operation, by token type (input/output).",
-            [
-                "gen_ai_operation_name",
-                "gen_ai_provider_name",
-                "gen_ai_request_model",
-                "gen_ai_token_type",
-            ],
+            [*genai, "gen_ai_token_type"],
             buckets=GENAI_TOKEN_BUCKETS,
             registry=r,
         )
         self.genai_duration = Histogram(
             "gen_ai_client_operation_duration_seconds",
             "gen_ai.client.operation.duration: seconds per GenAI operation.",
-            ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"],
+            genai,
             buckets=GENAI_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.genai_ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "gen_ai.server.time_to_first_token: seconds from the upstream call to the first "
+            "streamed content, as the sidecar saw it (streams only).",
+            genai,
+            buckets=(0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48),
+            registry=r,
+        )
+        self.genai_tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "gen_ai.server.time_per_output_token: seconds per output token after the first "
+            "(streams only).",
+            genai,
+            buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
             registry=r,
         )
 

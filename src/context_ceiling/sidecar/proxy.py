@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -50,6 +51,8 @@ from context_ceiling.sidecar.exchange import (
     Route,
     azure_deployment,
     gemini_model,
+    operation_name,
+    provider_name,
     request_id,
 )
 from context_ceiling.sidecar.logs import bounded
@@ -259,7 +262,9 @@ class Proxy:
         ex.ceilings = st.ceilings.current
         ex.max_tokens = requested_output(obj, route.shape)
         if not route.count_only:
-            ex.span = st.tracing.start("chat", ex.model, route.api, request.headers)
+            ex.provider = provider_name(route, request.url.path)
+            ex.operation = operation_name(route)
+            ex.span = st.tracing.start(ex.operation, ex.model, ex.provider, request.headers)
         spec = st.registry.resolve(ex.model)
         if spec is not None:
             if route.api == "anthropic":
@@ -344,6 +349,7 @@ class Proxy:
                 f"{route.api} requests on this sidecar",
             )
         ex.upstream, client, upstream_cfg = target
+        ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
         bypass_token = request.headers.get(BYPASS_HEADER)
         if bypass_token is not None:
             if st.admin_token is None or not hmac.compare_digest(
@@ -498,6 +504,9 @@ class Proxy:
                 ex.capture_response = b"".join(collecting.events)
             beside.after(self.state, self.rec, ex)
 
+        def first() -> None:
+            ex.first_chunk_at = time.perf_counter()
+
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         return SSERelay(
             resp,
@@ -507,6 +516,7 @@ class Proxy:
             done,
             self.state.settings.limits.max_event_bytes,
             drain=self.state.drain,
+            on_first=first,
         )
 
     async def models(self, request: Request) -> Response:

@@ -198,14 +198,22 @@ class Recorder:
         """GenAI semantic conventions: the client metrics, and the span's closing attributes."""
         if ex.route.count_only:
             return
-        m, u, provider = self.state.metrics, ex.usage, ex.route.api
+        m, u = self.state.metrics, ex.usage
         base = {
-            "gen_ai_operation_name": "chat",
-            "gen_ai_provider_name": provider,
-            "gen_ai_request_model": ex.label,
+            "gen_ai_operation_name": ex.operation,
+            "gen_ai_provider_name": ex.provider or ex.route.api,
+            "gen_ai_request_model": self.state.request_models.name(ex.model, ex.label, ex.spec),
+            "server_address": ex.server_address,
+            "model": ex.label,
         }
         if ex.upstream_started is not None:
             m.child(m.genai_duration, **base).observe(now - ex.upstream_started)
+            if ex.first_chunk_at is not None and ex.outcome == "ok":
+                m.child(m.genai_ttft, **base).observe(ex.first_chunk_at - ex.upstream_started)
+                if u.output_tokens and u.output_tokens > 1:
+                    m.child(m.genai_tpot, **base).observe(
+                        (now - ex.first_chunk_at) / (u.output_tokens - 1)
+                    )
         if u.input_tokens is not None:
             m.child(m.genai_tokens, **base, gen_ai_token_type="input").observe(u.input_tokens)
         if u.output_tokens is not None:
@@ -220,6 +228,7 @@ class Recorder:
             "gen_ai.usage.input_tokens": u.input_tokens,
             "gen_ai.usage.output_tokens": u.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": u.cached_tokens,
+            "server.address": ex.server_address or None,
             "http.response.status_code": ex.status or None,
             "ceiling.workload": ex.workload,
             "ceiling.window": ex.spec.window if ex.spec else None,

@@ -86,7 +86,9 @@ class SSERelay(Response):
         on_done: Callable[[str, Usage], None],
         max_event_bytes: int = 8 * 1024 * 1024,
         drain: Drain | None = None,
+        on_first: Callable[[], None] | None = None,
     ) -> None:
+        self.on_first = on_first
         self.resp, self.tap, self.deadline, self.on_done = resp, tap, deadline, on_done
         self.drain = drain
         self._scope: anyio.CancelScope | None = None
@@ -194,6 +196,9 @@ class SSERelay(Response):
                     # the events that arrived together leave together: one send per upstream
                     # read, not per event (each send is a syscall and an ASGI round trip)
                     body = forward_read(splitter, tap, chunk)
+                    if body and self.on_first is not None:
+                        self.on_first()  # the time to the first token
+                        self.on_first = None
                     if body:
                         await send({"type": "http.response.body", "body": body, "more_body": True})
             if splitter.flush():

@@ -28,6 +28,30 @@ from context_ceiling.sidecar.staleness import StalenessTracker
 from context_ceiling.sidecar.tracing import Tracing
 from context_ceiling.sidecar.upstream import UpstreamClient
 
+#: how many distinct request model names the GenAI metrics label by before they fall back to
+#: the registry label (clients choose the names: a glob entry matches any of them)
+GENAI_MODELS = 64
+
+
+class RequestModels:
+    """The ``gen_ai.request.model`` label value of a request: the model name it asked for, as
+    the semantic conventions say, while there are at most ``limit`` distinct ones (only names
+    the registry matches); then the registry label. Labels stay bounded."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def name(self, model: str, label: str, spec: ModelSpec | None) -> str:
+        if spec is None or not model or len(model) > 128:
+            return label
+        if model in self.seen:
+            return model
+        if len(self.seen) < self.limit:
+            self.seen.add(model)
+            return model
+        return label
+
 
 @dataclass
 class State:
@@ -55,6 +79,8 @@ class State:
     count_cache: CountCache | None = None
     #: this worker's siblings (None: one process; see sidecar/group.py)
     group: WorkerGroup | None = None
+    #: the request model names the GenAI metrics keep (bounded)
+    request_models: RequestModels = field(default_factory=lambda: RequestModels(GENAI_MODELS))
     #: the read token of GET /budget (None: open to every client)
     budget_token: str | None = None
     #: shutdown: readiness off, streams ended with an error event before the grace runs out
