@@ -786,3 +786,31 @@ def test_image_digest_kube_version_and_notes(helm: list[str]) -> None:
     )
     assert notes.returncode == 0, notes.stderr
     assert "base_url = http://t-context-ceiling.default.svc:8787/v1" in notes.stdout
+
+
+def test_a_separate_admin_port_for_metrics_and_the_admin_api(helm: list[str]) -> None:
+    docs = render(
+        helm,
+        None,
+        *MONITORING,
+        "--set",
+        "service.adminPort=9090",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set-json",
+        'networkPolicy.adminFrom=[{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]',
+    )
+    [svc] = by_kind(docs, "Service")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"http": 8787, "admin": 9090}
+    [dep] = by_kind(docs, "Deployment")
+    ports = {p["name"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"http", "admin"}
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config"))
+    assert yaml.safe_load(cm["data"]["sidecar.yaml"])["listen"]["admin_port"] == 9090
+    [np] = by_kind(docs, "NetworkPolicy")
+    admin_rule = next(r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == "admin")
+    assert admin_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    [sm] = by_kind(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "admin"

@@ -270,3 +270,38 @@ def test_readiness_turns_unready_when_the_drain_begins() -> None:
         r = httpx.get(url + "/readyz")
         assert r.status_code == 503 and r.json()["status"] == "shutting down"
         assert httpx.get(url + "/healthz").status_code == 200  # alive, just leaving
+
+
+def test_metrics_and_admin_on_their_own_port(tmp_path: Path) -> None:
+    """``listen.admin_port``: /metrics and /admin/* answer only there, traffic only on the
+    traffic port; the probes on both. A NetworkPolicy can then admit Prometheus alone."""
+    double = HostedProviderDouble()
+    with serve(double.app()) as durl:
+        port, admin = _free_port(), _free_port()
+        config = tmp_path / "sidecar.yaml"
+        cfg = observing(port, durl, admin_token="t0k")
+        cfg["listen"] = {"host": "127.0.0.1", "port": port, "admin_port": admin}
+        config.write_text(yaml.safe_dump(cfg))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        traffic, ops = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+        try:
+            wait_healthy(traffic, proc)  # type: ignore[arg-type]
+            auth = {"authorization": "Bearer t0k"}
+            assert httpx.get(traffic + "/metrics").status_code == 404
+            assert httpx.get(traffic + "/admin/ceilings", headers=auth).status_code == 404
+            assert httpx.get(ops + "/metrics").status_code == 200
+            assert httpx.get(ops + "/admin/ceilings", headers=auth).status_code == 200
+            body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+            assert httpx.post(traffic + "/v1/chat/completions", json=body).status_code == 200
+            assert httpx.post(ops + "/v1/chat/completions", json=body).status_code == 404
+            for base in (traffic, ops):
+                assert httpx.get(base + "/readyz").status_code == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

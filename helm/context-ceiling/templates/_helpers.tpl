@@ -33,7 +33,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "cc.sidecarConfig" -}}
 {{- $c := deepCopy .Values.config -}}
-{{- $_ := set $c "listen" (dict "host" "0.0.0.0" "port" 8787) -}}
+{{- $listen := dict "host" "0.0.0.0" "port" 8787 -}}
+{{- if .Values.service.adminPort -}}
+{{- $_ := set $listen "admin_port" 9090 -}}
+{{- end -}}
+{{- $_ := set $c "listen" $listen -}}
 {{- $_ := set $c "ceilings_file" "/etc/context-ceiling/ceilings/ceilings.yaml" -}}
 {{- $_ := set $c "ceilings_persist" false -}}
 {{- if include "cc.captureEnabled" . -}}

@@ -68,7 +68,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
         return serve_workers(settings, loop)
     app = create_app(settings, freeze_heap=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.listen.host,
         port=settings.listen.port,
@@ -76,6 +76,13 @@ def serve_command(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         **uvicorn_options(settings),
     )
+    server = uvicorn.Server(config)
+    if settings.listen.admin_port is None:
+        server.run()
+    else:  # traffic and admin on their own sockets, one server
+        from context_ceiling.sidecar.server import sockets_for
+
+        server.run(sockets=sockets_for(config, settings.listen.admin_port))
     return 0
 
 

@@ -209,7 +209,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.sidecar = state
-    return HotPath(app, hot, proxy.azure_chat, proxy.gemini)
+    return HotPath(app, hot, proxy.azure_chat, proxy.gemini, settings.listen.admin_port)
 
 
 def startup_fields(state: State) -> dict[str, object]:
@@ -244,6 +244,8 @@ GEMINI_PATH = re.compile(
     r"models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)$"
 )
 AZURE_CHAT = "/chat/completions"
+#: answered on the traffic port and the admin port alike
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/status"})
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -258,12 +260,35 @@ class HotPath:
     """
 
     def __init__(
-        self, app: Starlette, routes: dict[str, Handler], azure: Handler, gemini: Handler
+        self,
+        app: Starlette,
+        routes: dict[str, Handler],
+        azure: Handler,
+        gemini: Handler,
+        admin_port: int | None = None,
     ) -> None:
         self.app, self.routes, self.azure, self.gemini = app, routes, azure, gemini
         self.state = app.state
+        self.admin_port = admin_port
+
+    def _wrong_port(self, scope: Scope) -> bool:
+        """With ``listen.admin_port``: /metrics and /admin/* only there, traffic only on the
+        traffic port (the probes and /status on both)."""
+        server = scope.get("server") or (None, None)
+        on_admin = server[1] == self.admin_port
+        path = scope["path"]
+        if path in OPS_PATHS:
+            return False
+        admin_path = path == "/metrics" or path.startswith("/admin/")
+        return bool(admin_path != on_admin)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.admin_port is not None and scope["type"] == "http" and self._wrong_port(scope):
+            await JSONResponse(
+                {"error": {"message": "not found on this port", "type": "not_found"}},
+                status_code=404,
+            )(scope, receive, send)
+            return
         handler = None
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]

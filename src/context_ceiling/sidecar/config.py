@@ -56,8 +56,12 @@ class _Section(Strict):
 class Listen(_Section):
     #: the address to listen on (0.0.0.0 in a pod)
     host: str = "127.0.0.1"
-    #: the port for traffic, metrics and the admin API
+    #: the port for traffic (and, without ``admin_port``, metrics and the admin API)
     port: int = Field(default=8787, ge=0, le=65535)
+    #: a second port for /metrics and /admin/* (plus the probes): set, those answer only there
+    #: and the traffic port answers 404 for them, so a NetworkPolicy can admit Prometheus and
+    #: operators without admitting every client to the admin API
+    admin_port: int | None = Field(default=None, ge=1, le=65535)
 
 
 class Timeouts(_Section):

@@ -134,6 +134,22 @@ class HeaderDeadline(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
+def sockets_for(config: Any, admin_port: int | None) -> list[Any]:
+    """The listening sockets: the traffic port's (uvicorn binds it), and the admin port's on
+    the same host when one is set (``listen.admin_port``)."""
+    import socket
+
+    sockets = [config.bind_socket()]
+    if admin_port is not None:
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        admin = socket.socket(family, socket.SOCK_STREAM)
+        admin.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        admin.bind((config.host, admin_port))
+        admin.set_inheritable(True)
+        sockets.append(admin)
+    return sockets
+
+
 def protocol_for(settings: Settings) -> type[HeaderDeadline]:
     """A protocol class carrying this config's header deadline (uvicorn takes a class)."""
     return type(

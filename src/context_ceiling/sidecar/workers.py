@@ -105,11 +105,14 @@ def serve_workers(settings: Settings, loop: str) -> int:
         log_level=settings.log_level,
         **options,
     )
-    sock = config.bind_socket()
+    from context_ceiling.sidecar.server import sockets_for
+
+    sockets = sockets_for(config, settings.listen.admin_port)
     try:
-        Supervisor(config, [sock], directory).run()
+        Supervisor(config, sockets, directory).run()
     finally:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         if created:
             shutil.rmtree(directory, ignore_errors=True)
     return 0
