@@ -814,3 +814,39 @@ def test_a_separate_admin_port_for_metrics_and_the_admin_api(helm: list[str]) ->
     assert admin_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
     [sm] = by_kind(docs, "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["port"] == "admin"
+
+
+def test_ingress_and_httproute(helm: list[str]) -> None:
+    docs = render(helm, None, "--set", "ingress.enabled=true", "--set", "ingress.className=nginx")
+    [ing] = by_kind(docs, "Ingress")
+    rule = ing["spec"]["rules"][0]
+    assert rule["host"] == "ceiling.example.com" and ing["spec"]["ingressClassName"] == "nginx"
+    assert rule["http"]["paths"][0]["backend"]["service"]["port"] == {"name": "http"}
+    missing = subprocess.run(
+        [
+            *helm,
+            "template",
+            "t",
+            str(CHART),
+            "--kube-version",
+            "1.30.0",
+            "--set",
+            "httpRoute.enabled=true",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and "Gateway API CRDs" in missing.stderr
+    docs = render(
+        helm,
+        None,
+        "--api-versions",
+        "gateway.networking.k8s.io/v1/HTTPRoute",
+        "--set",
+        "httpRoute.enabled=true",
+        "--set-json",
+        'httpRoute.parentRefs=[{"name": "public", "namespace": "gateways"}]',
+    )
+    [route] = by_kind(docs, "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways"}]
+    assert route["spec"]["rules"][0]["backendRefs"][0]["port"] == 8787
