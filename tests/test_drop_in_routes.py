@@ -435,3 +435,71 @@ def test_genai_metrics_follow_the_semantic_conventions(tmp_path: Path) -> None:
         "model": "gpt-4o",
     }
     assert reg.get_sample_value("gen_ai_client_operation_duration_seconds_count", azure) == 1
+
+
+def test_compressed_answers_are_relayed_compressed() -> None:
+    """A client that accepts gzip gets the upstream's gzip bytes (measured routes inflate a
+    copy to read the usage; the pass-through never reads them); a stream is asked for plain."""
+    import gzip
+
+    from starlette.responses import Response as Raw
+
+    seen: list[str | None] = []
+    usage = {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}
+    chat = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": usage,
+    }
+
+    async def answer(request: Request) -> Raw:
+        seen.append(request.headers.get("accept-encoding"))
+        body = json.dumps(
+            chat if request.url.path.endswith("completions") else {"data": [1] * 500}
+        ).encode()
+        if "gzip" in (request.headers.get("accept-encoding") or ""):
+            return Raw(
+                gzip.compress(body),
+                media_type="application/json",
+                headers={"content-encoding": "gzip"},
+            )
+        return Raw(body, media_type="application/json")
+
+    up = Starlette(routes=[Route("/{path:path}", answer, methods=["POST"])])
+    with serve(up) as u:
+        settings = Settings(
+            upstreams={"openai": {"base_url": u + "/v1"}},
+            models=[{"match": "gpt-4o", "window": 128000}],
+        )
+        app = create_app(settings)
+        with serve(app) as url, httpx.Client() as client:
+            req = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+            raw = client.post(
+                url + "/v1/chat/completions", json=req, headers={"accept-encoding": "gzip"}
+            )
+            emb = client.post(
+                url + "/v1/embeddings",
+                json={"model": "x", "input": "y"},
+                headers={"accept-encoding": "gzip"},
+            )
+            plain = client.post(
+                url + "/v1/chat/completions", json=req, headers={"accept-encoding": "identity"}
+            )
+            reg = app.state.sidecar.metrics.registry
+    assert (
+        raw.headers["content-encoding"] == "gzip" and raw.json()["usage"] == usage
+    )  # httpx inflates
+    assert emb.headers["content-encoding"] == "gzip" and len(emb.json()["data"]) == 500
+    assert "content-encoding" not in plain.headers and plain.json()["usage"] == usage
+    assert seen == ["gzip", "gzip", None]
+    assert (
+        reg.get_sample_value(
+            "llm_context_output_tokens_sum", {"model": "gpt-4o", "workload": "default"}
+        )
+        == 4
+    )  # the usage of both chat answers was read, the compressed one's too

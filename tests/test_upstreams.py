@@ -142,9 +142,9 @@ def test_azure_openai_deployment_paths_with_the_azure_sdk() -> None:
 
 
 def test_an_upstream_that_compresses_unasked_is_decoded_for_the_client() -> None:
-    """The measured routes send the client's own headers only (no ``Accept-Encoding``), and read
-    the transport's stream raw when it is unencoded. An upstream that gzips anyway must still
-    reach the client decoded, its usage read, unary and streamed."""
+    """A client that takes no gzip (and every stream) is asked for plain content upstream. An
+    upstream that gzips anyway must still reach such a client decoded, its usage read, unary
+    and streamed."""
     import gzip
     import json
 
@@ -211,7 +211,7 @@ def test_an_upstream_that_compresses_unasked_is_decoded_for_the_client() -> None
     assert reply.choices[0].message.content == "hello" and reply.usage is not None
     assert text == "hello"
     assert "content-encoding" not in raw.headers and raw.json()["usage"]["prompt_tokens"] == 7
-    assert seen == [None, None, None]
+    assert seen == ["gzip", None, None]  # the SDK takes gzip; a stream is asked for plain
     ok = {"model": "gpt-4o", "workload": "default", "api": "openai_chat", "outcome": "ok"}
     assert reg.get_sample_value("llm_context_requests_total", ok) == 3
     assert (

@@ -4,6 +4,7 @@ arrive are held against a limit."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import AsyncIterator
 
 import httpx
@@ -57,6 +58,25 @@ async def read_capped(resp: httpx.Response, cap: int) -> bytes:
     return await collect(
         body_chunks(resp), resp.headers.get("content-length"), cap, ResponseTooLarge
     )
+
+
+def gzipped(resp: httpx.Response) -> bool:
+    return (resp.headers.get("content-encoding") or "").strip().lower() == "gzip"
+
+
+async def read_capped_raw(resp: httpx.Response, cap: int) -> tuple[bytes, bytes]:
+    """A gzip-encoded non-stream response as it came (to relay compressed) and decoded (to read
+    its usage), each refused past ``cap`` bytes: a small compressed body can inflate to
+    gigabytes, so the decoded copy is capped as it is inflated."""
+    raw = await collect(resp.aiter_raw(), resp.headers.get("content-length"), cap, ResponseTooLarge)
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        plain = inflate.decompress(raw, cap + 1)
+    except zlib.error:
+        return raw, b""  # not gzip after all: relayed as it came, no usage read
+    if len(plain) > cap or inflate.unconsumed_tail:
+        raise ResponseTooLarge(cap)
+    return raw, plain
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -210,6 +210,8 @@ class Exchange:
     operation: str = "chat"
     #: when the first streamed content arrived (time to first token)
     first_chunk_at: float | None = None
+    #: the client takes a gzip-encoded answer
+    accepts_gzip: bool = False
     #: sampled for the capture store: the client's parsed body (before trimming) and, once it
     #: arrived, the response (a body, or a stream's events)
     capture_body: dict[str, Any] | None = None

@@ -242,6 +242,8 @@ class Passthrough:
         has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
         headers = request_headers(request.headers.items())
         headers = [(k, v) for k, v in headers if k.lower() != UPSTREAM_HEADER]
+        if "accept-encoding" in request.headers:  # never read here: relayed as it comes
+            headers.append(("accept-encoding", request.headers["accept-encoding"]))
         try:
             check_declared(declared, limits.max_body_bytes, BodyTooLarge)
             content: Any = None
@@ -318,6 +320,8 @@ class _Relay(Response):
         self.status_code = resp.status_code
         self.background = None
         headers = response_headers(resp.headers) | {"x-ceiling-request-id": rid}
+        if resp.headers.get("content-encoding"):  # relayed raw, so still encoded
+            headers["content-encoding"] = resp.headers["content-encoding"]
         self.raw_headers = [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
         ]
@@ -334,7 +338,7 @@ class _Relay(Response):
                 }
             )
             async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
-                async for chunk in self.resp.aiter_bytes():
+                async for chunk in self.resp.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (TimeoutError, httpx.TimeoutException):
             outcome, failed = "timeout", True

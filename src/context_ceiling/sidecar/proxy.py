@@ -30,7 +30,14 @@ from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.trim import requested_output
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar import beside
-from context_ceiling.sidecar.bodies import BodyTooLarge, ResponseTooLarge, read_body, read_capped
+from context_ceiling.sidecar.bodies import (
+    BodyTooLarge,
+    ResponseTooLarge,
+    gzipped,
+    read_body,
+    read_capped,
+    read_capped_raw,
+)
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
@@ -61,6 +68,7 @@ from context_ceiling.sidecar.relay import SSERelay, Tap
 from context_ceiling.sidecar.state import State
 from context_ceiling.sidecar.upstream import (
     UpstreamClient,
+    accepts_gzip,
     request_headers,
     response_headers,
     with_beta,
@@ -421,6 +429,11 @@ class Proxy:
             body, injected = ask_for_usage(obj, body)
         content = body if body is not None else orjson.dumps(obj)
         headers = request_headers(request.headers.items())
+        ex.accepts_gzip = accepts_gzip(request.headers.get("accept-encoding"))
+        if not ex.stream and ex.accepts_gzip:
+            # a compressed answer comes back compressed (the sidecar inflates a copy to read
+            # its usage); a stream is parsed event by event, so it is asked for plain
+            headers.append(("accept-encoding", "gzip"))
         if extra_headers:
             headers = with_beta(headers, extra_headers[0][1])
         if ex.span is not None:
@@ -461,7 +474,10 @@ class Proxy:
         cap = self.state.settings.limits.max_response_bytes
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                content = await read_capped(resp, cap)
+                if gzipped(resp) and ex.accepts_gzip:  # relayed compressed; usage from a copy
+                    content, plain = await read_capped_raw(resp, cap)
+                else:
+                    content = plain = await read_capped(resp, cap)
         except ResponseTooLarge:
             await resp.aclose()
             return self._fail(
@@ -480,18 +496,17 @@ class Proxy:
             await resp.aclose()
         status = resp.status_code
         if status < 300:
-            ex.usage = ex.route.body_usage(content)
+            ex.usage = ex.route.body_usage(plain)
             ex.outcome = "ok"
             if ex.capture_body is not None:
-                ex.capture_response = content
+                ex.capture_response = plain
         else:
             ex.outcome = "upstream_4xx" if status < 500 else "upstream_5xx"
         beside.after(self.state, self.rec, ex)
-        return Response(
-            content,
-            status_code=status,
-            headers=response_headers(resp.headers) | self.rec.headers(ex),
-        )
+        headers = response_headers(resp.headers) | self.rec.headers(ex)
+        if content is not plain:
+            headers["content-encoding"] = "gzip"
+        return Response(content, status_code=status, headers=headers)
 
     def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> SSERelay:
         collecting: CollectingTap | None = None

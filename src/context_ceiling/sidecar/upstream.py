@@ -151,6 +151,19 @@ def request_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in pairs if k.lower() not in _DROP_REQUEST and k.lower() not in hop]
 
 
+def accepts_gzip(header: str | None) -> bool:
+    """Whether an ``Accept-Encoding`` header takes gzip (and does not refuse it with q=0)."""
+    for item in (header or "").split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip().removeprefix("q=").strip() if "q=" in params else "1"
+            try:
+                return float(q) > 0
+            except ValueError:
+                return True
+    return False
+
+
 def with_beta(headers: list[tuple[str, str]], beta: str) -> list[tuple[str, str]]:
     """The headers with ``beta`` among the ``anthropic-beta`` values (once, the client's own
     kept: the header is a comma-separated list)."""
