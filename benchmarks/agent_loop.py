@@ -44,6 +44,7 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT  # noqa: E402
 from context_ceiling import count  # noqa: E402
 from context_ceiling.core.wire import Shape  # noqa: E402
 from context_ceiling.sidecar.app import create_app  # noqa: E402
@@ -58,19 +59,7 @@ WINDOW = 1_000_000
 #: LiteLLM's trim_messages is run on loops up to this long (its time grows with the square of
 #: the history: a 150-round loop takes it tens of minutes on 2 cores)
 LITELLM_MAX_ROUNDS = 60
-LITELLM = Path.home() / ".cache" / "context-ceiling" / "litellm" / "bin" / "python"
-LITELLM_SCRIPT = """
-import json, sys
-from litellm.utils import trim_messages
-jobs = json.load(open(sys.argv[1]))
-out = []
-for j in jobs:
-    try:
-        out.append(trim_messages(j["messages"], model="gpt-4o", max_tokens=j["budget"]))
-    except Exception as exc:
-        out.append({"error": type(exc).__name__})
-json.dump(out, open(sys.argv[2], "w"))
-"""
+USE_LITELLM = True
 
 
 @dataclass
@@ -252,13 +241,25 @@ def _account(t: Tally, api: Shape, sent: dict[str, Any], budget: int, prev: byte
     return history
 
 
+def _turn(
+    t: Tally, api: Shape, sent: dict[str, Any], trimmed: bool, budget: int, prev: bytes | None
+) -> bytes:
+    """One forwarded turn into the tally: its prefix share of the previous turn (once a turn
+    was trimmed), then what :func:`_account` judges."""
+    if t.trimmed_turns and prev is not None:
+        share = prefix_share(prev, orjson.dumps(history_of(api, sent)))
+        t.shares.append(share)
+        t.kept_prefix += share >= 0.9
+    t.trimmed_turns += trimmed
+    return _account(t, api, sent, budget, prev)
+
+
 def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally]:
     out: dict[str, Tally] = {}
     base_costs: list[float] = []
     for name, policy in POLICIES.items():
         t = Tally()
         prev: bytes | None = None
-        first_trim = False
         loop = shape.loop(api, seed)
         with sidecar(policy, shape.budget, tmp) as (url, d), httpx.Client() as client:
             started = time.perf_counter()
@@ -272,14 +273,7 @@ def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally
                 sent = orjson.loads(d.last)
                 before = t.cost
                 trimmed = int(r.headers.get("x-ceiling-trimmed-tokens", "0")) > 0
-                history = orjson.dumps(history_of(api, sent))
-                if first_trim and prev is not None:
-                    share = prefix_share(prev, history)
-                    t.shares.append(share)
-                    t.kept_prefix += share >= 0.9
-                first_trim = first_trim or trimmed
-                t.trimmed_turns += trimmed
-                prev = _account(t, api, sent, shape.budget, prev)
+                prev = _turn(t, api, sent, trimmed, shape.budget, prev)
                 if name == "no trimming":
                     base_costs.append(t.cost - before)
                 elif n < len(base_costs):
@@ -288,7 +282,7 @@ def run_loop(api: Shape, shape: Shape_, seed: int, tmp: Path) -> dict[str, Tally
         if name == "no trimming":
             t.cost_base = t.cost
         out[name] = t
-    if api == "openai" and LITELLM.exists() and shape.rounds <= LITELLM_MAX_ROUNDS:
+    if USE_LITELLM and api == "openai" and LITELLM.exists() and shape.rounds <= LITELLM_MAX_ROUNDS:
         out["LiteLLM trim_messages"] = litellm_loop(shape, seed, base_costs)
     return out
 
@@ -309,22 +303,13 @@ def litellm_loop(shape: Shape_, seed: int, base_costs: list[float]) -> Tally:
         results = json.loads(dst.read_text())
     t = Tally()
     prev: bytes | None = None
-    first_trim = False
     for n, (body, got) in enumerate(zip(bodies, results, strict=True)):
         t.turns += 1
         if isinstance(got, dict):
             t.rejected += 1
             continue
         sent = {**body, "messages": got}
-        history = orjson.dumps(got)
-        trimmed = got != body["messages"]
-        if first_trim and prev is not None:
-            share = prefix_share(prev, history)
-            t.shares.append(share)
-            t.kept_prefix += share >= 0.9
-        first_trim = first_trim or trimmed
-        t.trimmed_turns += trimmed
-        prev = _account(t, "openai", sent, shape.budget, prev)
+        prev = _turn(t, "openai", sent, got != body["messages"], shape.budget, prev)
         if n < len(base_costs):
             t.cost_base += base_costs[n]
     return t
@@ -354,9 +339,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="out/bench/agent_loop.md")
     args = ap.parse_args()
-    global LITELLM
-    if args.no_litellm:
-        LITELLM = Path("/nonexistent")
+    global USE_LITELLM
+    USE_LITELLM = not args.no_litellm
     shapes = SHAPES[:1] if args.quick else SHAPES
     results: dict[tuple[str, str], dict[str, Tally]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from context_ceiling.sidecar.redact import Redactor  # noqa: E402
 from context_ceiling.sidecar.secret_rules import default_rules  # noqa: E402
-from tests.secret_corpus import FAMILIES, corpus, leaked  # noqa: E402
+from tests.secret_corpus import FAMILIES, corpus, leaked, rule_examples  # noqa: E402
 
 
 def main() -> None:
@@ -37,6 +37,8 @@ def main() -> None:
             total[family] += 1
             out, _ = r.text(text)
             written[family] += leaked(secret, family, out)
+    examples = rule_examples(per_rule=10)
+    rule_leaks = sum(1 for _, text in examples if r.text(text)[1] == 0)
     root = ROOT / "src" / "context_ceiling" / "sweep" / "tasksets"
     lines = [
         line for f in sorted(root.rglob("*.jsonl")) for line in f.read_text().splitlines() if line
@@ -54,6 +56,12 @@ def main() -> None:
     for family in FAMILIES:
         print(f"| {family} | {total[family]} | {written[family]} |")
     print(f"| **all** | {sum(total.values())} | {sum(written.values())} |")
+    print()
+    covered = len({rid for rid, _ in examples})
+    print(
+        f"Every rule's own examples: {len(examples)} strings its expression generates and it "
+        f"reports, from {covered} of {len(rules.rules)} rules: {rule_leaks} written to the store."
+    )
     print()
     print(
         f"False positives on the bundled task sets: {flagged} of {len(lines)} lines "

@@ -8,6 +8,7 @@ import base64
 import random
 import string
 from collections.abc import Callable
+from typing import Any
 
 LOWER, UPPER, DIGITS = string.ascii_lowercase, string.ascii_uppercase, string.digits
 ALNUM = LOWER + UPPER + DIGITS
@@ -99,3 +100,43 @@ def leaked(secret: str, family: str, stored: str) -> bool:
     if family == "pem-private-key":
         needle = secret.splitlines()[1]
     return needle in stored
+
+
+def rule_examples(per_rule: int = 10) -> list[tuple[str, str]]:
+    """(rule id, example) for every rule of the vendored gitleaks set: strings its regular
+    expression generates (hypothesis, derandomized: the same every run), kept when the rule
+    itself reports them (the secret passes the rule's entropy floor and allowlists)."""
+    from context_ceiling.sidecar.secret_rules import default_rules
+
+    rules = default_rules()
+    out: list[tuple[str, str]] = []
+    for rule in rules.rules:
+        out += [(rule.id, text) for text in _examples(rules, rule, per_rule)]
+    return out
+
+
+def _examples(rules: Any, rule: Any, per_rule: int) -> list[str]:
+    import warnings
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    got: list[str] = []
+
+    @settings(
+        max_examples=per_rule * 5,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],
+    )
+    @given(st.from_regex(rule.regex, fullmatch=True))
+    def collect(text: str) -> None:
+        if len(got) < per_rule and any(rid == rule.id for rid, _ in rules.find(text)):
+            got.append(text)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collect()
+    return got

@@ -532,3 +532,11 @@ def test_past_the_connection_limit_the_503_is_in_the_clients_shape() -> None:
             )
     assert r.status_code == 503
     assert r.json()["type"] == "error" and r.json()["error"]["type"]  # Anthropic's shape
+
+
+def test_an_untyped_responses_item_with_non_object_parts_is_a_400(sidecar: Sidecar) -> None:
+    """Found by the fuzz: an input item with neither type nor role is a message to the count,
+    so its parts are checked as a message's are."""
+    body = {"model": "gpt-4o", "input": [{"content": ["data:,", None]}]}
+    r = httpx.post(sidecar.url + "/v1/responses", json=body)
+    assert r.status_code == 400 and "input[0].content[0]" in r.json()["error"]["message"]

@@ -191,7 +191,7 @@ def check_openai_responses(body: Mapping[str, Any]) -> None:
         _is(it, dict, w, "an object")
         _opt(it, "type", str, w, "a string")
         _opt(it, "role", str, w, "a string")
-        kind = it.get("type") or ("message" if "role" in it else None)
+        kind = it.get("type") or "message"  # as the count reads it: an untyped item is a message
         if kind == "message":
             content = it.get("content")
             if isinstance(content, list):

@@ -82,11 +82,10 @@ def on_threads(st: State, route: Route, ex: Exchange, raw: bytes) -> bool:
     return ex.spec is None or not isinstance(ex.spec.tokenizer, UpstreamSpec)
 
 
-def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
-    """Whether a request counted on the threads (:func:`on_threads`) is counted beside its
-    upstream call: its forwarding does not wait on its count. Sets the decision it is forwarded
-    under ("as it is") until the count settles."""
-    d = budget_of(
+def budget(st: State, route: Route, ex: Exchange, obj: dict[str, Any]) -> Decision:
+    """The exchange's mode and input budget before it is counted (:func:`budget_of` for its
+    model, workload, ceilings and upstream)."""
+    return budget_of(
         obj,
         route.shape,
         ex.spec,
@@ -96,6 +95,13 @@ def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: by
         st.settings.enforcement,
         native_ok=st.native_ok(route.shape, ex.spec),
     )
+
+
+def overlaps(st: State, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
+    """Whether a request counted on the threads (:func:`on_threads`) is counted beside its
+    upstream call: its forwarding does not wait on its count. Sets the decision it is forwarded
+    under ("as it is") until the count settles."""
+    d = budget(st, route, ex, obj)
     if d.mode == "enforce" and not provably_within(raw, route.shape, ex.spec, d, None, ex.label):
         return False
     ex.decision = d

@@ -41,7 +41,7 @@ from context_ceiling.sidecar.bodies import (
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import ANTHROPIC_CONTEXT_BETA, budget_of, context_error
+from context_ceiling.sidecar.enforce import ANTHROPIC_CONTEXT_BETA, context_error
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import (
     ANTHROPIC_COUNT,
@@ -313,16 +313,7 @@ class Proxy:
         st = self.state
         if route.count_only:
             return False
-        d = budget_of(
-            obj,
-            route.shape,
-            ex.spec,
-            ex.label,
-            ex.workload,
-            ex.ceilings,
-            st.settings.enforcement,
-            native_ok=st.native_ok(route.shape, ex.spec),
-        )
+        d = beside.budget(st, route, ex, obj)
         ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
         if not provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label):
             return False
