@@ -550,3 +550,14 @@ def test_a_file_written_in_place_is_never_applied_half(
         stop.set()
         watcher.join()
     assert seen <= {(1, 1), (2, 6)}, seen
+
+
+def test_a_deeply_nested_push_is_a_422_not_a_500(make_sidecar: Callable[..., Running]) -> None:
+    sc = make_sidecar(admin_token="t0k")
+    nested = "entries: " + "[" * 5000 + "]" * 5000
+    r = httpx.put(
+        sc.url + "/admin/ceilings",
+        content=nested,
+        headers={"authorization": "Bearer t0k", "content-type": "application/yaml"},
+    )
+    assert r.status_code == 422 and "nested too deeply" in r.text

@@ -503,3 +503,22 @@ def test_compressed_answers_are_relayed_compressed() -> None:
         )
         == 4
     )  # the usage of both chat answers was read, the compressed one's too
+
+
+def test_a_gemini_only_or_azure_only_sidecar_starts(tmp_path: Path) -> None:
+    from context_ceiling.sidecar.config import load_settings
+
+    for upstreams in (
+        "{gemini: {base_url: 'https://generativelanguage.googleapis.com'}}",
+        "{named: {eu: {api: openai, azure: true, base_url: 'https://x.openai.azure.com'}}}",
+    ):
+        cfg = tmp_path / "sidecar.yaml"
+        cfg.write_text(f"upstreams: {upstreams}\n")
+        r = subprocess.run(
+            [sys.executable, "-m", "context_ceiling.cli", "serve", "-c", str(cfg), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        load_settings(cfg)

@@ -540,3 +540,16 @@ def test_an_untyped_responses_item_with_non_object_parts_is_a_400(sidecar: Sidec
     body = {"model": "gpt-4o", "input": [{"content": ["data:,", None]}]}
     r = httpx.post(sidecar.url + "/v1/responses", json=body)
     assert r.status_code == 400 and "input[0].content[0]" in r.json()["error"]["message"]
+
+
+def test_a_credential_in_the_url_is_never_echoed(sidecar: Sidecar) -> None:
+    """Error messages never repeat a key the client sent (a Gemini client's ``?key=``)."""
+    key = "AIzaSyD" + "x" * 32
+    r = httpx.post(
+        sidecar.url + f"/v1beta/models/gemini-x:generateContent?key={key}",
+        json={"contents": "not an array", "note": f"key={key}"},
+    )
+    assert r.status_code == 400 and key not in r.text
+    from context_ceiling.sidecar.errors import scrub
+
+    assert key not in scrub(f"model {key!r} and ?key={key}&alt=sse")
