@@ -290,6 +290,7 @@ def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> No
                     ceilings_persist=True,
                     admin_token=TOKEN,
                     workers=4,
+                    limits={"max_header_bytes": 16_384},
                 )
             )
         )
@@ -343,6 +344,9 @@ def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> No
                 return seen
 
             _until(lambda: served() == {(top, top_tokens)}, "every worker on the last push", 15)
+            # every worker caps request heads at the configured size too
+            big = httpx.get(url + "/healthz", headers={"x-big": "a" * 20_000})
+            assert big.status_code == 431
             on_disk = yaml.safe_load(ceilings.read_text())
             assert on_disk["version"] == top
             assert on_disk["entries"][0]["ceiling_tokens"] == top_tokens

@@ -40,8 +40,9 @@ def worker_app(settings: Settings, directory: Path, supervisor: int) -> Any:
     configure(settings.log_level)
     # uvicorn configured its loggers before this ran (one process: after); no access log either way
     logging.getLogger("uvicorn.access").propagate = False
-    # the protocol class travels to the worker by name (pickled), its deadline set here
+    # the protocol class travels to the worker by name (pickled), its limits set here
     HeaderDeadline.header_timeout = settings.limits.header_read_timeout
+    HeaderDeadline.max_head_bytes = settings.limits.max_header_bytes
     return create_app(
         settings, group=WorkerGroup(directory, supervisor=supervisor), freeze_heap=True
     )
