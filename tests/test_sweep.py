@@ -490,3 +490,19 @@ def test_real_corpus_taskset_spdx() -> None:
         ).bucket
         == "decoyed"
     )
+
+
+def test_progress_in_a_log_is_a_line_every_tenth_of_the_calls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where stderr is no terminal (CI, ``make demo > log``) the sweep still says how far it is:
+    calls done of planned, tokens, errors, time elapsed."""
+    from context_ceiling.sweep.solver import LineProgress
+
+    p = LineProgress(40, every_s=3600)
+    for k in range(40):
+        p.update(None, advance=1, tokens=(k + 1) * 100, errors=0)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 10
+    assert lines[0].startswith("sweep: 4/40 calls, 400 tokens, 0 errors, 0m")
+    assert lines[-1].startswith("sweep: 40/40 calls, 4,000 tokens")

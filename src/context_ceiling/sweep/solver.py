@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import random
 import re
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -207,6 +208,32 @@ class Budget:
         self.tokens += tokens
 
 
+class LineProgress:
+    """Progress for a log or a pipe (CI, ``make demo > log``): one line on stderr every tenth
+    of the calls, or every ``every_s`` seconds, with the calls done of planned, tokens, errors
+    and the time elapsed."""
+
+    def __init__(self, total: int, every_s: float = 30.0) -> None:
+        self.total, self.every_s = total, every_s
+        self.done = 0
+        self.started = self.last = time.monotonic()
+        self.step = max(1, total // 10)
+
+    def update(self, _task: Any, advance: int = 1, tokens: int = 0, errors: int = 0) -> None:
+        self.done += advance
+        now = time.monotonic()
+        if self.done % self.step and self.done != self.total and now - self.last < self.every_s:
+            return
+        self.last = now
+        elapsed = int(now - self.started)
+        print(
+            f"sweep: {self.done}/{self.total} calls, {tokens:,} tokens, {errors} errors, "
+            f"{elapsed // 60}m{elapsed % 60:02d}s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 class Runner:
     def __init__(
         self,
@@ -320,9 +347,12 @@ class Runner:
         self.log.append(record)
 
     @contextlib.contextmanager
-    def _progress(self, total: int) -> Iterator[tuple[Progress | None, Any]]:
+    def _progress(self, total: int) -> Iterator[tuple[Progress | LineProgress | None, Any]]:
         if not self.progress:
             yield None, None
+            return
+        if not sys.stderr.isatty():  # a log or a pipe: rich draws nothing there until the end
+            yield LineProgress(total), None
             return
         bar = Progress(
             TextColumn("[bold]sweep"),
