@@ -19,6 +19,7 @@ import yaml
 
 from context_ceiling.core.ceilings import CeilingsError, json_schema, load_document, parse_document
 from devtools.llamacpp import free_port
+from tests.ceiling_cli import ceiling
 from tests.ceiling_docs import doc, entry
 from tests.conftest import Running
 
@@ -301,19 +302,7 @@ def test_bad_file_at_startup_is_a_one_line_exit_2(tmp_path: Path, double: Any) -
             }
         )
     )
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "context_ceiling.cli",
-            "serve",
-            "-c",
-            str(tmp_path / "sidecar.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = ceiling("serve", "-c", str(tmp_path / "sidecar.yaml"))
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "above the window" in r.stderr
 
@@ -374,16 +363,7 @@ def test_sighup_rereads_the_file(tmp_path: Path, double: Any) -> None:
 
 
 def cli(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "CEILING_ADMIN_TOKEN"}
-    if token:
-        env["CEILING_ADMIN_TOKEN"] = token
-    return subprocess.run(
-        [sys.executable, "-m", "context_ceiling.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    return ceiling(*args, token=token)
 
 
 def test_push_to_sidecars_dry_run_and_file(

@@ -44,10 +44,6 @@ def test_the_readme_is_a_front_page() -> None:
         assert (ROOT / link).exists(), f"README links to a missing file: {link}"
 
 
-@pytest.mark.skipif(
-    shutil.which("mkdocs") is None and not (ROOT / ".venv/bin/mkdocs").exists(),
-    reason="needs the docs extra",
-)
 def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
     """``mkdocs build --strict``: a broken link, a missing anchor, a page left out of the nav or a
     snippet that names no file fails the build."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from starlette.routing import Route
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
+from tests.ceiling_cli import ceiling
 from tests.ceiling_docs import doc, entry
 from tests.hosted_provider_double import serve
 
@@ -224,21 +224,7 @@ def test_re_pushing_a_file_without_created_at_is_unchanged(tmp_path: Path) -> No
     target = tmp_path / "live.yaml"
 
     def push(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "context_ceiling.cli",
-                "push",
-                str(src),
-                "--file",
-                str(target),
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return ceiling("push", str(src), "--file", str(target), *extra)
 
     assert push().returncode == 0
     again = push()
@@ -265,13 +251,7 @@ def test_re_pushing_to_a_running_sidecar_is_unchanged(tmp_path: Path) -> None:
         admin_token="t0ken",
     )
     with serve(create_app(settings)) as url:
-        r = subprocess.run(
-            [sys.executable, "-m", "context_ceiling.cli", "push", str(src), "--to", url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**__import__("os").environ, "CEILING_ADMIN_TOKEN": "t0ken"},
-        )
+        r = ceiling("push", str(src), "--to", url, token="t0ken")
     assert r.returncode == 0, r.stderr
     assert "unchanged (version 5)" in r.stdout
 
@@ -349,22 +329,7 @@ def test_push_with_a_config_refuses_what_the_pods_would(tmp_path: Path) -> None:
     src = tmp_path / "ceilings.yaml"
     src.write_text(yaml.safe_dump(doc(3, entry(tokens=30000, window=64000))))
     target = tmp_path / "live.yaml"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "context_ceiling.cli",
-            "push",
-            str(src),
-            "--file",
-            str(target),
-            "--config",
-            str(cfg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = ceiling("push", str(src), "--file", str(target), "--config", str(cfg))
     assert r.returncode == 2 and "window 64000 differs from the registry's 128000" in r.stderr
     assert not target.exists()  # nothing half-applied
 
@@ -514,11 +479,6 @@ def test_a_gemini_only_or_azure_only_sidecar_starts(tmp_path: Path) -> None:
     ):
         cfg = tmp_path / "sidecar.yaml"
         cfg.write_text(f"upstreams: {upstreams}\n")
-        r = subprocess.run(
-            [sys.executable, "-m", "context_ceiling.cli", "serve", "-c", str(cfg), "--check"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = ceiling("serve", "-c", str(cfg), "--check")
         assert r.returncode == 0, r.stderr
         load_settings(cfg)
