@@ -16,6 +16,11 @@ what it received. Per API and policy:
   (cached tokens at a tenth for OpenAI and Anthropic, a quarter for Gemini), against the same
   conversation untrimmed, over the turns the untrimmed one still fits the window.
 
+And the sidecar's CPU per turn over a 300-round loop (in process, the functions a request runs):
+the JSON parse, the count with the text cache alone (every message walked and shape-checked, its
+long texts looked up) and with the message cache (a message resent unchanged is one lookup), and
+the count of the turn's new messages alone, the floor a count can reach.
+
 ``python benchmarks/agent_loop.py [--quick] [--no-litellm] [--out out/bench/agent_loop.md]``
 """
 
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +53,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT  # noqa: E402
 from context_ceiling import count  # noqa: E402
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN  # noqa: E402
+from context_ceiling.core.tokenizers import CountCache, RequestMemo, TiktokenCounter  # noqa: E402
+from context_ceiling.core.trim import COUNTERS  # noqa: E402
 from context_ceiling.core.wire import Shape  # noqa: E402
 from context_ceiling.sidecar.app import create_app  # noqa: E402
 from context_ceiling.sidecar.config import Settings  # noqa: E402
@@ -315,6 +325,79 @@ def litellm_loop(shape: Shape_, seed: int, base_costs: list[float]) -> Tally:
     return t
 
 
+#: the rounds of the 300-round loop at which the CPU per turn is measured
+CPU_ROUNDS = (10, 50, 150, 300)
+
+
+def _median_ms(run: Any, raw: bytes, repeats: int = 15) -> float:
+    """Median CPU ms of ``run(body)`` on a fresh parse of ``raw`` (a new request's objects)."""
+    times = []
+    for _ in range(repeats):
+        body = orjson.loads(raw)
+        started = time.thread_time()
+        run(body)
+        times.append(time.thread_time() - started)
+    return statistics.median(times) * 1e3
+
+
+def cpu_per_turn(api: Shape, seed: int) -> list[tuple[int, int, float, float, float, float]]:
+    """(round, body bytes, parse ms, count ms with the text cache, with the message cache, the
+    new messages alone) at each of :data:`CPU_ROUNDS`, the turns before counted as the sidecar
+    would have (both caches warm)."""
+    pattern = re.compile(DEFAULT_CHUNK_PATTERN)
+    cache = CountCache(64 * 2**20)
+    counter = cache.wrap(TiktokenCounter("o200k_base"))
+    fn = COUNTERS[api]
+    key = {"responses": "input", "gemini": "contents"}.get(api, "messages")
+    rows = []
+    previous = 0
+    for n, body in enumerate(Shape_("", 300, (150, 1500), 1, 0).loop(api, seed).turns(), 1):
+        raw = orjson.dumps(body)
+        fn(orjson.loads(raw), RequestMemo(counter), None, pattern, memo=cache)
+        history = body[key]
+        if n in CPU_ROUNDS:
+            fresh = orjson.dumps({**body, key: history[previous:]})
+            rows.append(
+                (
+                    n,
+                    len(raw),
+                    _parse_ms(raw),
+                    _median_ms(lambda b: fn(b, RequestMemo(counter), None, pattern), raw),
+                    _median_ms(
+                        lambda b: fn(b, RequestMemo(counter), None, pattern, memo=cache), raw
+                    ),
+                    _median_ms(
+                        lambda b: fn(b, TiktokenCounter("o200k_base"), None, pattern), fresh
+                    ),
+                )
+            )
+        previous = len(history)
+    return rows
+
+
+def _parse_ms(raw: bytes, repeats: int = 15) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.thread_time()
+        orjson.loads(raw)
+        times.append(time.thread_time() - started)
+    return statistics.median(times) * 1e3
+
+
+def cpu_report(rows: dict[str, list[tuple[int, int, float, float, float, float]]]) -> str:
+    lines = [
+        "| API | round | body | parse | count, text cache | count, message cache | new messages alone |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for api, got in rows.items():
+        for n, size, parse, text, message, new in got:
+            lines.append(
+                f"| {api} | {n} | {size / 1e6:.2f} MB | {parse:.2f} ms | {text:.2f} ms | "
+                f"{message:.2f} ms | {new:.2f} ms |"
+            )
+    return "\n".join(lines)
+
+
 def report(results: dict[tuple[str, str], dict[str, Tally]]) -> str:
     lines = [
         "| API | loop | policy | turns | rejected | over budget | invalid | prefix >= 90% | input cost vs untrimmed |",
@@ -348,7 +431,8 @@ def main() -> None:
             for api in APIS:
                 results[(api, shape.name)] = run_loop(api, shape, args.seed, Path(tmp))
                 print(f"{api} / {shape.name}: done", file=sys.stderr)
-    table = report(results)
+    cpu = {api: cpu_per_turn(api, args.seed) for api in APIS}
+    table = report(results) + "\n\nCPU per turn, 300-round loop:\n\n" + cpu_report(cpu)
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -602,3 +602,107 @@ def test_earlier_turns_thinking_counts_nothing_and_this_turns_counts() -> None:
     }
     assert count(current, api="anthropic").total > 400  # this turn's thinking counts
     assert count(later, api="anthropic").total == count(no_thinking, api="anthropic").total
+
+
+def _cached(api: Shape, body: dict[str, Any], cache: Any, **kw: Any) -> Any:
+    import re as _re
+
+    from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
+    from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
+    from context_ceiling.core.trim import COUNTERS
+
+    counter = RequestMemo(cache.wrap(kw.pop("counter", TiktokenCounter("o200k_base"))))
+    fn = COUNTERS[api]
+    return fn(
+        body if kw.pop("as_is", False) else orjson.loads(orjson.dumps(body)),
+        counter,
+        None,
+        _re.compile(DEFAULT_CHUNK_PATTERN),
+        memo=cache,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_resent_history_is_counted_from_the_message_cache_with_the_same_result(
+    api: Shape,
+) -> None:
+    """Every turn of a loop (instructions, thinking, parallel calls) counts exactly as a fresh
+    count does, parts and components included, while each resent message is one cache hit."""
+    from context_ceiling.core.tokenizers import CountCache
+
+    cache = CountCache(64 * 2**20)
+    loop = Loop(api, 40, (50, 400), parallel=2, seed=3, instruct_every=7, thinking=True)
+    previous = seen = 0
+    for body in loop.turns():
+        fresh = count(body, api=api)
+        got = _cached(api, body, cache)
+        assert got.total == fresh.total and got.components == fresh.components
+        assert [(p.message, p.block, p.component, p.tokens, p.span) for p in got.parts] == [
+            (p.message, p.block, p.component, p.tokens, p.span) for p in fresh.parts
+        ]
+        messages = len(history_of(api, body))
+        instructions = orjson.dumps(body).count(b"Now also")
+        # the messages resent unchanged were found (a few change component each time; a new
+        # instruction makes the earlier turns' thinking count nothing: those are counted again)
+        if previous and instructions == seen:
+            assert cache.hits >= previous - 4
+        previous, seen = messages, instructions
+        cache.hits = 0
+
+
+def test_the_message_cache_keys_on_what_a_count_depends_on() -> None:
+    """The same message bytes under another counter, component or API are counted again; a
+    message whose shape is wrong is refused with or without the cache, and never remembered."""
+    from context_ceiling.core.shape import RequestShapeError
+    from context_ceiling.core.tokenizers import CountCache, TiktokenCounter
+
+    cache = CountCache(64 * 2**20)
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "erste Frage über Größenänderungen 東京 " * 50},
+            {"role": "assistant", "content": "an answer " * 50},
+            {"role": "user", "content": "second question " * 50},
+        ],
+    }
+    a = _cached("openai", body, cache)
+    held = len(cache)
+    b = _cached("openai", body, cache, counter=TiktokenCounter("cl100k_base"))
+    assert b.total == count(body, api="openai", counter=TiktokenCounter("cl100k_base")).total
+    assert b.total != a.total and len(cache) > held
+    # the second question, the latest user turn before, is history now: counted as history
+    longer = {**body, "messages": [*body["messages"], {"role": "user", "content": "third"}]}
+    got = _cached("openai", longer, cache)
+    assert got.components == count(longer, api="openai").components
+    # Anthropic reads the same bytes with its own framing
+    anth = {k: v for k, v in body.items()}
+    assert _cached("anthropic", anth, cache).total == count(anth, api="anthropic").total
+    # a bad message is refused every time, and a deep one too (past what JSON writers accept)
+    deep: Any = "x"
+    for _ in range(100):  # past the depth limit, within what JSON writers accept
+        deep = [deep]
+    deeper: Any = deep
+    for _ in range(200):  # past both
+        deeper = [deeper]
+    for bad in (
+        {"role": "user", "content": 5},
+        {"role": "user", "content": [{"type": "text", "text": deep}]},
+    ):
+        broken = {**body, "messages": [*body["messages"], bad]}
+        for _ in range(2):
+            with pytest.raises(RequestShapeError):
+                _cached("openai", broken, cache)
+    too_deep = {"role": "user", "content": [{"type": "text", "text": deeper}]}
+    with pytest.raises(RequestShapeError, match="levels deep"):
+        _cached("openai", {**body, "messages": [too_deep]}, cache, as_is=True)
+
+
+def test_the_message_cache_is_bounded_in_bytes() -> None:
+    from context_ceiling.core.tokenizers import CountCache
+
+    cache = CountCache(50_000)
+    for body in Loop("anthropic", 60, (200, 400), seed=5).turns():
+        _cached("anthropic", body, cache)
+        assert cache.bytes <= cache.max_bytes
+    assert len(cache) > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +26,17 @@ from context_ceiling.core.images import (
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.shape import (
     RequestShapeError,
-    check_anthropic_messages,
-    check_gemini,
-    check_openai_chat,
-    check_openai_responses,
+    check_anthropic_message,
+    check_anthropic_top,
+    check_gemini_content,
+    check_gemini_top,
+    check_item_depth,
+    check_openai_chat_top,
+    check_openai_message,
+    check_responses_item,
+    check_responses_top,
 )
-from context_ceiling.core.tokenizers import TextCounter
+from context_ceiling.core.tokenizers import CountCache, TextCounter
 from context_ceiling.core.utilization import COMPONENTS, Component
 
 #: Default delimiter of retrieved chunks inlined as text: ``<document ...>...</document>``.
@@ -149,16 +154,21 @@ class _Tally:
         parts = got[1]
         if any(p.component is not component and p.component not in _OWN_KIND for p in parts):
             return False
+        self.take(message, parts)
+        return True
+
+    def take(self, message: int, parts: list[Part]) -> None:
+        """Add the parts counted before for one message, renumbered to ``message`` (shared as
+        they are when the message kept its place)."""
         comps = self.comps
         if not parts or parts[0].message == message:  # same place: the parts themselves
             self.parts.extend(parts)
             for p in parts:
                 comps[p.component] += p.tokens
-            return True
+            return
         for p in parts:
             self.parts.append(Part(message, p.block, p.component, p.tokens, p.span, p.frame))
             comps[p.component] += p.tokens
-        return True
 
     def add(
         self,
@@ -207,6 +217,62 @@ class _Tally:
         )
 
 
+#: bytes a remembered message is charged beside its own (the key tuple, the list, each Part)
+_ENTRY_BYTES, _PART_BYTES = 200, 100
+
+
+#: the per-message walk of one format: (tally, index, message, component, flag, framing,
+#: chunk pattern); ``flag`` is the one fact beside the component that changes a message's count
+#: (an earlier turn's thinking or reasoning counts nothing)
+_Walk = Callable[["_Tally", int, Any, Component, bool, ChatFormat, "re.Pattern[str] | None"], None]
+_Check = Callable[[int, Any], None]
+
+
+def _context(
+    name: str, counter: TextCounter, fmt: ChatFormat, chunks: re.Pattern[str] | None
+) -> Hashable:
+    """What besides its bytes a message's count depends on."""
+    return (name, counter.name, fmt.per_message, fmt.per_name, chunks.pattern if chunks else None)
+
+
+def _message(
+    tally: _Tally,
+    memo: CountCache | None,
+    ctx: Hashable,
+    i: int,
+    msg: Any,
+    comp: Component,
+    flag: bool,
+    fmt: ChatFormat,
+    chunks: re.Pattern[str] | None,
+    check: _Check | None,
+    walk: _Walk,
+) -> None:
+    """Count one message: from the count cache when its bytes were counted before in the same
+    context (its shape was checked then), else checked (``check``, None for a body derived from
+    a checked one), walked and remembered. Why: an agent resends its whole history every turn;
+    a lookup per message keeps the cost of a turn with its new content."""
+    key: tuple[Hashable, bytes] | None = None
+    if memo is not None:
+        try:
+            key = ((ctx, comp, flag), orjson.dumps(msg))
+        except orjson.JSONEncodeError:  # nested past what JSON writers accept: the check says so
+            key = None
+        else:
+            hit = memo.recall(key)
+            if hit is not None:
+                tally.take(i, hit)
+                return
+    if check is not None:
+        check_item_depth(msg)
+        check(i, msg)
+    mark = len(tally.parts)
+    walk(tally, i, msg, comp, flag, fmt, chunks)
+    if memo is not None and key is not None:
+        parts = tally.parts[mark:]
+        memo.keep(key, parts, len(key[1]) + _ENTRY_BYTES + _PART_BYTES * len(parts))
+
+
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
@@ -242,27 +308,30 @@ def count_openai(
     fmt: ChatFormat | None = None,
     chunks: re.Pattern[str] | None = None,
     prior: Prior | None = None,
+    memo: CountCache | None = None,
 ) -> RequestCount:
     """Input tokens of an OpenAI ``/v1/chat/completions`` body (its shape checked first:
-    ``RequestShapeError`` names the field)."""
-    if prior is None:  # a body derived from a checked one has its shape
-        check_openai_chat(body)
+    ``RequestShapeError`` names the field). ``memo``: the count cache, which remembers
+    messages by their bytes."""
+    check = check_openai_message if prior is None else None
+    if check is not None:  # a body derived from a checked one has its shape
+        check_openai_chat_top(body)
     fmt = fmt or ChatFormat()
     messages = _require_messages(body)
     tally = _Tally(counter, prior)
-    count = counter.count
     tools = body.get("tools") or body.get("functions") or []
     if not isinstance(tools, list):
         raise RequestShapeError("'tools' must be an array")
     _openai_tools(tally, tools)
     last_user = _last_index(messages, "user")
+    ctx = _context("openai", counter, fmt, chunks)
     has_system = False
     for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise RequestShapeError(f"messages[{i}] must be an object")
-        role = msg.get("role")
-        if not isinstance(role, str):
-            raise RequestShapeError(f"messages[{i}].role is required")
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            if check is not None:
+                check(i, msg)  # its own words for what is wrong
+            raise RequestShapeError(f"messages[{i}] must be an object with a role")
+        role = msg["role"]
         if role in ("system", "developer"):
             comp = Component.SYSTEM
             has_system = True
@@ -274,52 +343,61 @@ def count_openai(
             comp = Component.HISTORY
         if prior is not None and tally.reuse(i, msg, comp):
             continue
-        frame = fmt.per_message + count(role)
-        name = msg.get("name")
-        if isinstance(name, str):
-            frame += fmt.per_name + count(name)
-        tally.add(i, -1, comp, frame, frame=True)
-        content = msg.get("content")
-        if isinstance(content, str):
-            tally.text(i, -1, comp, content, chunks)
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict):
-                    raise RequestShapeError(f"messages[{i}].content[{j}] must be an object")
-                kind = part.get("type")
-                if kind in ("text", "input_text", "refusal"):
-                    tally.text(
-                        i, j, comp, str(part.get("text") or part.get("refusal") or ""), chunks
-                    )
-                elif kind == "image_url":
-                    img = part.get("image_url") or {}
-                    url = (img.get("url") or "") if isinstance(img, dict) else str(img)
-                    detail = (img.get("detail") or "auto") if isinstance(img, dict) else "auto"
-                    tally.add(i, j, comp, openai_image_tokens(size_from_data_url(url), detail))
-                elif kind == "file":  # an attached document: retrieved material
-                    tally.add(i, j, Component.RETRIEVED, count(_json(part.get("file", {}))))
-        elif content is not None:
-            raise RequestShapeError(f"messages[{i}].content must be a string, an array or null")
-        for k, call in enumerate(msg.get("tool_calls") or []):
-            fn = (call.get("function") or {}) if isinstance(call, dict) else {}
-            tally.add(
-                i,
-                1000 + k,
-                comp,
-                3 + count(str(fn.get("name", ""))) + count(str(fn.get("arguments", ""))),
-            )
-        if isinstance(msg.get("function_call"), dict):
-            fc = msg["function_call"]
-            tally.add(
-                i,
-                999,
-                comp,
-                3 + count(str(fc.get("name", ""))) + count(str(fc.get("arguments", ""))),
-            )
+        _message(tally, memo, ctx, i, msg, comp, False, fmt, chunks, check, _openai_message)
     if not has_system and fmt.default_system:
         tally.add(-1, -1, Component.SYSTEM, fmt.default_system)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
+
+
+def _openai_message(
+    tally: _Tally,
+    i: int,
+    msg: Any,
+    comp: Component,
+    _flag: bool,
+    fmt: ChatFormat,
+    chunks: re.Pattern[str] | None,
+) -> None:
+    count = tally.counter.count
+    role = msg["role"]
+    frame = fmt.per_message + count(role)
+    name = msg.get("name")
+    if isinstance(name, str):
+        frame += fmt.per_name + count(name)
+    tally.add(i, -1, comp, frame, frame=True)
+    content = msg.get("content")
+    if isinstance(content, str):
+        tally.text(i, -1, comp, content, chunks)
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise RequestShapeError(f"messages[{i}].content[{j}] must be an object")
+            kind = part.get("type")
+            if kind in ("text", "input_text", "refusal"):
+                tally.text(i, j, comp, str(part.get("text") or part.get("refusal") or ""), chunks)
+            elif kind == "image_url":
+                img = part.get("image_url") or {}
+                url = (img.get("url") or "") if isinstance(img, dict) else str(img)
+                detail = (img.get("detail") or "auto") if isinstance(img, dict) else "auto"
+                tally.add(i, j, comp, openai_image_tokens(size_from_data_url(url), detail))
+            elif kind == "file":  # an attached document: retrieved material
+                tally.add(i, j, Component.RETRIEVED, count(_json(part.get("file", {}))))
+    elif content is not None:
+        raise RequestShapeError(f"messages[{i}].content must be a string, an array or null")
+    for k, call in enumerate(msg.get("tool_calls") or []):
+        fn = (call.get("function") or {}) if isinstance(call, dict) else {}
+        tally.add(
+            i,
+            1000 + k,
+            comp,
+            3 + count(str(fn.get("name", ""))) + count(str(fn.get("arguments", ""))),
+        )
+    if isinstance(msg.get("function_call"), dict):
+        fc = msg["function_call"]
+        tally.add(
+            i, 999, comp, 3 + count(str(fc.get("name", ""))) + count(str(fc.get("arguments", "")))
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,7 +510,9 @@ def _document_text(block: Mapping[str, Any]) -> str:
 
 def _anthropic_turn_start(messages: list[Any]) -> int:
     """The latest user message that starts a turn (one that answers no tool call): thinking
-    before it belongs to earlier turns."""
+    before it belongs to earlier turns. The API requires a message's ``tool_result`` blocks to
+    come first in its content, so the first block tells (one look per message: an agent loop
+    scans back through every round)."""
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
         if not isinstance(m, dict) or m.get("role") != "user":
@@ -440,7 +520,9 @@ def _anthropic_turn_start(messages: list[Any]) -> int:
         content = m.get("content")
         if not (
             isinstance(content, list)
-            and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+            and content
+            and isinstance(content[0], dict)
+            and content[0].get("type") == "tool_result"
         ):
             return i
     return -1
@@ -452,11 +534,14 @@ def count_anthropic(
     fmt: ChatFormat | None = None,
     chunks: re.Pattern[str] | None = None,
     prior: Prior | None = None,
+    memo: CountCache | None = None,
 ) -> RequestCount:
     """Input tokens of an Anthropic ``/v1/messages`` (or ``count_tokens``) body (its shape
-    checked first: ``RequestShapeError`` names the field)."""
-    if prior is None:  # a body derived from a checked one has its shape
-        check_anthropic_messages(body)
+    checked first: ``RequestShapeError`` names the field). ``memo``: the count cache, which
+    remembers messages by their bytes."""
+    check = check_anthropic_message if prior is None else None
+    if check is not None:  # a body derived from a checked one has its shape
+        check_anthropic_top(body)
     fmt = fmt or ChatFormat()
     messages = _require_messages(body)
     tally = _Tally(counter, prior)
@@ -483,6 +568,7 @@ def count_anthropic(
         tally.add(-2, -1, Component.TOOL_DEFINITIONS, ANTHROPIC_TOOL_SYSTEM_TOKENS)
     last_user = _last_index(messages, "user")
     turn_start = _anthropic_turn_start(messages)
+    ctx = _context("anthropic", counter, fmt, chunks)
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages[{i}] must be an object")
@@ -492,18 +578,30 @@ def count_anthropic(
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
         if prior is not None and tally.reuse(i, msg, comp):
             continue
-        tally.add(i, -1, comp, fmt.per_message, frame=True)
-        content = msg.get("content")
-        if isinstance(content, str):
-            tally.text(i, -1, comp, content, chunks)
-        elif isinstance(content, list):
-            stripped = role == "assistant" and i < turn_start
-            for j, block in enumerate(content):
-                _anthropic_block(tally, i, j, comp, block, chunks, stripped)
-        else:
-            raise RequestShapeError(f"messages[{i}].content must be a string or an array")
+        stripped = role == "assistant" and i < turn_start
+        _message(tally, memo, ctx, i, msg, comp, stripped, fmt, chunks, check, _anthropic_message)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
+
+
+def _anthropic_message(
+    tally: _Tally,
+    i: int,
+    msg: Any,
+    comp: Component,
+    stripped: bool,
+    fmt: ChatFormat,
+    chunks: re.Pattern[str] | None,
+) -> None:
+    tally.add(i, -1, comp, fmt.per_message, frame=True)
+    content = msg.get("content")
+    if isinstance(content, str):
+        tally.text(i, -1, comp, content, chunks)
+    elif isinstance(content, list):
+        for j, block in enumerate(content):
+            _anthropic_block(tally, i, j, comp, block, chunks, stripped)
+    else:
+        raise RequestShapeError(f"messages[{i}].content must be a string or an array")
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,13 +630,16 @@ def count_responses(
     fmt: ChatFormat | None = None,
     chunks: re.Pattern[str] | None = None,
     prior: Prior | None = None,
+    memo: CountCache | None = None,
 ) -> RequestCount:
     """Input tokens of an OpenAI ``/v1/responses`` body: ``instructions``, ``tools`` and the
     ``input`` items (each item is a ``Part`` message index, as messages are for chat). With
     ``previous_response_id`` or a ``conversation`` the provider holds earlier turns the sidecar
-    never sees: the count is ``partial`` and the upstream's reported usage is the figure."""
-    if prior is None:  # a body derived from a checked one has its shape
-        check_openai_responses(body)
+    never sees: the count is ``partial`` and the upstream's reported usage is the figure.
+    ``memo``: the count cache, which remembers items by their bytes."""
+    check = check_responses_item if prior is None else None
+    if check is not None:  # a body derived from a checked one has its shape
+        check_responses_top(body)
     fmt = fmt or ChatFormat()
     tally = _Tally(counter, prior)
     count = counter.count
@@ -551,10 +652,12 @@ def count_responses(
         (i for i, it in enumerate(items) if isinstance(it, dict) and it.get("role") == "user"),
         default=-1,
     )
+    ctx = _context("responses", counter, fmt, chunks)
     for i, it in enumerate(items):
-        kind = it.get("type") or "message"
+        if not isinstance(it, dict):
+            raise RequestShapeError(f"input[{i}] must be an object")
         role = it.get("role")
-        if kind == "message":
+        if (it.get("type") or "message") == "message":
             comp = (
                 Component.SYSTEM
                 if role in ("system", "developer")
@@ -562,51 +665,67 @@ def count_responses(
                 if i == last_user
                 else Component.HISTORY
             )
-            if prior is not None and tally.reuse(i, it, comp):
-                continue
-            tally.add(i, -1, comp, fmt.per_message + count(str(role or "")), frame=True)
-            content = it.get("content")
-            if isinstance(content, str):
-                tally.text(i, -1, comp, content, chunks)
-            elif isinstance(content, list):
-                for j, part in enumerate(content):
-                    ptype = part.get("type")
-                    if ptype in ("input_text", "output_text", "text"):
-                        tally.text(i, j, comp, str(part.get("text") or ""), chunks)
-                    elif ptype == "input_image":
-                        url = part.get("image_url") or ""
-                        size = size_from_data_url(url) if isinstance(url, str) else None
-                        detail = part.get("detail") or "auto"
-                        tally.add(i, j, comp, openai_image_tokens(size, detail))
-                    elif ptype == "input_file":
-                        tally.add(i, j, Component.RETRIEVED, count(_json(part)))
-                    else:
-                        tally.add(i, j, comp, count(_json(part)))
-        elif prior is not None and tally.reuse(i, it, Component.HISTORY):
-            continue  # a function call, its output, reasoning: as counted before
-        elif kind == "function_call":
-            tally.add(
-                i,
-                -1,
-                Component.HISTORY,
-                3 + count(str(it.get("name") or "")) + count(str(it.get("arguments") or "")),
-            )
-        elif kind == "function_call_output":
-            out = it.get("output")
-            text = out if isinstance(out, str) else _json(out)
-            tally.add(i, -1, Component.TOOL_RESULTS, 3 + count(text))
-        elif kind == "compaction":
-            tally.add(i, -1, Component.HISTORY, compaction_tokens(it))
-        elif kind == "reasoning" and i < last_user:
-            # an earlier turn's reasoning: the API drops it from the context (only the
-            # reasoning of the turn in progress, between its calls, is carried)
-            tally.add(i, -1, Component.HISTORY, 0)
-        else:  # reasoning, item references, tool calls of built-in tools: their JSON
-            tally.add(i, -1, Component.HISTORY, count(_json(it)))
+        else:  # a function call, its output, reasoning
+            comp = Component.HISTORY
+        if prior is not None and tally.reuse(i, it, comp):
+            continue
+        earlier = i < last_user and it.get("type") == "reasoning"
+        _message(tally, memo, ctx, i, it, comp, earlier, fmt, chunks, check, _responses_item)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     result = tally.result()
     result.partial = bool(body.get("previous_response_id") or body.get("conversation"))
     return result
+
+
+def _responses_item(
+    tally: _Tally,
+    i: int,
+    it: Any,
+    comp: Component,
+    earlier: bool,
+    fmt: ChatFormat,
+    chunks: re.Pattern[str] | None,
+) -> None:
+    count = tally.counter.count
+    kind = it.get("type") or "message"
+    if kind == "message":
+        tally.add(i, -1, comp, fmt.per_message + count(str(it.get("role") or "")), frame=True)
+        content = it.get("content")
+        if isinstance(content, str):
+            tally.text(i, -1, comp, content, chunks)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                ptype = part.get("type")
+                if ptype in ("input_text", "output_text", "text"):
+                    tally.text(i, j, comp, str(part.get("text") or ""), chunks)
+                elif ptype == "input_image":
+                    url = part.get("image_url") or ""
+                    size = size_from_data_url(url) if isinstance(url, str) else None
+                    detail = part.get("detail") or "auto"
+                    tally.add(i, j, comp, openai_image_tokens(size, detail))
+                elif ptype == "input_file":
+                    tally.add(i, j, Component.RETRIEVED, count(_json(part)))
+                else:
+                    tally.add(i, j, comp, count(_json(part)))
+    elif kind == "function_call":
+        tally.add(
+            i,
+            -1,
+            Component.HISTORY,
+            3 + count(str(it.get("name") or "")) + count(str(it.get("arguments") or "")),
+        )
+    elif kind == "function_call_output":
+        out = it.get("output")
+        text = out if isinstance(out, str) else _json(out)
+        tally.add(i, -1, Component.TOOL_RESULTS, 3 + count(text))
+    elif kind == "compaction":
+        tally.add(i, -1, Component.HISTORY, compaction_tokens(it))
+    elif kind == "reasoning" and earlier:
+        # an earlier turn's reasoning: the API drops it from the context (only the
+        # reasoning of the turn in progress, between its calls, is carried)
+        tally.add(i, -1, Component.HISTORY, 0)
+    else:  # reasoning, item references, tool calls of built-in tools: their JSON
+        tally.add(i, -1, Component.HISTORY, count(_json(it)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,15 +741,18 @@ def count_gemini(
     fmt: ChatFormat | None = None,
     chunks: re.Pattern[str] | None = None,
     prior: Prior | None = None,
+    memo: CountCache | None = None,
 ) -> RequestCount:
     """Input tokens of a Gemini ``generateContent`` body (a ``countTokens`` body carries the same
     fields, or a ``generateContentRequest`` holding them). Gemini's tokenizer ships with no
     package: the model entry's calibrated estimate counts, and ``countTokens`` is the reference
-    the estimate-error metric compares it with."""
+    the estimate-error metric compares it with. ``memo``: the count cache, which remembers
+    contents by their bytes."""
     if isinstance(body.get("generateContentRequest"), dict):
         body = body["generateContentRequest"]
-    if prior is None:  # a body derived from a checked one has its shape
-        check_gemini(body)
+    check = check_gemini_content if prior is None else None
+    if check is not None:  # a body derived from a checked one has its shape
+        check_gemini_top(body)
     fmt = fmt or ChatFormat()
     tally = _Tally(counter, prior)
     count = counter.count
@@ -642,23 +764,42 @@ def count_gemini(
         tally.add(-2, k, Component.TOOL_DEFINITIONS, count(_json(tool)))
     contents = body["contents"]
     last_user = max(
-        (i for i, c in enumerate(contents) if c.get("role", "user") == "user"), default=-1
+        (
+            i
+            for i, c in enumerate(contents)
+            if isinstance(c, dict) and c.get("role", "user") == "user"
+        ),
+        default=-1,
     )
+    ctx = _context("gemini", counter, fmt, chunks)
     for i, c in enumerate(contents):
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
         if prior is not None and tally.reuse(i, c, comp):
             continue
-        tally.add(i, -1, comp, fmt.per_message, frame=True)
-        for j, part in enumerate(c.get("parts") or []):
-            if "text" in part:
-                tally.text(i, j, comp, str(part.get("text") or ""), chunks)
-            elif "inlineData" in part:
-                tally.add(i, j, comp, GEMINI_IMAGE_TOKENS)
-            elif "fileData" in part:
-                tally.add(i, j, Component.RETRIEVED, count(_json(part)))
-            elif "functionResponse" in part:
-                tally.add(i, j, Component.TOOL_RESULTS, count(_json(part["functionResponse"])))
-            else:
-                tally.add(i, j, comp, count(_json(part)))
+        _message(tally, memo, ctx, i, c, comp, False, fmt, chunks, check, _gemini_content)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
+
+
+def _gemini_content(
+    tally: _Tally,
+    i: int,
+    c: Any,
+    comp: Component,
+    _flag: bool,
+    fmt: ChatFormat,
+    chunks: re.Pattern[str] | None,
+) -> None:
+    count = tally.counter.count
+    tally.add(i, -1, comp, fmt.per_message, frame=True)
+    for j, part in enumerate(c.get("parts") or []):
+        if "text" in part:
+            tally.text(i, j, comp, str(part.get("text") or ""), chunks)
+        elif "inlineData" in part:
+            tally.add(i, j, comp, GEMINI_IMAGE_TOKENS)
+        elif "fileData" in part:
+            tally.add(i, j, Component.RETRIEVED, count(_json(part)))
+        elif "functionResponse" in part:
+            tally.add(i, j, Component.TOOL_RESULTS, count(_json(part["functionResponse"])))
+        else:
+            tally.add(i, j, comp, count(_json(part)))

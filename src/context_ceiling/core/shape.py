@@ -49,6 +49,22 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
             stack.extend((x, d + 1) for x in v if isinstance(x, dict | list))
 
 
+def check_depth_around(body: Mapping[str, Any], key: str) -> None:
+    """The depth check of ``body`` except its list ``key`` (the messages), whose items are
+    checked one by one (:func:`check_item_depth`) so that a message counted before, whose bytes
+    are unchanged, is not walked again."""
+    for k, v in body.items():
+        if k != key and isinstance(v, dict | list):
+            check_depth(v, MAX_DEPTH - 1)
+
+
+def check_item_depth(item: Any) -> None:
+    """The depth check of one item of a body's top-level list (the body is level 1, the list
+    level 2)."""
+    if isinstance(item, dict | list):
+        check_depth(item, MAX_DEPTH - 2)
+
+
 def _messages(body: Mapping[str, Any]) -> list[Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -57,53 +73,65 @@ def _messages(body: Mapping[str, Any]) -> list[Any]:
 
 
 def check_openai_chat(body: Mapping[str, Any]) -> None:
-    check_depth(body)
+    check_openai_chat_top(body)
+    for i, m in enumerate(_messages(body)):
+        check_item_depth(m)
+        check_openai_message(i, m)
+
+
+def check_openai_chat_top(body: Mapping[str, Any]) -> None:
+    """Everything of a chat completions body but its messages' insides."""
+    check_depth_around(body, "messages")
+    _messages(body)
     for key in ("tools", "functions"):
         if body.get(key) is not None:
             _is(body[key], list, f"'{key}'", "an array")
             for k, t in enumerate(body[key]):
                 _is(t, dict, f"{key}[{k}]", "an object")
     _opt(body, "stream_options", dict, "'stream_options'", "an object")
-    for i, m in enumerate(_messages(body)):
-        w = f"messages[{i}]"
-        _is(m, dict, w, "an object")
-        if m.get("role") is None:
-            raise RequestShapeError(f"{w}.role is required")
-        _is(m["role"], str, f"{w}.role", "a string")
-        _opt(m, "name", str, w, "a string")
-        content = m.get("content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                pw = f"{w}.content[{j}]"
-                _is(part, dict, pw, "an object")
-                _opt(part, "type", str, pw, "a string")
-                kind = part.get("type")
-                if kind in ("text", "input_text"):
-                    _opt(part, "text", str, pw, "a string")
-                elif kind == "refusal":
-                    _opt(part, "refusal", str, pw, "a string")
-                elif kind == "image_url":
-                    img = part.get("image_url")
-                    if isinstance(img, dict):
-                        _is(img.get("url"), str, f"{pw}.image_url.url", "a string")
-                        _opt(img, "detail", str, f"{pw}.image_url", "a string")
-                    else:
-                        _is(img, str, f"{pw}.image_url", "an object with a url")
-                elif kind == "file":
-                    _opt(part, "file", dict, pw, "an object")
-        elif content is not None and not isinstance(content, str):
-            raise RequestShapeError(f"{w}.content must be a string, an array or null")
-        if m.get("tool_calls") is not None:
-            _is(m["tool_calls"], list, f"{w}.tool_calls", "an array")
-            for k, call in enumerate(m["tool_calls"]):
-                cw = f"{w}.tool_calls[{k}]"
-                _is(call, dict, cw, "an object")
-                _opt(call, "function", dict, cw, "an object")
-                fn = call.get("function") or {}
-                _opt(fn, "name", str, f"{cw}.function", "a string")
-                _opt(fn, "arguments", str, f"{cw}.function", "a string")
-        if m.get("function_call") is not None:
-            _is(m["function_call"], dict, f"{w}.function_call", "an object")
+
+
+def check_openai_message(i: int, m: Any) -> None:
+    """One chat completions message (``messages[i]``)."""
+    w = f"messages[{i}]"
+    _is(m, dict, w, "an object")
+    if m.get("role") is None:
+        raise RequestShapeError(f"{w}.role is required")
+    _is(m["role"], str, f"{w}.role", "a string")
+    _opt(m, "name", str, w, "a string")
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            pw = f"{w}.content[{j}]"
+            _is(part, dict, pw, "an object")
+            _opt(part, "type", str, pw, "a string")
+            kind = part.get("type")
+            if kind in ("text", "input_text"):
+                _opt(part, "text", str, pw, "a string")
+            elif kind == "refusal":
+                _opt(part, "refusal", str, pw, "a string")
+            elif kind == "image_url":
+                img = part.get("image_url")
+                if isinstance(img, dict):
+                    _is(img.get("url"), str, f"{pw}.image_url.url", "a string")
+                    _opt(img, "detail", str, f"{pw}.image_url", "a string")
+                else:
+                    _is(img, str, f"{pw}.image_url", "an object with a url")
+            elif kind == "file":
+                _opt(part, "file", dict, pw, "an object")
+    elif content is not None and not isinstance(content, str):
+        raise RequestShapeError(f"{w}.content must be a string, an array or null")
+    if m.get("tool_calls") is not None:
+        _is(m["tool_calls"], list, f"{w}.tool_calls", "an array")
+        for k, call in enumerate(m["tool_calls"]):
+            cw = f"{w}.tool_calls[{k}]"
+            _is(call, dict, cw, "an object")
+            _opt(call, "function", dict, cw, "an object")
+            fn = call.get("function") or {}
+            _opt(fn, "name", str, f"{cw}.function", "a string")
+            _opt(fn, "arguments", str, f"{cw}.function", "a string")
+    if m.get("function_call") is not None:
+        _is(m["function_call"], dict, f"{w}.function_call", "an object")
 
 
 def _anthropic_block(b: Any, w: str, in_tool_result: bool = False) -> None:
@@ -148,7 +176,16 @@ def _anthropic_block(b: Any, w: str, in_tool_result: bool = False) -> None:
 
 
 def check_anthropic_messages(body: Mapping[str, Any]) -> None:
-    check_depth(body)
+    check_anthropic_top(body)
+    for i, m in enumerate(_messages(body)):
+        check_item_depth(m)
+        check_anthropic_message(i, m)
+
+
+def check_anthropic_top(body: Mapping[str, Any]) -> None:
+    """Everything of a messages body but its messages' insides."""
+    check_depth_around(body, "messages")
+    _messages(body)
     system = body.get("system")
     if isinstance(system, list):
         for j, b in enumerate(system):
@@ -160,23 +197,36 @@ def check_anthropic_messages(body: Mapping[str, Any]) -> None:
         _is(body["tools"], list, "'tools'", "an array")
         for k, t in enumerate(body["tools"]):
             _is(t, dict, f"tools[{k}]", "an object")
-    for i, m in enumerate(_messages(body)):
-        w = f"messages[{i}]"
-        _is(m, dict, w, "an object")
-        if m.get("role") not in ("user", "assistant"):
-            raise RequestShapeError(f"{w}.role must be 'user' or 'assistant'")
-        content = m.get("content")
-        if isinstance(content, list):
-            for j, b in enumerate(content):
-                _anthropic_block(b, f"{w}.content[{j}]")
-        elif not isinstance(content, str):
-            raise RequestShapeError(f"{w}.content must be a string or an array")
+
+
+def check_anthropic_message(i: int, m: Any) -> None:
+    """One messages-API message (``messages[i]``)."""
+    w = f"messages[{i}]"
+    _is(m, dict, w, "an object")
+    if m.get("role") not in ("user", "assistant"):
+        raise RequestShapeError(f"{w}.role must be 'user' or 'assistant'")
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, b in enumerate(content):
+            _anthropic_block(b, f"{w}.content[{j}]")
+    elif not isinstance(content, str):
+        raise RequestShapeError(f"{w}.content must be a string or an array")
 
 
 def check_openai_responses(body: Mapping[str, Any]) -> None:
     """The Responses API: ``input`` a string or items (messages with text, image and file
     parts; ``function_call`` / ``function_call_output`` pairs; reasoning items)."""
-    check_depth(body)
+    check_responses_top(body)
+    items = body.get("input")
+    if isinstance(items, list):
+        for i, it in enumerate(items):
+            check_item_depth(it)
+            check_responses_item(i, it)
+
+
+def check_responses_top(body: Mapping[str, Any]) -> None:
+    """Everything of a Responses body but its input items' insides."""
+    check_depth_around(body, "input")
     _opt(body, "instructions", str, "'instructions'", "a string")
     if body.get("tools") is not None:
         _is(body["tools"], list, "'tools'", "an array")
@@ -186,40 +236,51 @@ def check_openai_responses(body: Mapping[str, Any]) -> None:
     if items is None or isinstance(items, str):
         return
     _is(items, list, "'input'", "a string or an array of items")
-    for i, it in enumerate(items):
-        w = f"input[{i}]"
-        _is(it, dict, w, "an object")
-        _opt(it, "type", str, w, "a string")
-        _opt(it, "role", str, w, "a string")
-        kind = it.get("type") or "message"  # as the count reads it: an untyped item is a message
-        if kind == "message":
-            content = it.get("content")
-            if isinstance(content, list):
-                for j, part in enumerate(content):
-                    pw = f"{w}.content[{j}]"
-                    _is(part, dict, pw, "an object")
-                    _opt(part, "type", str, pw, "a string")
-                    _opt(part, "text", str, pw, "a string")
-                    _opt(part, "image_url", str, pw, "a string")
-                    _opt(part, "detail", str, pw, "a string")
-            elif content is not None and not isinstance(content, str):
-                raise RequestShapeError(f"{w}.content must be a string or an array")
-        elif kind == "function_call":
-            _opt(it, "name", str, w, "a string")
-            _opt(it, "arguments", str, w, "a string")
-        elif kind == "function_call_output":
-            out = it.get("output")
-            if isinstance(out, list):
-                for j, part in enumerate(out):
-                    _is(part, dict, f"{w}.output[{j}]", "an object")
-            elif out is not None and not isinstance(out, str):
-                raise RequestShapeError(f"{w}.output must be a string or an array")
+
+
+def check_responses_item(i: int, it: Any) -> None:
+    """One Responses input item (``input[i]``)."""
+    w = f"input[{i}]"
+    _is(it, dict, w, "an object")
+    _opt(it, "type", str, w, "a string")
+    _opt(it, "role", str, w, "a string")
+    kind = it.get("type") or "message"  # as the count reads it: an untyped item is a message
+    if kind == "message":
+        content = it.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                pw = f"{w}.content[{j}]"
+                _is(part, dict, pw, "an object")
+                _opt(part, "type", str, pw, "a string")
+                _opt(part, "text", str, pw, "a string")
+                _opt(part, "image_url", str, pw, "a string")
+                _opt(part, "detail", str, pw, "a string")
+        elif content is not None and not isinstance(content, str):
+            raise RequestShapeError(f"{w}.content must be a string or an array")
+    elif kind == "function_call":
+        _opt(it, "name", str, w, "a string")
+        _opt(it, "arguments", str, w, "a string")
+    elif kind == "function_call_output":
+        out = it.get("output")
+        if isinstance(out, list):
+            for j, part in enumerate(out):
+                _is(part, dict, f"{w}.output[{j}]", "an object")
+        elif out is not None and not isinstance(out, str):
+            raise RequestShapeError(f"{w}.output must be a string or an array")
 
 
 def check_gemini(body: Mapping[str, Any]) -> None:
     """Gemini ``generateContent``: ``contents`` of ``parts`` (text, inline data, file data,
     function calls and responses), ``systemInstruction``, ``tools``, ``generationConfig``."""
-    check_depth(body)
+    check_gemini_top(body)
+    for i, c in enumerate(body["contents"]):
+        check_item_depth(c)
+        check_gemini_content(i, c)
+
+
+def check_gemini_top(body: Mapping[str, Any]) -> None:
+    """Everything of a generateContent body but its contents' insides."""
+    check_depth_around(body, "contents")
     contents = body.get("contents")
     if not isinstance(contents, list):
         raise RequestShapeError("'contents' is required and must be an array")
@@ -231,10 +292,13 @@ def check_gemini(body: Mapping[str, Any]) -> None:
         _is(body["tools"], list, "'tools'", "an array")
     if body.get("generationConfig") is not None:
         _is(body["generationConfig"], dict, "'generationConfig'", "an object")
-    for i, c in enumerate(contents):
-        _is(c, dict, f"contents[{i}]", "an object")
-        _opt(c, "role", str, f"contents[{i}]", "a string")
-        _gemini_parts(c.get("parts"), f"contents[{i}]")
+
+
+def check_gemini_content(i: int, c: Any) -> None:
+    """One Gemini content (``contents[i]``)."""
+    _is(c, dict, f"contents[{i}]", "an object")
+    _opt(c, "role", str, f"contents[{i}]", "a string")
+    _gemini_parts(c.get("parts"), f"contents[{i}]")
 
 
 def _gemini_parts(parts: Any, where: str) -> None:

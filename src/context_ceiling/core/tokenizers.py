@@ -24,7 +24,7 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -357,23 +357,33 @@ class CalibratedCounter:
 
 
 class CountCache:
-    """Remembers the token counts of long texts already counted, least recently used first out.
+    """Remembers the token counts of long texts, and the counted parts of whole messages, least
+    recently used first out.
 
     Real traffic repeats itself: the system prompt and tool schemas ride on every request, an
     agent resends its whole history each turn, popular documents are retrieved again and again.
     Counting is most of what the sidecar spends per request, and a dictionary lookup of a text
     (hash + compare) is ~30x cheaper than encoding it. Only texts of at least ``min_chars`` are
-    kept (shorter ones encode faster than they hash), the total is bounded by ``max_bytes`` of
-    memory held by the texts (``sys.getsizeof``: 1, 2 or 4 bytes a character, so non-Latin text
-    is not kept at 4x the budget), and it lives in process memory only: nothing is logged or
-    written. A lock guards the table (the sidecar also counts on worker threads); the counting
-    itself runs outside it.
+    kept (shorter ones encode faster than they hash).
+
+    Whole messages (:meth:`recall`, :meth:`keep`): an agent's resent history would still cost a
+    walk over every message and block, a shape check and a hash of every text each turn, growing
+    with the history. The counters keep each message's counted parts under its serialised bytes
+    and the context its count depends on, so a message seen before costs one lookup (see
+    ``context_ceiling.core.counting``).
+
+    The total is bounded by ``max_bytes``: a text is charged the memory it holds
+    (``sys.getsizeof``: 1, 2 or 4 bytes a character, so non-Latin text is not kept at 4x the
+    budget), a message its bytes and its parts. It lives in process memory only: nothing is
+    logged or written. A lock guards the table (the sidecar also counts on worker threads); the
+    counting itself runs outside it.
     """
 
     def __init__(self, max_bytes: int, min_chars: int = 512) -> None:
         self.max_bytes = max_bytes
         self.min_chars = min_chars
-        self._lru: OrderedDict[tuple[str, str], int] = OrderedDict()
+        #: key -> (what is remembered, the bytes it is charged)
+        self._lru: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -389,23 +399,36 @@ class CountCache:
         if len(text) < self.min_chars:
             return counter.count(text)
         key = (counter.name, text)
+        n = self.recall(key)
+        if n is None:
+            n = counter.count(text)
+            # bytes the string holds (1, 2 or 4 per character), O(1)
+            self.keep(key, n, sys.getsizeof(text))
+        return int(n)
+
+    def recall(self, key: Hashable) -> Any:
+        """What :meth:`keep` stored under ``key`` (a hit), or None (a miss)."""
         with self._lock:
-            n = self._lru.get(key)
-            if n is not None:
-                self._lru.move_to_end(key)
-                self.hits += 1
-                return n
-        n = counter.count(text)
-        size = sys.getsizeof(text)  # bytes the string holds (1, 2 or 4 per character), O(1)
+            got = self._lru.get(key)
+            if got is None:
+                self.misses += 1
+                return None
+            self._lru.move_to_end(key)
+            self.hits += 1
+            return got[0]
+
+    def keep(self, key: Hashable, value: Any, size: int) -> None:
+        """Remember ``value`` under ``key``, charged ``size`` bytes; older entries go as needed."""
+        if size > self.max_bytes:
+            return
         with self._lock:
-            self.misses += 1
-            if size <= self.max_bytes and key not in self._lru:
-                self._lru[key] = n
-                self.bytes += size
-                while self.bytes > self.max_bytes:
-                    (_, old), _ = self._lru.popitem(last=False)
-                    self.bytes -= sys.getsizeof(old)
-        return n
+            if key in self._lru:
+                return
+            self._lru[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, old) = self._lru.popitem(last=False)
+                self.bytes -= old
 
 
 class RequestMemo:

@@ -118,7 +118,8 @@ def _work(
 
     def work() -> tuple[RequestCount, Decision, float]:
         cpu = time.thread_time()
-        count = route.count(body, counter, spec.chat_format if spec else None, st.chunk_pattern)
+        fmt = spec.chat_format if spec else None
+        count = route.count(body, counter, fmt, st.chunk_pattern, memo=st.count_cache)
         return count, verdict(st, route, ex, body, count, counter), time.thread_time() - cpu
 
     return asyncio.get_running_loop().run_in_executor(st.count_pool, work)

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -53,6 +53,7 @@ from context_ceiling.core.ceilings import (
 )
 from context_ceiling.core.tokenizers import CountCache
 from context_ceiling.sidecar.ceilings_store import CeilingStore
+from context_ceiling.sidecar.metrics import count_cache_families
 
 log = logging.getLogger("context_ceiling.sidecar.group")
 
@@ -240,18 +241,8 @@ class GroupCollector(Collector):
         members = self.group.members()
         caches = [m["cache"] for m in members if m.get("cache")]
         if caches:
-            lookups = CounterMetricFamily(
-                "llm_context_count_cache_lookups",
-                "Counts of long texts looked up in the token-count cache, by result.",
-                labels=["result"],
-            )
-            lookups.add_metric(["hit"], sum(c[0] for c in caches))
-            lookups.add_metric(["miss"], sum(c[1] for c in caches))
-            yield lookups
-            yield GaugeMetricFamily(
-                "llm_context_count_cache_bytes",
-                "Text held by the token-count cache.",
-                value=sum(c[2] for c in caches),
+            yield from count_cache_families(
+                sum(c[0] for c in caches), sum(c[1] for c in caches), sum(c[2] for c in caches)
             )
         yield from _process_families([os.getppid(), *(int(m["pid"]) for m in members)])
 

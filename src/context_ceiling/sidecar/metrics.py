@@ -438,23 +438,30 @@ class Metrics:
             ).observe(components.get(comp, 0))
 
 
+def count_cache_families(hits: int, misses: int, held: int) -> Iterator[Metric]:
+    """The count cache's families (one worker's, or a pod's summed over its workers)."""
+    lookups = CounterMetricFamily(
+        "llm_context_count_cache_lookups",
+        "Lookups in the token-count cache (long texts and whole messages), by result.",
+        labels=["result"],
+    )
+    lookups.add_metric(["hit"], hits)
+    lookups.add_metric(["miss"], misses)
+    yield lookups
+    yield GaugeMetricFamily(
+        "llm_context_count_cache_bytes",
+        "Bytes held by the token-count cache (texts and messages).",
+        value=held,
+    )
+
+
 class _CountCacheCollector(Collector):
     def __init__(self, cache: CountCache) -> None:
         self.cache = cache
 
     def collect(self) -> Iterator[Metric]:
         c = self.cache
-        lookups = CounterMetricFamily(
-            "llm_context_count_cache_lookups",
-            "Counts of long texts looked up in the token-count cache, by result.",
-            labels=["result"],
-        )
-        lookups.add_metric(["hit"], c.hits)
-        lookups.add_metric(["miss"], c.misses)
-        yield lookups
-        yield GaugeMetricFamily(
-            "llm_context_count_cache_bytes", "Text held by the token-count cache.", value=c.bytes
-        )
+        return count_cache_families(c.hits, c.misses, c.bytes)
 
 
 class _CeilingCollector(Collector):

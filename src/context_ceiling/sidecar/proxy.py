@@ -296,7 +296,11 @@ class Proxy:
             # Counted first, on the event loop: the forwarding waits on this count, and a short
             # body's count costs less than a worker thread's GIL hand-offs (see beside.on_threads)
             ex.count = route.count(
-                obj, counter, spec.chat_format if spec else None, st.chunk_pattern
+                obj,
+                counter,
+                spec.chat_format if spec else None,
+                st.chunk_pattern,
+                memo=st.count_cache,
             )
         except RequestShapeError as exc:
             raise Refused(400, str(exc)) from None
