@@ -17,9 +17,10 @@ what it received. Per API and policy:
   conversation untrimmed, over the turns the untrimmed one still fits the window.
 
 And the sidecar's CPU per turn over a 300-round loop (in process, the functions a request runs):
-the JSON parse, the count with the text cache alone (every message walked and shape-checked, its
-long texts looked up) and with the message cache (a message resent unchanged is one lookup), and
-the count of the turn's new messages alone, the floor a count can reach.
+the JSON parse, the count with texts cached alone (every message walked and shape-checked, its
+long texts looked up) and with messages and the conversation's history cached (the resent
+history taken whole), and the count of the turn's new messages alone, the floor a count can
+reach.
 
 ``python benchmarks/agent_loop.py [--quick] [--no-litellm] [--out out/bench/agent_loop.md]``
 """
@@ -341,7 +342,7 @@ def _median_ms(run: Any, raw: bytes, repeats: int = 15) -> float:
 
 
 def cpu_per_turn(api: Shape, seed: int) -> list[tuple[int, int, float, float, float, float]]:
-    """(round, body bytes, parse ms, count ms with the text cache, with the message cache, the
+    """(round, body bytes, parse ms, count ms with texts cached, with messages and history cached, the
     new messages alone) at each of :data:`CPU_ROUNDS`, the turns before counted as the sidecar
     would have (both caches warm)."""
     pattern = re.compile(DEFAULT_CHUNK_PATTERN)
@@ -386,7 +387,7 @@ def _parse_ms(raw: bytes, repeats: int = 15) -> float:
 
 def cpu_report(rows: dict[str, list[tuple[int, int, float, float, float, float]]]) -> str:
     lines = [
-        "| API | round | body | parse | count, text cache | count, message cache | new messages alone |",
+        "| API | round | body | parse | count, texts cached | count, messages and history cached | new messages alone |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for api, got in rows.items():

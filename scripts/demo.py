@@ -1,15 +1,20 @@
-"""``make demo``: measure, derive, push, enforce, observe, on a real local model.
+"""``make demo``: measure, derive, push and enforce a ceiling on a real local model.
 
-1. llama.cpp's server with the cached Qwen2.5-Coder-0.5B model (8k window, read from /props);
+1. llama.cpp's server with the cached Qwen2.5-Coder-0.5B model (4k window, read from /props);
 2. ``ceiling serve`` in front of it, workload ``rag`` in observe mode;
-3. a reduced sweep of the bundled contracts task set through the sidecar's bypass, one shared
-   haystack per level so the server's prefix cache answers later questions cheaply;
-4. the ceiling derived from the curve and pushed to the running sidecar (hot reload);
-5. requests of mixed sizes through the official ``openai`` SDK, with the ceiling observed,
-   then the same ceiling pushed again with ``mode: enforce`` and the requests replayed;
+3. the sweep's plan and price (a dry run), then the sweep of the bundled ``records`` task set
+   through the sidecar's bypass, one shared haystack per level so the server's prefix cache
+   answers later questions cheaply;
+4. the ceiling derived by the product's own rule (no ``--force``: a refusal ends the demo) and
+   pushed to the running sidecar (hot reload);
+5. held-out items asked as retrieval requests far above the ceiling, through the official
+   ``openai`` SDK: first observed (forwarded whole), then, with the same ceiling pushed with
+   ``mode: enforce``, trimmed to it; both graded by the sweep's scorer (``replay.json``, in the
+   report);
 6. the replayed requests, captured by the sidecar (capture on for workload rag), built into a task
    set of your own traffic, exported for labelling, and a sweep on it dry-run;
-7. a summary: the curve, the ceiling, the utilization distribution, what was trimmed.
+7. a summary: the curve, the ceiling, what enforcing it bought, the utilization of the replayed
+   requests, the report.
 
 Against a hosted API instead: set OPENAI_BASE_URL, OPENAI_API_KEY, CEILING_DEMO_MODEL and
 CEILING_DEMO_WINDOW (no local model is started).
@@ -22,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,14 +41,23 @@ import httpx
 import openai
 import yaml
 from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from context_ceiling.cli import main as ceiling_cli  # noqa: E402
 from context_ceiling.core.ceilings import dump_document, load_document  # noqa: E402
+from context_ceiling.core.engine import SyncEngine  # noqa: E402
+from context_ceiling.core.models import UpstreamSpec  # noqa: E402
 from context_ceiling.core.push import push  # noqa: E402
+from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
+from context_ceiling.sweep import replay as replays  # noqa: E402
+from context_ceiling.sweep.context import ContextBuilder, Meter  # noqa: E402
+from context_ceiling.sweep.replay import Outcome, ReplayRequest, outcome  # noqa: E402
+from context_ceiling.sweep.report import replay_line, replay_table  # noqa: E402
+from context_ceiling.sweep.statistics import items_for  # noqa: E402
+from context_ceiling.sweep.taskset import TaskSet, load_taskset  # noqa: E402
+from devtools.demo_sweep import DEMO  # noqa: E402
 from devtools.llamacpp import die_with_parent, free_port, llama_server  # noqa: E402
 
 console = Console(width=max(120, Console().width))
@@ -109,8 +124,10 @@ def sidecar(cfg: dict[str, Any], out: Path) -> Iterator[str]:
         log.close()
 
 
-def replay(url: str, model: str, window: int, n: int, label: str) -> list[dict[str, Any]]:
-    """A mixed sample of RAG requests: some small, some far above the ceiling."""
+def replay(
+    url: str, model: str, ts: TaskSet, reqs: list[ReplayRequest], label: str
+) -> list[Outcome]:
+    """Ask the held-out requests through the sidecar (workload rag) and grade the answers."""
     client = openai.OpenAI(
         base_url=url + "/v1",
         api_key=os.environ.get("OPENAI_API_KEY") or "none",
@@ -118,51 +135,36 @@ def replay(url: str, model: str, window: int, n: int, label: str) -> list[dict[s
         max_retries=0,
         default_headers={"x-ceiling-workload": "rag"},
     )
-    docs = [
-        json.loads(x)
-        for x in (
-            ROOT / "src" / "context_ceiling" / "sweep" / "tasksets" / "contracts" / "corpus.jsonl"
-        )
-        .read_text()
-        .splitlines()
-    ]
-    rows = []
-    fills = [0.1, 0.25, 0.45, 0.6, 0.8][:n]
-    for k, fill in enumerate(fills):
-        count = max(2, int(fill * window / 95))
-        chunk = "\n".join(
-            # each request extends the previous one's documents: the prefix cache reuses them
-            f'<document id="{d["id"]}">{d["text"]}</document>'
-            for d in docs[:count]
-        )
-        t0 = time.perf_counter()
+    out = []
+    started = time.monotonic()
+    for k, req in enumerate(reqs, 1):
+        asked = time.monotonic()
         raw = client.chat.completions.with_raw_response.create(
             model=model,
-            max_tokens=24,
+            max_tokens=DEMO.max_tokens,
             temperature=0,
-            messages=[
-                {"role": "system", "content": "Answer from the documents, briefly."},
-                {
-                    "role": "user",
-                    "content": chunk + f"\nWhat is the renewal fee in {docs[k]['id']}?",
-                },
-            ],
+            seed=0,
+            messages=req.messages,  # type: ignore[arg-type]
         )
-        h = raw.headers
-        usage = raw.parse().usage
-        rows.append(
-            {
-                "phase": label,
-                "documents": count,
-                "mode": h.get("x-ceiling-mode"),
-                "input": int(h.get("x-ceiling-input-tokens", "0")),
-                "trimmed": int(h.get("x-ceiling-trimmed-tokens", "0")),
-                "server": usage.prompt_tokens if usage else None,
-                "utilization": float(h.get("x-ceiling-utilization", "0")),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
+        h, answer = raw.headers, raw.parse()
+        choice = answer.choices[0]
+        out.append(
+            outcome(
+                req,
+                ts,
+                choice.message.content,
+                choice.finish_reason,
+                int(h.get("x-ceiling-input-tokens", "0")),
+                int(h.get("x-ceiling-trimmed-tokens", "0")),
+                answer.usage.prompt_tokens if answer.usage else None,
+                round(time.monotonic() - asked, 2),
+            )
         )
-    return rows
+        console.print(
+            f"{label}: {k}/{len(reqs)} requests, {sum(o.correct for o in out)} correct, "
+            f"{time.monotonic() - started:.0f} s"
+        )
+    return out
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -176,11 +178,10 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ctx", type=int, default=int(os.environ.get("CEILING_DEMO_CTX", "8192")))
-    ap.add_argument("--items", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--levels", default="0.2,0.5,0.8")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--ctx", type=int, default=int(os.environ.get("CEILING_DEMO_CTX", str(DEMO.window)))
+    )
     ap.add_argument("--out", default=str(ROOT / "out" / "demo"))
     ap.add_argument(
         "--keep", action="store_true", help="keep the servers running at the end (Ctrl-C to stop)"
@@ -194,14 +195,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "sweep"
-    import shutil as _shutil
-
     for stale in ("capture", "traffic-taskset", "traffic-sweep"):  # step 6 starts afresh
-        _shutil.rmtree(out / stale, ignore_errors=True)
+        shutil.rmtree(out / stale, ignore_errors=True)
     reuse = args.reuse_sweep and (run_dir / "summary.json").exists()
     if run_dir.exists() and not reuse:
-        import shutil
-
         shutil.rmtree(run_dir)
     started = time.monotonic()
 
@@ -227,7 +224,7 @@ def main() -> int:
                 }
             ],
             "workloads": ["default", "rag"],
-            "enforcement": {"mode": "observe", "default_output_reservation": 64},
+            "enforcement": {"mode": "observe", "default_output_reservation": DEMO.max_tokens},
             # every rag request into the capture store: the loop from your own traffic (step 6)
             "capture": {
                 "enabled": True,
@@ -238,64 +235,63 @@ def main() -> int:
         with sidecar(cfg, out) as url:
             console.print(f"sidecar at {url}; metrics at {url}/metrics")
 
-            console.rule("[bold]3. A reduced sweep through the sidecar's bypass (shared haystack)")
+            console.rule("[bold]3. The sweep: its plan and price, then the calls")
             os.environ["CEILING_ADMIN_TOKEN"] = TOKEN
-            sweep_args = [
-                "sweep",
-                "run",
-                "--base-url",
-                url + "/v1",
-                "--model",
-                model,
-                "--items",
-                str(args.items),
-                "--max-tokens",
-                "64",
-                "--levels",
-                args.levels,
-                "--repeats",
-                str(args.repeats),
-                "--shared-haystack",
-                "--bypass",
-                "--window",
-                str(window),
-                # the demo's budget: its levels, no low-fill control, no refinement or added items
-                "--low-fill",
-                "0",
-                "--no-refine",
-                "--no-adaptive",
-                "--out",
-                str(run_dir),
-            ]
+            sweep_args = [*DEMO.sweep_args(url + "/v1", model, window, run_dir), "--bypass"]
             if engine:
                 sweep_args += ["--tokenize-url", engine]
+            console.print(
+                f"[bold]tolerance {DEMO.tolerance:.0%}[/]: wider than the 5% a production sweep "
+                f"holds, to stay within about 15 minutes on two cores. The product's sample-size "
+                f"rule plans {items_for(DEMO.tolerance, DEMO.repeats)} items for it at "
+                f"{DEMO.repeats} repeat (a 5% tolerance: {items_for(0.05, 3)} items at 3 "
+                f"repeats); the demo takes {DEMO.items} of the {DEMO.taskset} task set."
+            )
             if reuse:
                 console.print(f"reusing the finished sweep in {run_dir} (--reuse-sweep)")
-            elif ceiling_cli(sweep_args) != 0:
-                raise SystemExit("the sweep failed")
+            else:
+                if ceiling_cli([*sweep_args, "--dry-run"]) != 0:
+                    raise SystemExit("the sweep's plan failed")
+                if ceiling_cli(sweep_args) != 0:
+                    raise SystemExit("the sweep failed")
 
-            console.rule("[bold]4. Derive the ceiling and push it to the running sidecar")
+            console.rule("[bold]4. Derive the ceiling by the product's rule, push it")
             derive = ["sweep", "derive", str(run_dir), "--model", "demo-model"]
             derive += ["--workload", "rag", "--mode", "observe"]
             if ceiling_cli(derive) != 0:
-                console.print(
-                    f"[bold yellow]no usable ceiling[/]: {args.items} items are far fewer than a 5% "
-                    "tolerance needs (about 230; a full sweep plans them itself), and this 0.5B "
-                    "model is weak. The demo writes the number anyway to show the loop "
-                    "(--force: the provenance records every refusal). Never enforce a number "
-                    "like this one."
+                raise SystemExit(
+                    "derive refused the sweep (the reasons are above): no ceiling is pushed"
                 )
-                if ceiling_cli([*derive, "--force"]) != 0:
-                    raise SystemExit("no ceiling: the model failed even the reference level")
             doc = load_document(run_dir / "ceilings.yaml")
             for line in push(run_dir / "ceilings.yaml", [url]):
                 console.print(line)
             ceiling = doc.entries[0].ceiling_tokens
 
-            console.rule(
-                "[bold]5. Mixed requests: observed, then enforced (same ceiling, pushed with mode: enforce)"
+            console.rule("[bold]5. What enforcing it buys: held-out requests above the ceiling")
+            ts = load_taskset(DEMO.taskset)
+            swept = {
+                json.loads(line)["item"]
+                for line in (run_dir / "calls.jsonl").read_text().splitlines()
+            }
+            # sized with the server's own tokenizer where it has one, so "90% of the window" is
+            # what the model sees
+            meter = Meter(
+                TiktokenCounter("o200k_base"),
+                engine=SyncEngine(UpstreamSpec(kind="upstream", url=engine, style="llamacpp"))
+                if engine
+                else None,
             )
-            rows = replay(url, model, window, 5, "observe")
+            builder = ContextBuilder(ts, meter)
+            reqs = replays.requests(
+                ts, builder, swept, DEMO.replay, int(DEMO.replay_fill * window), seed=1
+            )
+            console.print(
+                f"{len(reqs)} items the sweep did not use, each asked with its record ranked "
+                f"first and {min(r.chunks for r in reqs) - 1}-{max(r.chunks for r in reqs) - 1} "
+                f"look-alike records after it (~{int(DEMO.replay_fill * window):,} tokens; the "
+                f"ceiling is {ceiling:,}): first observed, then enforced"
+            )
+            before = replay(url, model, ts, reqs, "observe")
             enforcing = doc.model_copy(
                 update={
                     "version": doc.version + 1,
@@ -305,29 +301,13 @@ def main() -> int:
             (run_dir / "ceilings-enforce.yaml").write_text(dump_document(enforcing))
             for line in push(run_dir / "ceilings-enforce.yaml", [url]):
                 console.print(line)
-            rows += replay(url, model, window, 5, "enforce")
-            t = Table(
-                "phase",
-                "documents",
-                "mode",
-                "input tokens",
-                "trimmed",
-                "server prompt_tokens",
-                "utilization",
-                "seconds",
+            after = replay(url, model, ts, reqs, "enforce")
+            rep = replays.write(run_dir, ceiling, before, after)
+            console.print(replay_table(rep))
+            console.print(replay_line(rep))
+            assert all((o.server_prompt_tokens or 0) <= ceiling for o in after), (
+                "an enforced request exceeded the ceiling"
             )
-            for r in rows:
-                t.add_row(
-                    r["phase"],
-                    str(r["documents"]),
-                    r["mode"],
-                    f"{r['input']:,}",
-                    f"{r['trimmed']:,}",
-                    f"{r['server']:,}" if r["server"] else "?",
-                    f"{r['utilization']:.2f}",
-                    str(r["seconds"]),
-                )
-            console.print(t)
 
             console.rule("[bold]6. A task set from the captured traffic")
             traffic = out / "traffic-taskset"
@@ -339,8 +319,8 @@ def main() -> int:
             build = ["taskset", "build", "--capture", str(out / "capture"), "--out", str(traffic)]
             if ceiling_cli(build) != 0:  # too few for a 5% tolerance: it says how many more
                 console.print(
-                    "(a demo's five distinct questions; a week of real traffic gives hundreds) "
-                    "building anyway with --min-items 3 to show the loop"
+                    f"(the demo's {len(reqs)} distinct questions; a week of real traffic gives "
+                    "hundreds) building anyway with --min-items 3 to show the loop"
                 )
                 if ceiling_cli([*build, "--min-items", "3"]) != 0:
                     raise SystemExit("no task set from the captured traffic")
@@ -368,23 +348,8 @@ def main() -> int:
             )
 
             console.rule("[bold]7. Summary")
-            summary = json.loads((run_dir / "summary.json").read_text())["analysis"]
-            from context_ceiling.sweep.analysis import Analysis, LevelStats
-            from context_ceiling.sweep.report import ceiling_line, table
-
-            a = Analysis(
-                **{k: v for k, v in summary.items() if k != "levels"},
-                levels=[
-                    LevelStats(**{**s, "ci": tuple(s["ci"]), "diff_ci": tuple(s["diff_ci"])})
-                    for s in summary["levels"]
-                ],
-            )
-            console.print(table(a))
-            lvl = next(s for s in a.levels if s.level == a.ceiling_level)
-            console.print(
-                f"{ceiling_line(a)}\n  measured at level {lvl.level:g}: accuracy {lvl.accuracy:.0%} "
-                f"(95% CI {lvl.ci[0]:.0%}-{lvl.ci[1]:.0%}); ceiling = {ceiling:,} tokens"
-            )
+            ceiling_cli(["sweep", "report", str(run_dir)])  # the curve, with the replay in it
+            console.print(replay_line(rep))
             m = httpx.get(url + "/metrics").text
             buckets = [
                 (
@@ -408,35 +373,6 @@ def main() -> int:
                     dist.append(f"<= {le:g}: {int(cum - prev)}")
                 prev = cum
             console.print("utilization of the replayed requests (forwarded): " + ", ".join(dist))
-            trimmed = {
-                k: int(
-                    metric(
-                        m,
-                        "llm_context_trimmed_tokens_total",
-                        model="demo-model",
-                        workload="rag",
-                        kind=k,
-                    )
-                )
-                for k in ("tool_results", "retrieved", "history")
-            }
-            over = {
-                a_: int(
-                    metric(
-                        m,
-                        "llm_context_over_ceiling_total",
-                        model="demo-model",
-                        workload="rag",
-                        action=a_,
-                    )
-                )
-                for a_ in ("observed", "trimmed", "rejected")
-            }
-            console.print(f"over the ceiling: {over}; tokens trimmed by kind: {trimmed}")
-            enforced = [r for r in rows if r["phase"] == "enforce"]
-            assert all((r["server"] or 0) <= ceiling for r in enforced), (
-                "an enforced request exceeded the ceiling"
-            )
             console.print(f"report: {run_dir / 'report.html'}  plot: {run_dir / 'curve.png'}")
             console.print(f"metrics: {url}/metrics   logs: {out / 'sidecar.log'}")
             console.print(f"[bold green]demo finished[/] in {time.monotonic() - started:.0f} s")

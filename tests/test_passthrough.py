@@ -191,3 +191,63 @@ def test_a_large_upload_streams_and_the_limit_holds(echo: tuple[EchoProviderDoub
         assert ok.status_code == 200 and d.seen[-1]["body"] == b"x" * 4000
         big = httpx.post(url + "/v1/files", content=b"x" * 10000)
         assert big.status_code == 413 and "limit" in big.json()["error"]["message"]
+
+
+def test_an_upstream_redirect_has_one_outcome_on_every_route() -> None:
+    """A 3xx is neither an answer nor an upstream error: ``upstream_3xx`` on a measured route
+    and on the pass-through alike, relayed as it came (no redirect followed)."""
+    from starlette.applications import Starlette
+    from starlette.responses import RedirectResponse
+    from starlette.routing import Route
+
+    from context_ceiling.sidecar.outcomes import OUTCOMES, outcome_of
+
+    async def moved(_request: Any) -> RedirectResponse:
+        return RedirectResponse("https://elsewhere.example/v1/x", status_code=307)
+
+    double = Starlette(
+        routes=[Route("/v1/chat/completions", moved, methods=["POST"]), Route("/v1/files/f", moved)]
+    )
+    with serve(double) as durl:
+        app = start(durl, ("openai",))
+        with serve(app) as url:
+            state: State = app.state.sidecar
+            body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(url + "/v1/chat/completions", json=body)
+            assert r.status_code == 307 and r.headers["location"].startswith("https://elsewhere")
+            r = httpx.get(url + "/v1/files/f")
+            assert r.status_code == 307
+            measured = state.metrics.registry.get_sample_value(
+                "llm_context_requests_total",
+                {
+                    "model": "gpt-4o",
+                    "workload": "default",
+                    "api": "openai_chat",
+                    "outcome": "upstream_3xx",
+                },
+            )
+            passed = state.metrics.registry.get_sample_value(
+                "llm_context_passthrough_requests_total",
+                {"upstream": "openai", "route": "files", "outcome": "upstream_3xx"},
+            )
+            assert measured == 1 and passed == 1
+    assert [outcome_of(s) for s in (200, 204, 301, 404, 429, 500, 503)] == [
+        "ok", "ok", "upstream_3xx", "upstream_4xx", "upstream_4xx", "upstream_5xx", "upstream_5xx"
+    ]  # fmt: skip
+    assert len(set(OUTCOMES)) == len(OUTCOMES) and "shutdown" in OUTCOMES
+
+
+def test_one_table_maps_upstream_call_failures_for_every_route() -> None:
+    from context_ceiling.sidecar.outcomes import Failure, failure_of
+
+    req = httpx.Request("POST", "http://upstream.invalid/v1/chat/completions")
+    assert failure_of(httpx.ReadTimeout("slow", request=req)) == Failure(
+        504, "timeout", "upstream timed out"
+    )
+    assert failure_of(TimeoutError()) == Failure(504, "timeout", "upstream timed out")
+    refused = failure_of(httpx.ConnectError("refused", request=req))
+    assert refused == Failure(502, "unreachable", "upstream unreachable: ConnectError")
+    assert failure_of(httpx.RemoteProtocolError("cut", request=req)).status == 502
+    # the class, never the message: an exception's text may carry a URL with its credentials
+    leaky = httpx.ConnectError("https://user:sk-secret@upstream.invalid/v1", request=req)
+    assert "sk-secret" not in failure_of(leaky).message

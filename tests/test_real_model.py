@@ -325,3 +325,26 @@ def test_the_server_never_outlives_its_parent(tmp_path: Any) -> None:
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("llama-server outlived its parent")
+
+
+def test_the_demo_sweep_is_accepted_without_force(tmp_path: Path) -> None:
+    """``make demo``'s sweep, as it runs (its task set, window, levels, items, tolerance), on the
+    real model: ``derive`` accepts it by the product's own rule, with no ``--force``. Fails the
+    day the demo would end in a number it says not to enforce."""
+    from context_ceiling.cli import main as cli_main
+    from context_ceiling.core.ceilings import load_document
+    from devtools.demo_sweep import DEMO
+
+    run = tmp_path / "sweep"
+    with llama_server(DEMO.window) as server:
+        args = DEMO.sweep_args(server.openai_base_url, "qwen", server.window, run)
+        assert cli_main([*args, "--tokenize-url", server.url]) == 0
+    assert cli_main(["sweep", "derive", str(run), "--model", "demo-model", "--json"]) == 0
+    entry = load_document(run / "ceilings.yaml").entries[0]
+    summary = json.loads((run / "summary.json").read_text())["analysis"]
+    assert summary["resolved"] and not summary["refusals"]
+    assert entry.tolerance == DEMO.tolerance
+    assert 0 < entry.ceiling_tokens < server.window
+    # a real curve: the reference reads the task, the last level does clearly worse
+    levels = summary["levels"]
+    assert levels[0]["accuracy"] >= 0.6 > levels[-1]["accuracy"] + 0.2

@@ -506,3 +506,78 @@ def test_progress_in_a_log_is_a_line_every_tenth_of_the_calls(
     assert len(lines) == 10
     assert lines[0].startswith("sweep: 4/40 calls, 400 tokens, 0 errors, 0m")
     assert lines[-1].startswith("sweep: 40/40 calls, 4,000 tokens")
+
+
+def test_the_records_task_set_is_regenerated_identically(tmp_path: Path) -> None:
+    """The demo's task set is what its generator writes (edit the generator, not the files)."""
+    from devtools.generate_records import generate as generate_records
+
+    generate_records(tmp_path)
+    shipped = bundled_path("records")
+    for name in ("taskset.json", "items.jsonl", "corpus.jsonl", "skeleton.txt"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+    ts = load_taskset("records")
+    assert len(ts.items) == 400 and len(ts.docs) == 1000
+    item = ts.items[0]
+    # a plain numeric answer is graded exactly; a look-alike record's code is a decoy
+    code = item.answer.value  # type: ignore[union-attr]
+    assert grade(item, f"The code is {code}.", "stop").correct
+    decoy = item.decoy_values[0]
+    assert grade(item, decoy, "stop").bucket == "decoyed"
+
+
+def test_replay_asks_held_out_items_evidence_first_and_reports_both_sides(
+    tmp_path: Path,
+) -> None:
+    from context_ceiling.core.tokenizers import TiktokenCounter
+    from context_ceiling.sweep import replay
+    from context_ceiling.sweep.context import ContextBuilder, Meter
+    from context_ceiling.sweep.report import _replay_html, replay_line
+
+    ts = load_taskset("records")
+    builder = ContextBuilder(ts, Meter(TiktokenCounter("o200k_base")))
+    used = {i.id for i in ts.items[:300]}
+    reqs = replay.requests(ts, builder, used, 8, 2000, seed=1)
+    assert len(reqs) == 8 and not {r.item.id for r in reqs} & used
+    for r in reqs:
+        assert r.shown[0] == r.item.gold[0]  # the evidence ranked first, as a retriever would
+        assert 1500 < r.tokens <= 2000 and r.chunks == len(r.shown) > 20
+        assert f'<document id="{r.item.gold[0]}">' in r.messages[-1]["content"]
+        assert r.messages[-1]["content"].endswith("Reply with the code only.")
+    # graded by the sweep's scorer: right codes in enforce, look-alikes' codes in observe
+    before = [
+        replay.outcome(r, ts, r.item.decoy_values[0], "stop", r.tokens, 0, r.tokens) for r in reqs
+    ]
+    after = [
+        replay.outcome(r, ts, str(r.item.answer.value), "stop", 700, r.tokens - 700, 701)  # type: ignore[union-attr]
+        for r in reqs
+    ]
+    assert not any(o.correct for o in before) and all(o.correct for o in after)
+    assert {o.bucket for o in before} == {"decoyed"}
+    doc = replay.write(tmp_path, 737, before, after)
+    assert replay.load(tmp_path) == json.loads(json.dumps(doc))
+    assert doc["observe"]["accuracy"] == 0 and doc["enforce"]["accuracy"] == 1
+    assert doc["difference"] == 1 and doc["difference_ci"][0] > 0.5
+    assert doc["enforce"]["server_prompt_tokens"] == 701
+    assert "0% -> 100%" in replay_line(doc)
+    assert "What enforcing the ceiling buys" in _replay_html(doc)
+    assert replay.load(tmp_path / "nowhere") is None
+
+
+def test_a_level_the_corpus_cannot_fill_is_refused_not_mislabelled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The contracts corpus holds about 85k tokens: at a 128k window the 0.8 and max levels
+    would be measured at ~0.65 under their own names. The plan refuses them (exit 2, one line
+    saying how far the corpus reaches) and spends nothing; levels it reaches plan as before."""
+    base = ["sweep", "run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    base += ["--taskset", "contracts", "--window", "131072", "--tokenizer", "o200k_base"]
+    code = cli_main(
+        [*base, "--levels", "0.2,0.5,0.8,max", "--dry-run", "--out", str(tmp_path / "a")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "0.8" in err and "fills at most" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()
+    code = cli_main([*base, "--levels", "0.2,0.5", "--dry-run", "--out", str(tmp_path / "b")])
+    assert code == 0, capsys.readouterr().err

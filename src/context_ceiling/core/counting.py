@@ -273,6 +273,129 @@ def _message(
         memo.keep(key, parts, len(key[1]) + _ENTRY_BYTES + _PART_BYTES * len(parts))
 
 
+#: bytes of a history's JSON that key its lookup, and how many histories one key keeps (agents
+#: sharing a long system prompt share the head; the longest matching one is taken)
+_HEAD, _HISTORIES_PER_HEAD = 1024, 8
+
+
+@dataclass(slots=True)
+class _History:
+    """A conversation's messages as counted: their JSON (without its closing bracket), their
+    parts in order, where each message's parts start, and what their components depended on."""
+
+    blob: bytes
+    parts: list[Part]
+    bounds: list[int]
+    last_user: int
+    turn_start: int
+    system_at: int
+
+
+#: requests with fewer messages are not conversations worth remembering: a single-turn request
+#: (system and question) is mostly new content, and keeping it would only push out what repeats
+_CONVERSATION = 4
+
+
+def _conversation(
+    memo: CountCache | None, prior: Prior | None, messages: list[Any]
+) -> CountCache | None:
+    """The cache to remember this request's messages in: only for a first count (a trimmer's
+    recount shares its messages by object already) of a conversation long enough to be resent.
+    Its newest message is not remembered alone: the next turn takes it with the history."""
+    if memo is None or prior is not None or len(messages) < _CONVERSATION:
+        return None
+    return memo
+
+
+class _Resume:
+    """Takes over the counted prefix of a resent history whole: one serialisation of the
+    messages and one byte comparison with the conversation's previous request, instead of a
+    lookup per message. An agent appends to its history every turn, so all of it but the new
+    messages (and the one whose component changed: the previous latest user turn, the turn
+    where earlier thinking starts) is the previous request's count again."""
+
+    __slots__ = (
+        "blob",
+        "bounds",
+        "index",
+        "key",
+        "last_user",
+        "memo",
+        "start",
+        "states",
+        "system_at",
+        "tally",
+        "turn_start",
+    )
+
+    def __init__(
+        self,
+        tally: _Tally,
+        memo: CountCache,
+        ctx: Hashable,
+        messages: list[Any],
+        last_user: int,
+        turn_start: int = -1,
+    ) -> None:
+        self.tally, self.memo = tally, memo
+        self.start, self.index, self.system_at = len(tally.parts), 0, -1
+        self.last_user, self.turn_start = last_user, turn_start
+        self.bounds: list[int] = []
+        self.states: list[_History] = []
+        self.key: Hashable | None = None
+        try:
+            blob = orjson.dumps(messages)
+        except orjson.JSONEncodeError:  # nested too deep to write: the per-message checks say so
+            return
+        self.blob = blob[:-1]
+        self.key = ("history", ctx, blob[:_HEAD])
+        self.states = memo.recall(self.key) or []
+        for h in self.states:
+            n = len(h.blob)
+            # the same bytes up to a message boundary: the same messages (JSON reads left to
+            # right, so the previous request's last object closes at the same byte here)
+            if not (self.blob.startswith(h.blob) and (len(self.blob) == n or self.blob[n] == 44)):
+                continue
+            j = len(h.bounds) - 1
+            if last_user != h.last_user and h.last_user >= 0:
+                j = min(j, h.last_user)
+            if turn_start != h.turn_start and h.turn_start >= 0:
+                j = min(j, h.turn_start)
+            taken = h.parts[: h.bounds[j]]
+            tally.parts.extend(taken)
+            comps = tally.comps
+            for p in taken:
+                comps[p.component] += p.tokens
+            self.bounds, self.index = h.bounds[:j], j
+            self.system_at = h.system_at if h.system_at < j else -1
+            return
+
+    def at(self, i: int, system: bool = False) -> None:
+        """Message ``i`` starts here (``system``: it is a system message)."""
+        self.bounds.append(len(self.tally.parts) - self.start)
+        if system and self.system_at < 0:
+            self.system_at = i
+
+    def finish(self) -> None:
+        """Remember this request's history for the conversation's next turn."""
+        if self.key is None:
+            return
+        parts = self.tally.parts[self.start :]
+        h = _History(
+            self.blob,
+            parts,
+            [*self.bounds, len(parts)],
+            self.last_user,
+            self.turn_start,
+            self.system_at,
+        )
+        # the history this one extends is replaced by it; other conversations stay
+        kept = [s for s in self.states if not h.blob.startswith(s.blob)]
+        states = [h, *kept[: _HISTORIES_PER_HEAD - 1]]
+        size = sum(len(s.blob) + _PART_BYTES * len(s.parts) + 8 * len(s.bounds) for s in states)
+        self.memo.keep(self.key, states, size + _ENTRY_BYTES)
+
+
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
@@ -325,13 +448,19 @@ def count_openai(
     _openai_tools(tally, tools)
     last_user = _last_index(messages, "user")
     ctx = _context("openai", counter, fmt, chunks)
-    has_system = False
-    for i, msg in enumerate(messages):
+    memo = _conversation(memo, prior, messages)
+    resume = _Resume(tally, memo, ctx, messages, last_user) if memo is not None else None
+    newest = len(messages) - 1
+    has_system = resume is not None and resume.system_at >= 0
+    for i in range(resume.index if resume else 0, len(messages)):
+        msg = messages[i]
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             if check is not None:
                 check(i, msg)  # its own words for what is wrong
             raise RequestShapeError(f"messages[{i}] must be an object with a role")
         role = msg["role"]
+        if resume is not None:
+            resume.at(i, role in ("system", "developer"))
         if role in ("system", "developer"):
             comp = Component.SYSTEM
             has_system = True
@@ -343,7 +472,21 @@ def count_openai(
             comp = Component.HISTORY
         if prior is not None and tally.reuse(i, msg, comp):
             continue
-        _message(tally, memo, ctx, i, msg, comp, False, fmt, chunks, check, _openai_message)
+        _message(
+            tally,
+            memo if i < newest else None,
+            ctx,
+            i,
+            msg,
+            comp,
+            False,
+            fmt,
+            chunks,
+            check,
+            _openai_message,
+        )
+    if resume is not None:
+        resume.finish()
     if not has_system and fmt.default_system:
         tally.add(-1, -1, Component.SYSTEM, fmt.default_system)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
@@ -569,17 +712,39 @@ def count_anthropic(
     last_user = _last_index(messages, "user")
     turn_start = _anthropic_turn_start(messages)
     ctx = _context("anthropic", counter, fmt, chunks)
-    for i, msg in enumerate(messages):
+    memo = _conversation(memo, prior, messages)
+    resume = (
+        _Resume(tally, memo, ctx, messages, last_user, turn_start) if memo is not None else None
+    )
+    newest = len(messages) - 1
+    for i in range(resume.index if resume else 0, len(messages)):
+        msg = messages[i]
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages[{i}] must be an object")
         role = msg.get("role")
         if role not in ("user", "assistant"):
             raise RequestShapeError(f"messages[{i}].role must be 'user' or 'assistant'")
+        if resume is not None:
+            resume.at(i)
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
         if prior is not None and tally.reuse(i, msg, comp):
             continue
         stripped = role == "assistant" and i < turn_start
-        _message(tally, memo, ctx, i, msg, comp, stripped, fmt, chunks, check, _anthropic_message)
+        _message(
+            tally,
+            memo if i < newest else None,
+            ctx,
+            i,
+            msg,
+            comp,
+            stripped,
+            fmt,
+            chunks,
+            check,
+            _anthropic_message,
+        )
+    if resume is not None:
+        resume.finish()
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
 
@@ -653,9 +818,15 @@ def count_responses(
         default=-1,
     )
     ctx = _context("responses", counter, fmt, chunks)
-    for i, it in enumerate(items):
+    memo = _conversation(memo, prior, items)
+    resume = _Resume(tally, memo, ctx, items, last_user) if memo is not None else None
+    newest = len(items) - 1
+    for i in range(resume.index if resume else 0, len(items)):
+        it = items[i]
         if not isinstance(it, dict):
             raise RequestShapeError(f"input[{i}] must be an object")
+        if resume is not None:
+            resume.at(i)
         role = it.get("role")
         if (it.get("type") or "message") == "message":
             comp = (
@@ -670,7 +841,21 @@ def count_responses(
         if prior is not None and tally.reuse(i, it, comp):
             continue
         earlier = i < last_user and it.get("type") == "reasoning"
-        _message(tally, memo, ctx, i, it, comp, earlier, fmt, chunks, check, _responses_item)
+        _message(
+            tally,
+            memo if i < newest else None,
+            ctx,
+            i,
+            it,
+            comp,
+            earlier,
+            fmt,
+            chunks,
+            check,
+            _responses_item,
+        )
+    if resume is not None:
+        resume.finish()
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     result = tally.result()
     result.partial = bool(body.get("previous_response_id") or body.get("conversation"))
@@ -772,11 +957,31 @@ def count_gemini(
         default=-1,
     )
     ctx = _context("gemini", counter, fmt, chunks)
-    for i, c in enumerate(contents):
+    memo = _conversation(memo, prior, contents)
+    resume = _Resume(tally, memo, ctx, contents, last_user) if memo is not None else None
+    newest = len(contents) - 1
+    for i in range(resume.index if resume else 0, len(contents)):
+        c = contents[i]
+        if resume is not None:
+            resume.at(i)
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
         if prior is not None and tally.reuse(i, c, comp):
             continue
-        _message(tally, memo, ctx, i, c, comp, False, fmt, chunks, check, _gemini_content)
+        _message(
+            tally,
+            memo if i < newest else None,
+            ctx,
+            i,
+            c,
+            comp,
+            False,
+            fmt,
+            chunks,
+            check,
+            _gemini_content,
+        )
+    if resume is not None:
+        resume.finish()
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
 

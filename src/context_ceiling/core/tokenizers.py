@@ -38,7 +38,7 @@ from context_ceiling.core.errors import UserError
 DATA_DIR = Path(__file__).with_name("data")
 CHECK_TEXT = DATA_DIR / "bpe_check.txt"
 
-log = logging.getLogger("context_ceiling.core.tokenizers")
+log = logging.getLogger(__name__)
 
 #: which implementation encodes a tiktoken encoding (``counting.bpe``): ``auto`` takes
 #: gigatoken, else riptoken, where it is installed and agrees with tiktoken on the check text,
@@ -418,11 +418,13 @@ class CountCache:
             return got[0]
 
     def keep(self, key: Hashable, value: Any, size: int) -> None:
-        """Remember ``value`` under ``key``, charged ``size`` bytes; older entries go as needed."""
-        if size > self.max_bytes:
-            return
+        """Remember ``value`` under ``key`` (replacing what was there), charged ``size`` bytes;
+        the least recently used entries go as needed."""
         with self._lock:
-            if key in self._lru:
+            held = self._lru.pop(key, None)
+            if held is not None:
+                self.bytes -= held[1]
+            if size > self.max_bytes:
                 return
             self._lru[key] = (value, size)
             self.bytes += size

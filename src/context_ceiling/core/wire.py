@@ -21,6 +21,9 @@ from context_ceiling.core.utilization import Component
 #: whose client called: the error body's format and the SDK that must parse it
 Api = Literal["openai", "anthropic", "gemini"]
 
+#: the APIs a sweep calls a model through (chat completions or Anthropic messages)
+SweepApi = Literal["openai", "anthropic"]
+
 #: the request body's shape (OpenAI's Responses API is an OpenAI client with another shape); the
 #: trimmer knows all four
 Shape = Literal["openai", "anthropic", "responses", "gemini"]

@@ -37,7 +37,7 @@ from context_ceiling.sidecar.tracing import Tracing
 
 READY_CACHE_S = 5.0
 PROBE_INTERVAL_S = 15.0
-log = logging.getLogger("context_ceiling.sidecar.app")
+log = logging.getLogger(__name__)
 
 
 class UpstreamProbe:

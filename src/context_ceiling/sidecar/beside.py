@@ -34,7 +34,7 @@ from context_ceiling.sidecar.exchange import Exchange, Route
 from context_ceiling.sidecar.record import Recorder
 from context_ceiling.sidecar.state import State
 
-log = logging.getLogger("context_ceiling.sidecar.beside")
+log = logging.getLogger(__name__)
 
 
 def verdict(

@@ -33,7 +33,7 @@ from context_ceiling.sidecar.redact import Redactor
 from context_ceiling.sidecar.relay import Tap
 from context_ceiling.sidecar.usage import Usage
 
-log = logging.getLogger("context_ceiling.sidecar.capture")
+log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1000
 ROTATE_EVERY_S = 60.0

@@ -34,7 +34,7 @@ from context_ceiling.core.models import Registry
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.staleness import StalenessTracker
 
-log = logging.getLogger("sidecar.ceilings")
+log = logging.getLogger(__name__)
 
 #: how long the ceilings file must stay the same before a change is applied, and how often that
 #: is tried before giving up until its next change

@@ -25,6 +25,7 @@ from context_ceiling.core.counting import (
 from context_ceiling.core.models import OTHER, ModelSpec
 from context_ceiling.core.wire import Api, Shape
 from context_ceiling.sidecar.enforce import Decision
+from context_ceiling.sidecar.outcomes import Outcome
 from context_ceiling.sidecar.relay import Tap
 from context_ceiling.sidecar.usage import (
     AnthropicStreamTap,
@@ -192,7 +193,7 @@ class Exchange:
     util: float | None = None
     stream: bool = False
     status: int = 0
-    outcome: str = "ok"
+    outcome: Outcome = "ok"
     usage: Usage = field(default_factory=Usage)
     upstream_started: float | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)

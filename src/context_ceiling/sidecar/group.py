@@ -55,7 +55,7 @@ from context_ceiling.core.tokenizers import CountCache
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.metrics import count_cache_families
 
-log = logging.getLogger("context_ceiling.sidecar.group")
+log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 SNAPSHOT_S = 1.0

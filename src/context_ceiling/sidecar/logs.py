@@ -54,7 +54,7 @@ class JsonFormatter(logging.Formatter):
 
 #: the loggers that log at the configured level; everything else (httpx logs every request's
 #: URL at INFO) only warnings and errors
-OURS = ("ceiling", "sidecar", "context_ceiling", "uvicorn", "uvicorn.error", "uvicorn.access")
+OURS = ("ceiling", "context_ceiling", "uvicorn", "uvicorn.error", "uvicorn.access")
 
 
 def configure(level: str = "info") -> None:

@@ -68,36 +68,6 @@ ERROR_BUCKETS = (-0.5, -0.25, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 OTHER_ROUTE = "other"
-APIS = (
-    "openai_chat",
-    "azure_chat",
-    "openai_responses",
-    "openai_responses_input_tokens",
-    "anthropic_messages",
-    "anthropic_count_tokens",
-    "gemini_generate",
-    "gemini_count_tokens",
-    "models",
-    "passthrough",
-)
-#: ok: 2xx; upstream_4xx / upstream_5xx: passed through; invalid: rejected by the sidecar (400/413);
-#: timeout: 504; unreachable: 502; cancelled: the client went away mid-request.
-#: rejected: over the ceiling and could not be trimmed to fit (enforce mode).
-#: upstream_truncated: a stream that ended without its last event, or mid-event (the client got
-#: an error event and an aborted body); internal_error: a bug in the sidecar (500, logged with
-#: its traceback).
-OUTCOMES = (
-    "ok",
-    "upstream_4xx",
-    "upstream_5xx",
-    "invalid",
-    "rejected",
-    "timeout",
-    "unreachable",
-    "cancelled",
-    "upstream_truncated",
-    "internal_error",
-)
 GENAI_TOKEN_BUCKETS = (
     1,
     4,

@@ -42,10 +42,11 @@ from context_ceiling.sidecar.bodies import BodyTooLarge, capped, check_declared,
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.logs import log_request
 from context_ceiling.sidecar.metrics import OTHER_ROUTE
+from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
 from context_ceiling.sidecar.state import State
 from context_ceiling.sidecar.upstream import request_headers, response_headers
 
-log = logging.getLogger("context_ceiling.sidecar.passthrough")
+log = logging.getLogger(__name__)
 
 #: first path segments (after /v1) of the providers' documented routes -> the route label
 KNOWN_ROUTES = {
@@ -233,7 +234,7 @@ class Passthrough:
         api = picked[0]
         route = route_label(api, request.url.path)
 
-        def fail(status: int, outcome: str, message: str) -> Response:
+        def fail(status: int, outcome: Outcome, message: str) -> Response:
             self._record(api, route, request, rid, started, status, outcome)
             return error_response(api, status, message, headers={"x-ceiling-request-id": rid})
 
@@ -264,10 +265,9 @@ class Passthrough:
                 resp = await client.send(req, stream=True)
         except BodyTooLarge:
             return fail(413, "invalid", too_large)
-        except (httpx.TimeoutException, TimeoutError):
-            return fail(504, "timeout", "upstream timed out")
-        except httpx.TransportError as exc:
-            return fail(502, "unreachable", f"upstream unreachable: {type(exc).__name__}")
+        except (httpx.TransportError, TimeoutError) as exc:
+            f = failure_of(exc)
+            return fail(f.status, f.outcome, f.message)
         deadline = time.monotonic() + cfg.timeouts.total
         return _Relay(
             resp,
@@ -286,7 +286,7 @@ class Passthrough:
         rid: str,
         started: float,
         status: int,
-        outcome: str,
+        outcome: Outcome,
     ) -> None:
         m = self.state.metrics
         m.passthrough.labels(upstream=api, route=route, outcome=outcome).inc()
@@ -305,10 +305,6 @@ class Passthrough:
                 "latency_ms": round((time.perf_counter() - started) * 1000, 2),
             }
         )
-
-
-def outcome_of(status: int) -> str:
-    return "ok" if status < 400 else "upstream_4xx" if status < 500 else "upstream_5xx"
 
 
 class _Relay(Response):
@@ -340,10 +336,9 @@ class _Relay(Response):
             async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
                 async for chunk in self.resp.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (TimeoutError, httpx.TimeoutException):
-            outcome, failed = "timeout", True
-        except httpx.TransportError:
-            outcome, failed = "unreachable", True
+        except (httpx.TransportError, TimeoutError) as exc:
+            f = failure_of(exc)
+            outcome, failed = f.outcome, True
         except OSError:
             outcome, failed = "cancelled", True
         finally:

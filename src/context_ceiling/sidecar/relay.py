@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.errors import CeilingError
 from context_ceiling.sidecar.drain import Drain
+from context_ceiling.sidecar.outcomes import Outcome, failure_of
 from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
 from context_ceiling.sidecar.upstream import body_chunks
 from context_ceiling.sidecar.usage import Usage
@@ -83,7 +84,7 @@ class SSERelay(Response):
         tap: Tap,
         deadline: float,
         headers: dict[str, str],
-        on_done: Callable[[str, Usage], None],
+        on_done: Callable[[Outcome, Usage], None],
         max_event_bytes: int = 8 * 1024 * 1024,
         drain: Drain | None = None,
         on_first: Callable[[], None] | None = None,
@@ -94,7 +95,7 @@ class SSERelay(Response):
         self._scope: anyio.CancelScope | None = None
         self._cut = False
         self.max_event_bytes = max_event_bytes
-        self.outcome = "cancelled"
+        self.outcome: Outcome = "cancelled"
         self.status_code = resp.status_code
         self.background = None
         self._closed = False
@@ -210,11 +211,9 @@ class SSERelay(Response):
                 failure = "the upstream ended the stream before its last event"
         except EventTooLarge:
             self.outcome, failure = "upstream_truncated", "an upstream event exceeded the size cap"
-        except (TimeoutError, httpx.TimeoutException):
-            self.outcome, failure = "timeout", "the upstream timed out mid-stream"
-        except httpx.TransportError as exc:
-            self.outcome = "unreachable"
-            failure = f"the upstream connection failed mid-stream ({type(exc).__name__})"
+        except (httpx.TransportError, TimeoutError) as exc:
+            f = failure_of(exc)
+            self.outcome, failure = f.outcome, f"{f.message} mid-stream"
         # recorded before the client sees the end, so metrics are complete when it does
         with anyio.CancelScope(shield=True):
             await self._close()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument, traffic_shape
 from context_ceiling.core.counting import RequestCount
 
-log = logging.getLogger("context_ceiling.sidecar.staleness")
+log = logging.getLogger(__name__)
 
 REASONS = (
     "model_version",

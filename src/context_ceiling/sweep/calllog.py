@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError
 
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
+from context_ceiling.core.wire import SweepApi
 
 
 def sample_key(item_id: str, level: float | None, repeat: int) -> str:
@@ -57,7 +58,7 @@ class CallRecord(Strict):
     attempts: int = 1
     error: str | None = None
     http_status: int | None = None
-    reasoning_mode: Literal["openai", "anthropic"] | None = None
+    reasoning_mode: SweepApi | None = None
 
     def row(self) -> dict[str, Any]:
         """The record as the statistics read it (a plain mapping they add grades to)."""

@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
+from context_ceiling.core.wire import SweepApi
 from context_ceiling.sweep.taskset import Item
 
 PLAN_FILE = "plan.json"
@@ -26,7 +27,7 @@ PLAN_FILE = "plan.json"
 
 class EndpointRef(Strict):
     base_url: str
-    api: Literal["openai", "anthropic"]
+    api: SweepApi
     model: str
 
 
@@ -51,7 +52,7 @@ class Plan(Strict):
     run_id: str
     created_at: str = ""
     base_url: str
-    api: Literal["openai", "anthropic"] = "openai"
+    api: SweepApi = "openai"
     model: str
     taskset_arg: str
     items: int | None = None  # a fixed number of items asked for (None: by the tolerance)

@@ -8,10 +8,12 @@ import io
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from context_ceiling.sweep import replay
 from context_ceiling.sweep.analysis import Analysis, RunAnalysis, analysis_of
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
@@ -25,7 +27,9 @@ COLORS = {
 }
 
 
-def plot(a: Analysis, title: str, metric: str = "accuracy") -> bytes:
+def plot(
+    a: Analysis, title: str, metric: str = "accuracy", rep: dict[str, Any] | None = None
+) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,11 +87,28 @@ def plot(a: Analysis, title: str, metric: str = "accuracy") -> bytes:
             label=f"ceiling {a.ceiling_utilization:.0%} = {a.ceiling_tokens:,} tokens"
             + ("" if a.resolved and not a.refusals else " (derive refuses it)"),
         )
+    if rep:  # what enforcing bought: the held-out requests, forwarded whole and trimmed
+        for mode, marker, color, what in (
+            ("observe", "s", "#6d4c41", "held-out, forwarded whole"),
+            ("enforce", "D", "#2e7d32", "held-out, trimmed to the ceiling"),
+        ):
+            side = rep[mode]
+            x = side["input_tokens"] / a.window
+            ax.errorbar(
+                [x],
+                [side["accuracy"]],
+                yerr=[[side["accuracy"] - side["ci"][0]], [side["ci"][1] - side["accuracy"]]],
+                fmt=marker,
+                color=color,
+                ecolor=color,
+                capsize=4,
+                label=f"{what} (n={side['n']})",
+            )
     ax.set_ylim(0, 1.02)
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
     width = min([b - a_ for a_, b in itertools.pairwise(xs)] or [0.1]) * 0.6
     bottom = [0.0] * len(xs)
     for b in BUCKETS:
@@ -200,6 +221,71 @@ def item_lines(ra: RunAnalysis) -> list[str]:
     ]
 
 
+def replay_rows(rep: dict[str, Any]) -> list[list[str]]:
+    """The rows of the before/after table of a run's ``replay.json`` (sweep.replay)."""
+    rows = []
+    for mode, what in (("observe", "untrimmed"), ("enforce", "trimmed to the ceiling")):
+        s = rep[mode]
+        server, seconds = s.get("server_prompt_tokens"), s.get("seconds")
+        rows.append(
+            [
+                f"{mode} ({what})",
+                str(s["n"]),
+                f"{s['accuracy']:.0%}",
+                f"{s['ci'][0]:.0%}-{s['ci'][1]:.0%}",
+                f"{s['input_tokens']:,.0f}",
+                f"{s['trimmed_tokens']:,.0f}",
+                f"{server:,.0f}" if server is not None else "?",
+                f"{seconds:.1f}" if seconds is not None else "?",
+            ]
+        )
+    return rows
+
+
+REPLAY_HEADER = (
+    "requests",
+    "n",
+    "accuracy",
+    "95% CI",
+    "input tokens (mean)",
+    "tokens removed (mean)",
+    "server prompt tokens (mean)",
+    "seconds (mean)",
+)
+
+
+def replay_line(rep: dict[str, Any]) -> str:
+    lo, hi = rep["difference_ci"]
+    return (
+        f"Enforcing the ceiling ({rep['ceiling_tokens']:,} tokens) on requests above it: accuracy "
+        f"{rep['observe']['accuracy']:.0%} -> {rep['enforce']['accuracy']:.0%} (paired difference "
+        f"{rep['difference']:+.0%}, 95% CI {lo:+.0%}..{hi:+.0%})."
+    )
+
+
+def replay_table(rep: dict[str, Any]) -> Table:
+    t = Table(*REPLAY_HEADER, title="What enforcing the ceiling buys (held-out requests)")
+    for row in replay_rows(rep):
+        t.add_row(*row)
+    return t
+
+
+def _replay_html(rep: dict[str, Any] | None) -> str:
+    if not rep:
+        return ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in REPLAY_HEADER)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row in replay_rows(rep)
+    )
+    return (
+        "<h2>What enforcing the ceiling buys</h2>"
+        "<p>Held-out items asked as retrieval requests above the ceiling (the evidence ranked "
+        "first), forwarded whole (observe) and trimmed to the ceiling (enforce), graded by the "
+        f"same scorer.</p><p>{html.escape(replay_line(rep))}</p><table><tr>{head}</tr>{body}</table>"
+    )
+
+
 def write(
     out: Path,
     a: Analysis,
@@ -210,7 +296,8 @@ def write(
     ts = plan.taskset.model_dump() if plan.taskset else {}
     metric = plan.taskset.metric if plan.taskset else "accuracy"
     title = f"{plan.model} on {ts.get('name', plan.taskset_arg)} (window {a.window:,})"
-    png = plot(a, title, metric)
+    rep = replay.load(out)
+    png = plot(a, title, metric, rep)
     (out / "curve.png").write_bytes(png)
     summary = {
         "run_id": plan.run_id,
@@ -240,6 +327,7 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
 <h2>Levels</h2><table><tr><th>level</th><th>utilization</th><th>tokens</th><th>calls</th><th>{metric}</th><th>95% CI</th>
 <th>repeats</th><th>vs reference</th><th>pass</th><th>missed</th><th>decoyed</th><th>reasoned wrongly</th><th>truncated/refused</th></tr>
 {rows}</table>
+{_replay_html(rep)}
 <h2>Notes</h2><ul>{warn or "<li>none</li>"}</ul>
 <h2>Items</h2><ul>{"".join(f"<li>{html.escape(x)}</li>" for x in items or []) or "<li>every item labelled</li>"}</ul>
 <h2>Provenance</h2><pre>{html.escape(plan.model_dump_json(indent=2, include=PROVENANCE))}</pre>

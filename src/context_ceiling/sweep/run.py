@@ -24,6 +24,7 @@ from context_ceiling.core.engine import SyncEngine
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ChatFormat, UpstreamSpec
 from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.wire import SweepApi
 from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.context import ContextBuilder, Meter, group_items
@@ -51,7 +52,7 @@ class RunOptions:
     """``ceiling sweep run``: what the command line (or the Kubernetes sweep job) asks for."""
 
     base_url: str | None = None
-    api: Literal["openai", "anthropic"] = "openai"
+    api: SweepApi = "openai"
     model: str | None = None
     api_key_env: str | None = None
     taskset: str = "contracts"
@@ -245,6 +246,7 @@ class _Sweep:
             plan.n_control = drawn if plan.control else 0
         self.smallest = round(min(plan.levels) * self.window)
         docs = [self.builder.doc_tokens(d) for d in self.ts.docs]
+        self._check_reach(sum(docs))
         plan.window = self.window
         plan.counter = self.meter.name
         plan.endpoint = EndpointRef(base_url=plan.base_url, api=plan.api, model=plan.model)
@@ -268,6 +270,23 @@ class _Sweep:
             Budget(opts.max_calls, opts.max_input_tokens),
             progress=not opts.no_progress,
         )
+
+    def _check_reach(self, corpus_tokens: int) -> None:
+        """Refuse a level the task set's corpus cannot fill: padding comes from the corpus only,
+        so a prompt holds at most every document once; measured there, the level would be
+        labelled with a fill it never had (its points drawn at the wrong place on the curve)."""
+        longest = max(self.ts.items, key=lambda it: len(it.question))
+        reach = self.builder.base_tokens(longest.question) + corpus_tokens
+        short = [lv for lv in self.plan.levels if lv * self.window > reach]
+        if short:
+            top = reach / self.window
+            raise UserError(
+                f"--levels: the {self.ts.meta.name} corpus fills at most {reach:,} tokens, "
+                f"{top:.0%} of the {self.window:,}-token window, so level(s) "
+                f"{', '.join(f'{lv:g}' for lv in short)} cannot be measured: choose levels up to "
+                f"{top:.2f}, a smaller --window, or a task set with a larger corpus (your own "
+                "traffic: ceiling taskset build)"
+            )
 
     def save(self) -> None:
         self.plan.levels = sorted(self.plan.levels)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from context_ceiling.core.wire import SweepApi
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
 from context_ceiling.sweep.context import ContextBuilder, Prompt
 from context_ceiling.sweep.taskset import Item
@@ -32,7 +33,7 @@ class Endpoint:
     """Where calls go, and the sampling used at every level."""
 
     base_url: str
-    api: Literal["openai", "anthropic"] = "openai"
+    api: SweepApi = "openai"
     model: str = "model"
     api_key: str | None = None
     headers: dict[str, str] = field(default_factory=dict)

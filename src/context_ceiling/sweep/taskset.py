@@ -40,7 +40,7 @@ FINGERPRINT_KEYS = (
     "retrieved_chunks",
     "retrieved_chunk_tokens",
 )
-BUNDLED = ("contracts", "spdx")
+BUNDLED = ("contracts", "spdx", "records")
 
 
 class ExactAnswer(Strict):
