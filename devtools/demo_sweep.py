@@ -53,6 +53,8 @@ class DemoSweep:
             str(self.tolerance),
             "--shared-haystack",
             "--no-json-mode",  # the skeleton asks for the code alone
+            "--price",
+            "0",  # a local model: no dollars per token
             "--window",
             str(window),
             # the demo's budget: its levels, no low-fill control, no refinement or added items

@@ -347,4 +347,5 @@ def test_the_demo_sweep_is_accepted_without_force(tmp_path: Path) -> None:
     assert 0 < entry.ceiling_tokens < server.window
     # a real curve: the reference reads the task, the last level does clearly worse
     levels = summary["levels"]
-    assert levels[0]["accuracy"] >= 0.6 > levels[-1]["accuracy"] + 0.2
+    assert levels[0]["accuracy"] >= 0.6
+    assert levels[-1]["accuracy"] <= levels[0]["accuracy"] - 0.2

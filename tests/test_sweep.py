@@ -581,3 +581,43 @@ def test_a_level_the_corpus_cannot_fill_is_refused_not_mislabelled(
     assert not (tmp_path / "a").exists()
     code = cli_main([*base, "--levels", "0.2,0.5", "--dry-run", "--out", str(tmp_path / "b")])
     assert code == 0, capsys.readouterr().err
+
+
+def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
+    scripted: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dry run prices the opening design, the planned items and every item the adaptive
+    design may add, from the model's list price or ``--price``; ``--budget-usd`` stops the run
+    before a call would cross it, and no price means a clear refusal of the cap."""
+    from context_ceiling.core.prices import Price, lookup, parse_price
+
+    d, url = scripted
+    gpt = lookup("gpt-4o")
+    assert gpt is not None and gpt.input > 0 and gpt.output > gpt.input >= gpt.cached_input
+    assert lookup("a-private-model-nobody-lists") is None
+    assert parse_price("0") == Price(0.0, 0.0, 0.0, "--price 0 (self-hosted)")
+    assert parse_price("3,15,0.3").cost(2_000_000, 100_000, 1_000_000) == 3 + 0.3 + 1.5
+
+    def dry(*extra: str) -> dict[str, Any]:
+        args = common(url, tmp_path / "dry", "--dry-run", "--json", *extra)
+        assert run_cli(*args) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    cost = dry("--price", "2,8")["cost_usd"]
+    assert 0 < cost["min"] < cost["expected"] < cost["max"]
+    assert cost["price_per_million"] == {"input": 2.0, "cached_input": 2.0, "output": 8.0}
+    fixed = dry("--price", "2,8", "--items", "30", "--no-adaptive")["cost_usd"]
+    assert fixed["min"] == fixed["expected"] == fixed["max"] > 0
+    assert dry("--price", "0")["cost_usd"]["max"] == 0
+    assert dry()["cost_usd"] is None  # "scripted" has no list price, and none is guessed
+    assert d.calls == 0
+    # a dollar cap: no call starts that would cross it
+    run = common(url, tmp_path / "capped", "--items", "5", "--price", "1000,1000")
+    assert run_cli(*run, "--budget-usd", "20", "--max-tokens", "10") == 0
+    out = capsys.readouterr().out
+    assert "budget reached" in out and "cost: about $" in out
+    calls = [json.loads(x) for x in (tmp_path / "capped" / "calls.jsonl").read_text().splitlines()]
+    spent = sum(parse_price("1000,1000").cost(c["prompt_tokens"], 10) for c in calls)
+    assert 0 < len(calls) < 80 and spent <= 20
+    assert run_cli(*common(url, tmp_path / "x", "--budget-usd", "5")) == 2
+    assert "no price for scripted" in capsys.readouterr().err

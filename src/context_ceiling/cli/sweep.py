@@ -125,6 +125,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-calls", type=int, help="stop starting calls after this many")
     p.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
     p.add_argument(
+        "--price",
+        metavar="IN,OUT[,CACHED]",
+        help="dollars per million input, output (and cached input) tokens; 0 for a self-hosted "
+        "model (default: the model's list price from the genai-prices data set)",
+    )
+    p.add_argument(
+        "--budget-usd",
+        type=float,
+        help="a hard cap on the run's dollars: no call starts that would cross it (the adaptive "
+        "design stops adding items; the decision may stay open)",
+    )
+    p.add_argument(
         "--refine",
         action=argparse.BooleanOptionalAction,
         help="measure midpoints where accuracy drops (default on, except per shard)",

@@ -396,6 +396,47 @@ class _Resume:
         self.memo.keep(self.key, states, size + _ENTRY_BYTES)
 
 
+#: one format's reading of one message: (its component, the flag beside it, whether it is a
+#: system message); raises the shape error a malformed one deserves
+_Classify = Callable[[int, Any], tuple[Component, bool, bool]]
+
+
+def _walk(
+    tally: _Tally,
+    memo: CountCache | None,
+    prior: Prior | None,
+    ctx: Hashable,
+    items: list[Any],
+    marks: tuple[int, int],
+    fmt: ChatFormat,
+    chunks: re.Pattern[str] | None,
+    check: _Check | None,
+    classify: _Classify,
+    walk: _Walk,
+) -> bool:
+    """Count a request's messages (or items, or contents) in order, the same way for every
+    format: the history counted before taken whole (``_Resume``), each other message from the
+    message cache or checked and walked. ``marks``: the latest user turn and the turn start,
+    what the components depend on. Returns whether a system message was among them."""
+    memo = _conversation(memo, prior, items)
+    resume = _Resume(tally, memo, ctx, items, *marks) if memo is not None else None
+    newest = len(items) - 1
+    system = resume is not None and resume.system_at >= 0
+    for i in range(resume.index if resume else 0, len(items)):
+        msg = items[i]
+        comp, flag, is_system = classify(i, msg)
+        system |= is_system
+        if resume is not None:
+            resume.at(i, is_system)
+        if prior is not None and tally.reuse(i, msg, comp):
+            continue
+        cache = memo if i < newest else None
+        _message(tally, cache, ctx, i, msg, comp, flag, fmt, chunks, check, walk)
+    if resume is not None:
+        resume.finish()
+    return system
+
+
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
@@ -448,45 +489,24 @@ def count_openai(
     _openai_tools(tally, tools)
     last_user = _last_index(messages, "user")
     ctx = _context("openai", counter, fmt, chunks)
-    memo = _conversation(memo, prior, messages)
-    resume = _Resume(tally, memo, ctx, messages, last_user) if memo is not None else None
-    newest = len(messages) - 1
-    has_system = resume is not None and resume.system_at >= 0
-    for i in range(resume.index if resume else 0, len(messages)):
-        msg = messages[i]
+
+    def classify(i: int, msg: Any) -> tuple[Component, bool, bool]:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             if check is not None:
                 check(i, msg)  # its own words for what is wrong
             raise RequestShapeError(f"messages[{i}] must be an object with a role")
         role = msg["role"]
-        if resume is not None:
-            resume.at(i, role in ("system", "developer"))
         if role in ("system", "developer"):
-            comp = Component.SYSTEM
-            has_system = True
-        elif role in ("tool", "function"):
-            comp = Component.TOOL_RESULTS
-        elif role == "user" and i == last_user:
-            comp = Component.LATEST_USER
-        else:
-            comp = Component.HISTORY
-        if prior is not None and tally.reuse(i, msg, comp):
-            continue
-        _message(
-            tally,
-            memo if i < newest else None,
-            ctx,
-            i,
-            msg,
-            comp,
-            False,
-            fmt,
-            chunks,
-            check,
-            _openai_message,
-        )
-    if resume is not None:
-        resume.finish()
+            return Component.SYSTEM, False, True
+        if role in ("tool", "function"):
+            return Component.TOOL_RESULTS, False, False
+        latest = role == "user" and i == last_user
+        return (Component.LATEST_USER if latest else Component.HISTORY), False, False
+
+    marks = (last_user, -1)
+    has_system = _walk(
+        tally, memo, prior, ctx, messages, marks, fmt, chunks, check, classify, _openai_message
+    )
     if not has_system and fmt.default_system:
         tally.add(-1, -1, Component.SYSTEM, fmt.default_system)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
@@ -712,39 +732,20 @@ def count_anthropic(
     last_user = _last_index(messages, "user")
     turn_start = _anthropic_turn_start(messages)
     ctx = _context("anthropic", counter, fmt, chunks)
-    memo = _conversation(memo, prior, messages)
-    resume = (
-        _Resume(tally, memo, ctx, messages, last_user, turn_start) if memo is not None else None
-    )
-    newest = len(messages) - 1
-    for i in range(resume.index if resume else 0, len(messages)):
-        msg = messages[i]
+
+    def classify(i: int, msg: Any) -> tuple[Component, bool, bool]:
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages[{i}] must be an object")
         role = msg.get("role")
         if role not in ("user", "assistant"):
             raise RequestShapeError(f"messages[{i}].role must be 'user' or 'assistant'")
-        if resume is not None:
-            resume.at(i)
         comp = Component.LATEST_USER if i == last_user else Component.HISTORY
-        if prior is not None and tally.reuse(i, msg, comp):
-            continue
-        stripped = role == "assistant" and i < turn_start
-        _message(
-            tally,
-            memo if i < newest else None,
-            ctx,
-            i,
-            msg,
-            comp,
-            stripped,
-            fmt,
-            chunks,
-            check,
-            _anthropic_message,
-        )
-    if resume is not None:
-        resume.finish()
+        return comp, role == "assistant" and i < turn_start, False
+
+    marks = (last_user, turn_start)
+    _walk(
+        tally, memo, prior, ctx, messages, marks, fmt, chunks, check, classify, _anthropic_message
+    )
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
 
@@ -818,44 +819,20 @@ def count_responses(
         default=-1,
     )
     ctx = _context("responses", counter, fmt, chunks)
-    memo = _conversation(memo, prior, items)
-    resume = _Resume(tally, memo, ctx, items, last_user) if memo is not None else None
-    newest = len(items) - 1
-    for i in range(resume.index if resume else 0, len(items)):
-        it = items[i]
+
+    def classify(i: int, it: Any) -> tuple[Component, bool, bool]:
         if not isinstance(it, dict):
             raise RequestShapeError(f"input[{i}] must be an object")
-        if resume is not None:
-            resume.at(i)
+        kind = it.get("type") or "message"
+        if kind != "message":  # a function call, its output, reasoning
+            return Component.HISTORY, kind == "reasoning" and i < last_user, False
         role = it.get("role")
-        if (it.get("type") or "message") == "message":
-            comp = (
-                Component.SYSTEM
-                if role in ("system", "developer")
-                else Component.LATEST_USER
-                if i == last_user
-                else Component.HISTORY
-            )
-        else:  # a function call, its output, reasoning
-            comp = Component.HISTORY
-        if prior is not None and tally.reuse(i, it, comp):
-            continue
-        earlier = i < last_user and it.get("type") == "reasoning"
-        _message(
-            tally,
-            memo if i < newest else None,
-            ctx,
-            i,
-            it,
-            comp,
-            earlier,
-            fmt,
-            chunks,
-            check,
-            _responses_item,
-        )
-    if resume is not None:
-        resume.finish()
+        if role in ("system", "developer"):
+            return Component.SYSTEM, False, False
+        return (Component.LATEST_USER if i == last_user else Component.HISTORY), False, False
+
+    marks = (last_user, -1)
+    _walk(tally, memo, prior, ctx, items, marks, fmt, chunks, check, classify, _responses_item)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     result = tally.result()
     result.partial = bool(body.get("previous_response_id") or body.get("conversation"))
@@ -957,31 +934,12 @@ def count_gemini(
         default=-1,
     )
     ctx = _context("gemini", counter, fmt, chunks)
-    memo = _conversation(memo, prior, contents)
-    resume = _Resume(tally, memo, ctx, contents, last_user) if memo is not None else None
-    newest = len(contents) - 1
-    for i in range(resume.index if resume else 0, len(contents)):
-        c = contents[i]
-        if resume is not None:
-            resume.at(i)
-        comp = Component.LATEST_USER if i == last_user else Component.HISTORY
-        if prior is not None and tally.reuse(i, c, comp):
-            continue
-        _message(
-            tally,
-            memo if i < newest else None,
-            ctx,
-            i,
-            c,
-            comp,
-            False,
-            fmt,
-            chunks,
-            check,
-            _gemini_content,
-        )
-    if resume is not None:
-        resume.finish()
+
+    def classify(i: int, _content: Any) -> tuple[Component, bool, bool]:
+        return (Component.LATEST_USER if i == last_user else Component.HISTORY), False, False
+
+    marks = (last_user, -1)
+    _walk(tally, memo, prior, ctx, contents, marks, fmt, chunks, check, classify, _gemini_content)
     tally.add(-1, -1, Component.LATEST_USER, fmt.reply_priming)
     return tally.result()
 

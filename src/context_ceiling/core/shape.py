@@ -12,7 +12,7 @@ request needs more than a few dozen levels, so deeper bodies are refused up fron
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from context_ceiling.core.errors import CeilingError
@@ -72,11 +72,16 @@ def _messages(body: Mapping[str, Any]) -> list[Any]:
     return messages
 
 
+def _each(items: list[Any], check: Callable[[int, Any], None]) -> None:
+    """Each item of a body's top-level list: its depth, then its shape."""
+    for i, item in enumerate(items):
+        check_item_depth(item)
+        check(i, item)
+
+
 def check_openai_chat(body: Mapping[str, Any]) -> None:
     check_openai_chat_top(body)
-    for i, m in enumerate(_messages(body)):
-        check_item_depth(m)
-        check_openai_message(i, m)
+    _each(_messages(body), check_openai_message)
 
 
 def check_openai_chat_top(body: Mapping[str, Any]) -> None:
@@ -177,9 +182,7 @@ def _anthropic_block(b: Any, w: str, in_tool_result: bool = False) -> None:
 
 def check_anthropic_messages(body: Mapping[str, Any]) -> None:
     check_anthropic_top(body)
-    for i, m in enumerate(_messages(body)):
-        check_item_depth(m)
-        check_anthropic_message(i, m)
+    _each(_messages(body), check_anthropic_message)
 
 
 def check_anthropic_top(body: Mapping[str, Any]) -> None:
@@ -219,9 +222,7 @@ def check_openai_responses(body: Mapping[str, Any]) -> None:
     check_responses_top(body)
     items = body.get("input")
     if isinstance(items, list):
-        for i, it in enumerate(items):
-            check_item_depth(it)
-            check_responses_item(i, it)
+        _each(items, check_responses_item)
 
 
 def check_responses_top(body: Mapping[str, Any]) -> None:
@@ -273,9 +274,7 @@ def check_gemini(body: Mapping[str, Any]) -> None:
     """Gemini ``generateContent``: ``contents`` of ``parts`` (text, inline data, file data,
     function calls and responses), ``systemInstruction``, ``tools``, ``generationConfig``."""
     check_gemini_top(body)
-    for i, c in enumerate(body["contents"]):
-        check_item_depth(c)
-        check_gemini_content(i, c)
+    _each(body["contents"], check_gemini_content)
 
 
 def check_gemini_top(body: Mapping[str, Any]) -> None:

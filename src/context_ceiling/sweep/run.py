@@ -16,13 +16,14 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rich.console import Console
 
 from context_ceiling.core.engine import SyncEngine
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ChatFormat, UpstreamSpec
+from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.wire import SweepApi
 from context_ceiling.sweep.analysis import analysis_of
@@ -68,6 +69,11 @@ class RunOptions:
     no_control: bool = False
     max_calls: int | None = None
     max_input_tokens: int | None = None
+    #: what a million tokens cost, IN,OUT[,CACHED] dollars (0: self-hosted); default: the model's
+    #: list price from the price data set
+    price: str | None = None
+    #: a hard cap on the run's dollars, at that price
+    budget_usd: float | None = None
     refine: bool | None = None  # None: on, except per shard
     adaptive: bool | None = None  # None: on, except per shard
     low_fill: float = 0.1
@@ -101,6 +107,8 @@ def run(opts: RunOptions, console: Console) -> int:
         f"{sweep.meter.name}, {len(plan.item_ids)} items, expected CI "
         f"±{expected_half_width(len(plan.item_ids), plan.repeats):.1%})"
     )
+    opening = sweep.runner.estimate(sweep.samples_for(plan.levels, plan.n_control or 0))
+    console.print(cost_line(sweep.costs(*opening), plan.model))
     try:
         sweep.run()
     except KeyboardInterrupt:
@@ -245,6 +253,12 @@ class _Sweep:
         if plan.n_control is None:
             plan.n_control = drawn if plan.control else 0
         self.smallest = round(min(plan.levels) * self.window)
+        self.price = parse_price(opts.price) if opts.price else lookup(plan.model)
+        if opts.budget_usd is not None and self.price is None:
+            raise UserError(
+                f"--budget-usd: the price data set has no price for {plan.model}; say what it "
+                "costs with --price IN,OUT (dollars per million tokens)"
+            )
         docs = [self.builder.doc_tokens(d) for d in self.ts.docs]
         self._check_reach(sum(docs))
         plan.window = self.window
@@ -267,7 +281,13 @@ class _Sweep:
             CallLog(out / "calls.jsonl"),
             self.window,
             opts.concurrency,
-            Budget(opts.max_calls, opts.max_input_tokens),
+            Budget(
+                opts.max_calls,
+                opts.max_input_tokens,
+                opts.budget_usd,
+                self.price,
+                plan.max_tokens + (plan.reasoning_tokens or 0),
+            ),
             progress=not opts.no_progress,
         )
 
@@ -332,6 +352,7 @@ class _Sweep:
             if plan.adaptive and self.target_items > drawn
             else ""
         )
+        cost = self.costs(calls, tokens)
         self.console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens (window {self.window:,}, levels "
             f"{', '.join(f'{lv:g}' for lv in plan.levels)}, {plan.repeats} repeats, {drawn} items, "
@@ -339,6 +360,7 @@ class _Sweep:
             f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.tolerance:.0%}{more}; "
             "nothing was sent"
         )
+        self.console.print(cost_line(cost, plan.model))
         if self.opts.json:
             estimate = {
                 "dry_run": True,
@@ -353,9 +375,38 @@ class _Sweep:
                 "haystack_groups": plan.groups,
                 "expected_half_width": hw,
                 "tolerance": plan.tolerance,
+                "cost_usd": cost,
             }
             print(json.dumps(estimate, indent=2))
         return 0
+
+    def costs(self, calls: int, tokens: int) -> dict[str, Any] | None:
+        """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``),
+        ``expected`` at the items the sample-size rule plans, ``max`` at every item the adaptive
+        design may add; input priced uncached and every call's whole output reservation, so each
+        is an upper bound for its design (refinement midpoints come on top). None: no price."""
+        if self.price is None:
+            return None
+        plan, drawn = self.plan, max(1, len(self.plan.item_ids))
+        out = plan.max_tokens + (plan.reasoning_tokens or 0)
+        grow = plan.adaptive and not plan.items
+        factors = {
+            "min": 1.0,
+            "expected": max(1.0, self.planned / drawn) if grow else 1.0,
+            "max": max(1.0, self.target_items / drawn) if grow else 1.0,
+        }
+        inp = max(0, tokens - calls * plan.max_tokens)  # the estimate holds the reservation too
+        got: dict[str, Any] = {
+            k: round(self.price.cost(inp * f, calls * f * out), 2) for k, f in factors.items()
+        }
+        got["price_per_million"] = {
+            "input": self.price.input,
+            "cached_input": self.price.cached_input,
+            "output": self.price.output,
+        }
+        got["source"] = self.price.source
+        got["budget_usd"] = self.opts.budget_usd
+        return got
 
     def run(self) -> None:
         """The planned calls, then each step of the adaptive design until the decision closes,
@@ -454,3 +505,20 @@ def _reduced_items(base: Plan, items: int | None, tolerance: float) -> list[str]
     difference in differences (twice the variance of one paired difference), at most all."""
     want = items or items_for(tolerance / 2**0.5, 3)
     return base.item_ids[: min(len(base.item_ids), want)]
+
+
+def cost_line(cost: dict[str, Any] | None, model: str) -> str:
+    """One line on what the run costs (or why no price is known)."""
+    if cost is None:
+        return (
+            f"cost: no price known for {model}; say what it costs with --price IN,OUT (dollars "
+            "per million tokens; --price 0 for a self-hosted model)"
+        )
+    cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" if cost["budget_usd"] else ""
+    p = cost["price_per_million"]
+    return (
+        f"cost: about ${cost['expected']:,.2f} expected, ${cost['min']:,.2f} at least (the "
+        f"opening design), ${cost['max']:,.2f} at most (every item the adaptive design may add)"
+        f"{cap}; input ${p['input']:g} and output ${p['output']:g} per million tokens "
+        f"({cost['source']}), input uncached and the whole output reservation counted"
+    )

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from context_ceiling.core.prices import Price
 from context_ceiling.core.wire import SweepApi
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
 from context_ceiling.sweep.context import ContextBuilder, Prompt
@@ -192,21 +193,39 @@ def _result(ep: Endpoint, body: dict[str, Any], latency: float, attempts: int) -
 
 
 class Budget:
-    """Caps on calls and tokens; the runner stops starting calls once either is reached."""
+    """Caps on calls, input tokens and dollars; the runner stops starting calls once one is
+    reached (so the adaptive design stops adding items, and the decision stays open). A call
+    is charged its input tokens and its whole output reservation (``output_tokens``) at
+    ``price`` before it starts, so the dollar cap is never crossed."""
 
-    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None) -> None:
-        self.max_calls, self.max_tokens = max_calls, max_tokens
+    def __init__(
+        self,
+        max_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_usd: float | None = None,
+        price: Price | None = None,
+        output_tokens: int = 0,
+    ) -> None:
+        self.max_calls, self.max_tokens, self.max_usd = max_calls, max_tokens, max_usd
+        self.price, self.output_tokens = price, output_tokens
         self.calls = 0
         self.tokens = 0
+        self.usd = 0.0
+
+    def _usd(self, tokens: int) -> float:
+        return self.price.cost(tokens, self.output_tokens) if self.price is not None else 0.0
 
     def allows(self, tokens: int) -> bool:
         if self.max_calls is not None and self.calls >= self.max_calls:
+            return False
+        if self.max_usd is not None and self.usd + self._usd(tokens) > self.max_usd:
             return False
         return self.max_tokens is None or self.tokens + tokens <= self.max_tokens
 
     def spend(self, tokens: int) -> None:
         self.calls += 1
         self.tokens += tokens
+        self.usd += self._usd(tokens)
 
 
 class LineProgress:

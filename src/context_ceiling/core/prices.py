@@ -1,0 +1,84 @@
+"""What tokens cost: per-model prices from a maintained data set, or the user's own.
+
+Prices come from ``genai-prices`` (pydantic's maintained data set, its bundled snapshot: nothing
+is fetched at run time), looked up by the model name the upstream is called with. A private
+deployment or a self-hosted model has no list price: ``--price IN,OUT[,CACHED]`` (US dollars per
+million tokens; ``--price 0`` for a model that costs nothing per token) says what it costs. A
+model neither knows is reported as unpriced, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from context_ceiling.core.errors import UserError
+
+__all__ = ["Price", "lookup", "parse_price"]
+
+MILLION = 1_000_000
+#: the request size prices are read at: under every long-context tier (Anthropic and Google
+#: charge more per token past 200k tokens in one request), so the rates are the base rates and a
+#: cost of calls past such a threshold is a lower bound
+_PROBE = 100_000
+
+
+@dataclass(frozen=True)
+class Price:
+    """US dollars per million tokens: input (uncached), output, and input read from a prompt
+    cache (the input price when the provider has no cached rate)."""
+
+    input: float
+    output: float
+    cached_input: float
+    source: str
+
+    def cost(self, input_tokens: float, output_tokens: float, cached_tokens: float = 0.0) -> float:
+        """Dollars for these tokens; ``cached_tokens`` is the part of ``input_tokens`` read from
+        a prompt cache."""
+        uncached = max(0.0, input_tokens - cached_tokens)
+        return (
+            uncached * self.input + cached_tokens * self.cached_input + output_tokens * self.output
+        ) / MILLION
+
+
+def parse_price(spec: str) -> Price:
+    """``IN,OUT[,CACHED]`` in dollars per million tokens, or ``0`` (a self-hosted model)."""
+    try:
+        parts = [float(x) for x in spec.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1 and parts[0] == 0:
+        return Price(0.0, 0.0, 0.0, "--price 0 (self-hosted)")
+    if len(parts) not in (2, 3) or any(p < 0 for p in parts):
+        raise UserError(
+            f"--price: {spec!r} is not IN,OUT[,CACHED] in dollars per million tokens (or 0)"
+        )
+    cached = parts[2] if len(parts) == 3 else parts[0]
+    return Price(parts[0], parts[1], cached, f"--price {spec}")
+
+
+def lookup(model: str, provider: str | None = None, batch: bool = False) -> Price | None:
+    """The list price of ``model`` (at ``provider`` when given) from the genai-prices snapshot,
+    batch rates with ``batch``; None when the data set has no such model or is not installed."""
+    try:
+        from genai_prices import Usage, calc_price
+    except ImportError:
+        return None
+    context = {"processing": "batch"} if batch else None
+
+    def per_million(**usage: int) -> float:
+        got = calc_price(
+            Usage(**usage), model_ref=model, provider_id=provider, price_context=context
+        )
+        return float(got.total_price) * MILLION / _PROBE
+
+    try:
+        inp = per_million(input_tokens=_PROBE)
+        out = per_million(output_tokens=_PROBE)
+        cached = per_million(input_tokens=_PROBE, cache_read_tokens=_PROBE)
+    except LookupError:
+        return None
+    version = metadata.version("genai-prices")
+    where = f"{provider}/" if provider else ""
+    return Price(inp, out, cached, f"genai-prices {version}: {where}{model}")
