@@ -60,10 +60,9 @@ class Failure:
 #: the one table from an upstream call's exception to the client's answer, most specific first
 #: (a timeout is a transport error too; asyncio's own deadline counts as a timeout); any other
 #: failure of the call is the last row's
-TRANSPORT_ERRORS: tuple[tuple[type[BaseException], int, Outcome, str], ...] = (
-    (httpx.TimeoutException, 504, "timeout", "upstream timed out"),
-    (TimeoutError, 504, "timeout", "upstream timed out"),
-    (BaseException, 502, "unreachable", "upstream unreachable"),
+TRANSPORT_ERRORS: tuple[tuple[tuple[type[BaseException], ...], int, Outcome, str], ...] = (
+    ((httpx.TimeoutException, TimeoutError), 504, "timeout", "upstream timed out"),
+    ((BaseException,), 502, "unreachable", "upstream unreachable"),
 )
 
 

@@ -254,6 +254,8 @@ class _Sweep:
             plan.n_control = drawn if plan.control else 0
         self.smallest = round(min(plan.levels) * self.window)
         self.price = parse_price(opts.price) if opts.price else lookup(plan.model)
+        #: what each call may write: the answer and the reasoning reserved beside it
+        self.output_reservation = plan.max_tokens + (plan.reasoning_tokens or 0)
         if opts.budget_usd is not None and self.price is None:
             raise UserError(
                 f"--budget-usd: the price data set has no price for {plan.model}; say what it "
@@ -286,7 +288,7 @@ class _Sweep:
                 opts.max_input_tokens,
                 opts.budget_usd,
                 self.price,
-                plan.max_tokens + (plan.reasoning_tokens or 0),
+                self.output_reservation,
             ),
             progress=not opts.no_progress,
         )
@@ -388,7 +390,7 @@ class _Sweep:
         if self.price is None:
             return None
         plan, drawn = self.plan, max(1, len(self.plan.item_ids))
-        out = plan.max_tokens + (plan.reasoning_tokens or 0)
+        out = self.output_reservation
         grow = plan.adaptive and not plan.items
         factors = {
             "min": 1.0,
