@@ -79,6 +79,19 @@ class ChatFormat(Strict):
     default_system: int = Field(ge=0, default=0)
 
 
+class ModelPrice(Strict):
+    """What a model's tokens cost, in US dollars per million tokens: for a private deployment
+    or a negotiated rate, and 0 for a self-hosted model (unset: the list price)."""
+
+    input: float = Field(ge=0, description="dollars per million uncached input tokens")
+    output: float = Field(ge=0, description="dollars per million output tokens")
+    cached_input: float | None = Field(
+        default=None,
+        ge=0,
+        description="dollars per million input tokens read from a prompt cache; unset: input",
+    )
+
+
 class ModelSpec(Strict):
     """One registry entry."""
 
@@ -97,6 +110,11 @@ class ModelSpec(Strict):
     upstream: str | None = Field(
         default=None,
         description="the named upstream this model is served by (default: the API's own)",
+    )
+    price: ModelPrice | None = Field(
+        default=None,
+        description="what this model's tokens cost; unset: the list price of the requested model "
+        "from genai-prices (a model it does not list is not priced)",
     )
     beta_windows: dict[str, int] = Field(
         default_factory=dict,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from context_ceiling.core.errors import UserError
 
-__all__ = ["Price", "lookup", "parse_price"]
+__all__ = ["Price", "Tier", "lookup", "parse_price"]
 
 MILLION = 1_000_000
 #: the request size prices are read at: under every long-context tier (Anthropic and Google
@@ -24,14 +25,37 @@ _PROBE = 100_000
 
 
 @dataclass(frozen=True)
+class Tier:
+    """The rates of a request whose input reaches ``start`` tokens: the provider then charges
+    every token of that request at these (the "long context" tiers of Anthropic and Google)."""
+
+    start: int
+    input: float
+    output: float
+    cached_input: float
+
+
+@dataclass(frozen=True)
 class Price:
     """US dollars per million tokens: input (uncached), output, and input read from a prompt
-    cache (the input price when the provider has no cached rate)."""
+    cache (the input price when the provider has no cached rate); ``tiers``: the rates of
+    requests past a size, lowest start first."""
 
     input: float
     output: float
     cached_input: float
     source: str
+    tiers: tuple[Tier, ...] = ()
+
+    def at(self, input_tokens: int) -> Price:
+        """The rates one request of ``input_tokens`` input is charged at."""
+        chosen: Tier | None = None
+        for t in self.tiers:
+            if input_tokens >= t.start:
+                chosen = t
+        if chosen is None:
+            return self
+        return Price(chosen.input, chosen.output, chosen.cached_input, self.source)
 
     def cost(self, input_tokens: float, output_tokens: float, cached_tokens: float = 0.0) -> float:
         """Dollars for these tokens; ``cached_tokens`` is the part of ``input_tokens`` read from
@@ -77,8 +101,48 @@ def lookup(model: str, provider: str | None = None, batch: bool = False) -> Pric
         inp = per_million(input_tokens=_PROBE)
         out = per_million(output_tokens=_PROBE)
         cached = per_million(input_tokens=_PROBE, cache_read_tokens=_PROBE)
+        tiers = []
+        for start in _tier_starts(model, provider):
+            # a request past ``start`` input tokens is charged the tier's rate for every token
+            n = start + 1
+            rate = n / MILLION
+            at = calc_price(Usage(input_tokens=n), model_ref=model, provider_id=provider)
+            both = calc_price(
+                Usage(input_tokens=n, output_tokens=n),
+                model_ref=model,
+                provider_id=provider,
+            )
+            read = calc_price(
+                Usage(input_tokens=n, cache_read_tokens=n),
+                model_ref=model,
+                provider_id=provider,
+            )
+            t_in = float(at.total_price) / rate
+            tiers.append(
+                Tier(
+                    n,
+                    round(t_in, 6),
+                    round(float(both.total_price) / rate - t_in, 6),
+                    round(float(read.total_price) / rate, 6),
+                )
+            )
     except LookupError:
         return None
     version = metadata.version("genai-prices")
     where = f"{provider}/" if provider else ""
-    return Price(inp, out, cached, f"genai-prices {version}: {where}{model}")
+    return Price(inp, out, cached, f"genai-prices {version}: {where}{model}", tuple(tiers))
+
+
+def _tier_starts(model: str, provider: str | None) -> list[int]:
+    """Where the model's long-context tiers start (input tokens), from its price record."""
+    from genai_prices import Usage, calc_price
+
+    got = calc_price(Usage(input_tokens=1), model_ref=model, provider_id=provider)
+    prices: Any = got.model.prices if got.model is not None else None
+    if not hasattr(prices, "input_mtok"):  # prices that change by time of day: not tiered
+        return []
+    starts: set[int] = set()
+    for name in ("input_mtok", "output_mtok", "cache_read_mtok"):
+        for tier in getattr(getattr(prices, name, None), "tiers", None) or []:
+            starts.add(int(tier.start))
+    return sorted(starts)

@@ -160,6 +160,8 @@ def create_app(
             gc.freeze()
         if state.capture is not None:
             state.capture.start()
+        if state.answers is not None:
+            state.answers.start()
         try:
             async with anyio.create_task_group() as tg:
                 if settings.ceilings_watch:
@@ -180,6 +182,8 @@ def create_app(
                 loop.remove_signal_handler(signal.SIGHUP)
             if state.capture is not None:
                 await anyio.to_thread.run_sync(state.capture.stop)
+            if state.answers is not None:
+                await anyio.to_thread.run_sync(state.answers.stop)
             await state.aclose()
 
     hot: dict[str, Handler] = {

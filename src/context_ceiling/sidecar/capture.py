@@ -44,14 +44,16 @@ def hostname_path(path: Path) -> Path:
 
 
 class CollectingTap:
-    """A stream tap that also keeps the events (up to ``limit`` bytes) of a sampled stream; every
-    other stream gets the bare tap."""
+    """A stream tap that also keeps the events (up to ``limit`` bytes) of a stream that is
+    captured or checked for answer signals (references to the relayed bytes, no copies); every
+    other stream gets the bare tap. ``overflow``: the stream was longer than ``limit``."""
 
     def __init__(self, inner: Tap, limit: int) -> None:
         self.inner = inner
         self.limit = limit
         self.events: list[bytes] = []
         self._size = 0
+        self.overflow = False
 
     @property
     def usage(self) -> Usage:
@@ -69,6 +71,12 @@ class CollectingTap:
         if self._size < self.limit:
             self.events.append(raw)
             self._size += len(raw)
+        else:
+            self.overflow = True
+
+    @property
+    def size(self) -> int:
+        return self._size
 
     def on_chunk(self, chunk: bytes) -> bytes | None:
         out = self.inner.on_chunk(chunk)

@@ -314,6 +314,20 @@ class Capture(_Section):
         return w.sample_rate if w is not None else self.sample_rate
 
 
+class Answers(_Section):
+    """Answer signals by fill (docs/observability.md): every answer of a measured generation
+    route is read once it was relayed, on one checker thread, and counted by why it stopped and
+    what was wrong with it, by fill bucket. Nothing of the answer is kept."""
+
+    #: read and count answers (on by default)
+    enabled: bool = True
+    #: an answer larger than this (a body, or a stream's events) is not read: only its stop
+    #: reason is counted (``llm_context_answer_checks_skipped_total{reason="too_large"}``)
+    max_bytes: int = Field(default=1_048_576, ge=1024)
+    #: answers waiting for the checker; past it a check is dropped (``queue_full``), never waited on
+    queue_size: int = Field(default=256, ge=1)
+
+
 class Settings(BaseSettings):
     """The whole sidecar configuration."""
 
@@ -360,6 +374,8 @@ class Settings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     #: traffic capture for task sets built from your own traffic
     capture: Capture = Field(default_factory=Capture)
+    #: answer signals by fill: stops, empty and malformed answers, repetition
+    answers: Answers = Field(default_factory=Answers)
     #: the JSON log's level (one line per request at info)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: worker processes behind the one port (1: a single process). More than one gives a pod

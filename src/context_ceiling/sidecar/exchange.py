@@ -24,6 +24,7 @@ from context_ceiling.core.counting import (
 )
 from context_ceiling.core.models import OTHER, ModelSpec
 from context_ceiling.core.wire import Api, Shape
+from context_ceiling.sidecar.answers import Expect
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.outcomes import Outcome
 from context_ceiling.sidecar.relay import Tap
@@ -217,6 +218,10 @@ class Exchange:
     #: arrived, the response (a body, or a stream's events)
     capture_body: dict[str, Any] | None = None
     capture_response: bytes | None = None
+    #: checked for answer signals: what the request asked the answer to be, and the answer as
+    #: relayed (a body, or a stream's events; None past answers.max_bytes)
+    answer_expect: Expect | None = None
+    answer_raw: bytes | list[bytes] | None = None
     #: the request body's size, and whether counting was skipped because a bound proved the
     #: request within its budget (counting.strategy: bounded)
     body_bytes: int = 0

@@ -119,6 +119,19 @@ CEILING_RATIO_BUCKETS = (
 )
 
 
+class _AnswerJob(Protocol):
+    """The labels of a checked answer (``answers.Job``)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def fill(self) -> str: ...
+    @property
+    def side(self) -> str: ...
+
+
 class _Staleness(Protocol):
     def states(
         self, doc: CeilingsDocument
@@ -253,6 +266,58 @@ class Metrics:
             "llm_context_native_cleared_tokens",
             "Input tokens the provider reported clearing under strategy native.",
             ["model", "workload"],
+            registry=r,
+        )
+
+        # answer signals by fill (sidecar/answers.py): counted on the checker thread after the
+        # answer was relayed; ``fill`` is one of core.utilization.FILL_BUCKETS or unknown,
+        # ``side`` below/above the running ceiling or none
+        answer_labels = ["model", "workload", "fill", "side"]
+        self.answers = Counter(
+            "llm_context_answers",
+            "Answers checked for answer signals, by the request's fill bucket (input tokens / "
+            "window) and its side of the running ceiling.",
+            answer_labels,
+            registry=r,
+        )
+        self.answer_signals = Counter(
+            "llm_context_answer_signals",
+            "Answer signals: why the answer stopped (stop, truncated, content_filter, refusal, "
+            "tool_calls, other_stop: one per answer) and what was wrong with it (empty, "
+            "invalid_json, schema_mismatch, unknown_tool, invalid_tool_arguments, "
+            "tool_schema_mismatch, repetition).",
+            [*answer_labels, "signal"],
+            registry=r,
+        )
+        self.answer_tokens = Counter(
+            "llm_context_answer_tokens",
+            "Output tokens of checked answers as the provider reported them, and of those the "
+            "reasoning tokens (kind), by fill bucket.",
+            [*answer_labels, "kind"],
+            registry=r,
+        )
+        self.answer_checks_skipped = Counter(
+            "llm_context_answer_checks_skipped",
+            "Answers not read whole: too_large (over answers.max_bytes: only the stop is "
+            "counted), queue_full (the checker was behind: not counted), error.",
+            ["reason"],
+            registry=r,
+        )
+
+        # what the context costs (sidecar/costs.py), in US dollars at list or configured prices
+        self.input_cost = Counter(
+            "llm_context_input_cost_usd",
+            "Price of the input of priced requests: the part within the running ceiling and "
+            "the part above it (no_ceiling: the model/workload has none), read from a prompt "
+            "cache or not.",
+            ["model", "workload", "part", "cache"],
+            registry=r,
+        )
+        self.trim_savings = Counter(
+            "llm_context_trim_savings_usd",
+            "Price of the input trimming removed (action trimmed, enforce mode) or would have "
+            "removed (would_trim, observe mode), at the uncached input price.",
+            ["model", "workload", "action"],
             registry=r,
         )
 
@@ -392,6 +457,22 @@ class Metrics:
         if found is None:
             found = self._children[key] = family.labels(**labels)
         return found
+
+    def answer(
+        self, job: _AnswerJob, signals: list[str], output: int | None, reasoning: int | None
+    ) -> None:
+        """Count one checked answer and its signals (the answer checker's sink)."""
+        labels = {"model": job.model, "workload": job.workload, "fill": job.fill, "side": job.side}
+        self.child(self.answers, **labels).inc()
+        for s in signals:
+            self.child(self.answer_signals, **labels, signal=s).inc()
+        if output:
+            self.child(self.answer_tokens, **labels, kind="output").inc(output)
+        if reasoning:
+            self.child(self.answer_tokens, **labels, kind="reasoning").inc(reasoning)
+
+    def answer_skipped(self, reason: str) -> None:
+        self.child(self.answer_checks_skipped, reason=reason).inc()
 
     def observe_input(
         self,

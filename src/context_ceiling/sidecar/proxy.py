@@ -30,6 +30,7 @@ from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.trim import requested_output
 from context_ceiling.core.wire import Api
 from context_ceiling.sidecar import beside
+from context_ceiling.sidecar.answers import expectations
 from context_ceiling.sidecar.bodies import (
     BodyTooLarge,
     ResponseTooLarge,
@@ -98,6 +99,8 @@ class Proxy:
     """Request handlers bound to the sidecar's live state."""
 
     def __init__(self, state: State) -> None:
+        #: an answer longer than this is not read for answer signals (answers.max_bytes)
+        self._answer_bytes = state.settings.answers.max_bytes
         self.state = state
         self.rec = Recorder(state)
 
@@ -407,6 +410,8 @@ class Proxy:
             and st.capture.sample(ex.workload, ex.body_bytes)
         ):
             ex.capture_body = obj  # the client's request, before any trimming
+        if st.answers is not None and not route.count_only:
+            ex.answer_expect = expectations(route.shape, obj)
         d = ex.decision
         if d is not None and d.body is not None:
             obj = d.body
@@ -490,6 +495,8 @@ class Proxy:
             ex.usage = ex.route.body_usage(plain)
             if ex.capture_body is not None:
                 ex.capture_response = plain
+            if ex.answer_expect is not None and len(plain) <= self._answer_bytes:
+                ex.answer_raw = plain
         beside.after(self.state, self.rec, ex)
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         if content is not plain:
@@ -498,13 +505,24 @@ class Proxy:
 
     def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> SSERelay:
         collecting: CollectingTap | None = None
-        if ex.capture_body is not None and self.state.capture is not None:
-            tap = collecting = CollectingTap(tap, self.state.capture.cfg.max_request_bytes)
+        capture = ex.capture_body is not None and self.state.capture is not None
+        limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
+        if ex.answer_expect is not None:
+            limit = max(limit, self._answer_bytes)
+        if limit:
+            tap = collecting = CollectingTap(tap, limit)
 
         def done(outcome: Outcome, usage: Usage) -> None:
             ex.outcome, ex.usage = outcome, usage
             if collecting is not None:
-                ex.capture_response = b"".join(collecting.events)
+                if capture:
+                    ex.capture_response = b"".join(collecting.events)
+                if (
+                    ex.answer_expect is not None
+                    and not collecting.overflow
+                    and collecting.size <= self._answer_bytes
+                ):
+                    ex.answer_raw = collecting.events  # joined on the checker thread
             beside.after(self.state, self.rec, ex)
 
         def first() -> None:

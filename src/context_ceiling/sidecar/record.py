@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from context_ceiling.core.utilization import Component
+from context_ceiling.core.ceilings import CeilingEntry
+from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
 from context_ceiling.core.wire import STAGE_COMPONENT
+from context_ceiling.sidecar.answers import Job
 from context_ceiling.sidecar.capture import Pending
+from context_ceiling.sidecar.costs import InputCost, input_cost
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
 from context_ceiling.sidecar.logs import bounded, log_request
@@ -57,10 +60,95 @@ class Recorder:
         when that was earlier than now (a sample recorded once its count landed)."""
         now = time.perf_counter() if ended is None else ended
         est_error = self._metrics(ex, now)
+        cost = self._cost(ex)
         stale = self._staleness(ex)
         self._genai(ex, now, stale)
-        self._log(ex, now, est_error)
+        self._log(ex, now, est_error, cost)
         self._capture(ex)
+        self._answer(ex)
+
+    @staticmethod
+    def _input_tokens(ex: Exchange) -> int | None:
+        """The request's input as the provider reported it, else as counted (after trimming)."""
+        if ex.usage.input_tokens is not None:
+            return ex.usage.input_tokens
+        return ex.forwarded_tokens if ex.count is not None else None
+
+    @staticmethod
+    def _entry(ex: Exchange) -> CeilingEntry | None:
+        d = ex.decision
+        if d is not None:
+            return d.entry
+        return ex.ceilings.lookup(ex.label, ex.workload) if ex.spec is not None else None
+
+    def _answer(self, ex: Exchange) -> None:
+        """A relayed answer, to the answer checker (off this path): labelled by the fill of the
+        request and its side of the running ceiling."""
+        checker = self.state.answers
+        if checker is None or ex.answer_expect is None or ex.outcome != "ok" or ex.status != 200:
+            return
+        tokens = self._input_tokens(ex)
+        entry = self._entry(ex)
+        fill = (
+            fill_bucket(tokens / ex.spec.window)
+            if tokens is not None and ex.spec is not None
+            else UNKNOWN_FILL
+        )
+        side = (
+            "none"
+            if entry is None or tokens is None
+            else ("above" if tokens > entry.ceiling_tokens else "below")
+        )
+        checker.submit(
+            Job(
+                model=ex.label,
+                workload=ex.workload,
+                fill=fill,
+                side=side,
+                shape=ex.route.shape,
+                stream=ex.stream,
+                expect=ex.answer_expect,
+                raw=ex.answer_raw,
+                finish=ex.usage.finish_reason,
+                output_tokens=ex.usage.output_tokens,
+            )
+        )
+
+    def _cost(self, ex: Exchange) -> InputCost | None:
+        """The price of the request's input, split at its ceiling, counted; None: not priced
+        (not a generation, not answered, or a model without a price)."""
+        if ex.route.count_only or ex.outcome != "ok":
+            return None
+        tokens = self._input_tokens(ex)
+        if tokens is None:
+            return None
+        u = ex.usage
+        provider = "azure" if ex.route.azure else ex.route.api
+        price = self.state.pricing.price(ex.spec, provider, ex.model, u.response_model)
+        if price is None:
+            return None
+        entry = self._entry(ex)
+        d = ex.decision
+        removed = d.report.trimmed if d is not None and d.report is not None and not d.reject else 0
+        cost = input_cost(
+            price,
+            tokens,
+            u.cached_tokens or 0,
+            entry.ceiling_tokens if entry is not None else None,
+            removed,
+            ex.count.total if ex.count is not None else tokens,
+        )
+        m = self.state.metrics
+        for (part, cache), usd in cost.parts.items():
+            m.child(m.input_cost, model=ex.label, workload=ex.workload, part=part, cache=cache).inc(
+                usd
+            )
+        if cost.savings and d is not None:
+            action = "trimmed" if d.body is not None else "would_trim"
+            m.child(m.trim_savings, model=ex.label, workload=ex.workload, action=action).inc(
+                cost.savings
+            )
+        return cost
 
     def _capture(self, ex: Exchange) -> None:
         """A sampled exchange that succeeded, to the capture writer (off this path)."""
@@ -144,7 +232,9 @@ class Recorder:
             ex.label, ex.workload, c, ex.usage.response_model, ex.ceilings
         )
 
-    def _log(self, ex: Exchange, now: float, est_error: float | None) -> None:
+    def _log(
+        self, ex: Exchange, now: float, est_error: float | None, cost: InputCost | None
+    ) -> None:
         """The one JSON line per request (no prompt text, bounded fields)."""
         c, u, d = ex.count, ex.usage, ex.decision
         r = d.report if d else None
@@ -188,6 +278,9 @@ class Recorder:
                 "native_context_management": bool(d and d.native is not None),
                 "native_edits": u.native_edits or None,
                 "native_cleared_tokens": u.native_cleared_tokens,
+                "input_cost_usd": round(cost.total, 8) if cost else None,
+                "input_cost_above_ceiling_usd": round(cost.above, 8) if cost else None,
+                "trim_savings_usd": round(cost.savings, 8) if cost and cost.savings else None,
                 "status": ex.status,
                 "outcome": ex.outcome,
                 "latency_ms": round((now - ex.started) * 1000, 2),

@@ -17,10 +17,12 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import ModelSpec, Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.wire import Api, Shape
+from context_ceiling.sidecar.answers import AnswerChecker
 from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token, budget_token
+from context_ceiling.sidecar.costs import Pricing
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.group import WorkerGroup
 from context_ceiling.sidecar.metrics import Metrics
@@ -71,6 +73,10 @@ class State:
     named: dict[str, tuple[Api, UpstreamClient, Upstream]] = field(default_factory=dict)
     #: traffic capture (None: capture.enabled is false)
     capture: Capturer | None = None
+    #: the answer checker (None: answers.enabled is false)
+    answers: AnswerChecker | None = None
+    #: the price of each requested model (list prices, or the registry's own)
+    pricing: Pricing = field(default_factory=lambda: Pricing(()))
     #: bytes per reported token, per model (counting.strategy: bounded)
     calibration: Calibration = field(default_factory=lambda: Calibration(32))
     #: which requests a bound let through are counted anyway (counting.strategy: bounded)
@@ -134,9 +140,16 @@ class State:
             if settings.capture.enabled
             else None
         )
+        answers = (
+            AnswerChecker(metrics, settings.answers.queue_size)
+            if settings.answers.enabled
+            else None
+        )
         return cls(
             settings=settings,
             registry=registry,
+            answers=answers,
+            pricing=Pricing(settings.models),
             metrics=metrics,
             clients=clients,
             named=named,

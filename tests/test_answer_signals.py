@@ -1,0 +1,535 @@
+"""Answer signals by fill, end to end: the official SDKs (openai, anthropic, google-genai) ->
+the sidecar -> a loopback double of each provider (:mod:`tests.answer_provider_double`) that
+answers with a scripted answer, as a body and as a stream, for every API. Each signal is read
+back from the sidecar's registry with the labels it must carry."""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from google import genai
+from google.genai import types
+
+from context_ceiling.core.prices import lookup
+from context_ceiling.core.utilization import FILL_BUCKETS
+from context_ceiling.sidecar.answers import (
+    SIDES,
+    SIGNALS,
+    Answer,
+    Expect,
+    expectations,
+    problems,
+    repetition,
+    stop_of,
+)
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.state import State
+from tests.answer_provider_double import AnswerProviderDouble, Script
+from tests.ceiling_docs import doc, entry
+from tests.hosted_provider_double import serve
+
+TOKEN = "admin-tok"
+WINDOW = 10_000
+CEILING = 800
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+TOOL_PARAMS = {
+    "type": "object",
+    "properties": {"x": {"type": "string"}},
+    "required": ["x"],
+}
+APIS = ("openai_chat", "openai_responses", "anthropic_messages", "gemini_generate")
+LABEL = {
+    "openai_chat": "gpt-4o",
+    "openai_responses": "gpt-4o",
+    "anthropic_messages": "claude",
+    "gemini_generate": "gemini",
+}
+
+
+@dataclass
+class Sidecar:
+    url: str
+    state: State
+    double: AnswerProviderDouble
+
+    def count(self, name: str, **labels: str) -> float:
+        return self.state.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def settle(self) -> None:
+        assert self.state.answers is not None
+        self.state.answers.join()
+
+
+def _settings(durl: str, **over: Any) -> Settings:
+    cfg: dict[str, Any] = {
+        "upstreams": {
+            "openai": {"base_url": durl + "/v1"},
+            "anthropic": {"base_url": durl},
+            "gemini": {"base_url": durl},
+        },
+        "models": [
+            {"match": "gpt-4o", "window": WINDOW, "max_output_tokens": 1000},
+            {"match": "claude-*", "label": "claude", "window": WINDOW, "max_output_tokens": 1000},
+            {"match": "gemini-*", "label": "gemini", "window": WINDOW, "max_output_tokens": 1000},
+        ],
+        "workloads": ["default", "rag"],
+        "admin_token": TOKEN,
+        "enforcement": {"mode": "observe", "default_output_reservation": 100},
+    }
+    cfg.update(over)
+    return Settings(**cfg)
+
+
+@pytest.fixture(scope="module")
+def sidecar() -> Iterator[Sidecar]:
+    d = AnswerProviderDouble()
+    with serve(d.app()) as durl:
+        app = create_app(_settings(durl))
+        with serve(app) as url:
+            ceilings = doc(
+                1,
+                entry(model="gpt-4o", window=WINDOW, tokens=CEILING),
+                entry(model="claude", window=WINDOW, tokens=CEILING),
+                entry(model="gemini", window=WINDOW, tokens=CEILING),
+            )
+            r = httpx.put(
+                url + "/admin/ceilings",
+                json=ceilings,
+                headers={"authorization": f"Bearer {TOKEN}"},
+            )
+            assert r.status_code == 200, r.text
+            yield Sidecar(url, app.state.sidecar, d)
+
+
+@dataclass
+class Ask:
+    """What the request asks for: JSON with the schema, and the tool ``get_weather``."""
+
+    json: bool = False
+    tools: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def call(sc: Sidecar, api: str, stream: bool, ask: Ask) -> None:
+    """One request through the sidecar with the API's official SDK, read to its end."""
+    question = "What is the answer? Answer in JSON." if ask.json else "What is the answer?"
+    if api == "openai_chat":
+        c = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+        kw: dict[str, Any] = {}
+        if ask.json:
+            kw["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": SCHEMA},
+            }
+        if ask.tools:
+            kw["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "parameters": TOOL_PARAMS},
+                }
+            ]
+        msgs: Any = [{"role": "user", "content": question}]
+        if stream:
+            for _ in c.chat.completions.create(model="gpt-4o", messages=msgs, stream=True, **kw):
+                pass
+        else:
+            c.chat.completions.create(model="gpt-4o", messages=msgs, **kw)
+    elif api == "openai_responses":
+        c = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+        kw = {}
+        if ask.json:
+            kw["text"] = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
+        if ask.tools:
+            kw["tools"] = [{"type": "function", "name": "get_weather", "parameters": TOOL_PARAMS}]
+        if stream:
+            for _ in c.responses.create(model="gpt-4o", input=question, stream=True, **kw):
+                pass
+        else:
+            c.responses.create(model="gpt-4o", input=question, **kw)
+    elif api == "anthropic_messages":
+        a = anthropic.Anthropic(base_url=sc.url, api_key="k", max_retries=0)
+        kw = {}
+        if ask.json:
+            kw["extra_body"] = {
+                "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}
+            }
+        if ask.tools:
+            kw["tools"] = [{"name": "get_weather", "input_schema": TOOL_PARAMS}]
+        amsgs: Any = [{"role": "user", "content": question}]
+        if stream:
+            with a.messages.stream(
+                model="claude-sonnet-4-5", max_tokens=100, messages=amsgs, **kw
+            ) as s:
+                for _ in s:
+                    pass
+        else:
+            a.messages.create(model="claude-sonnet-4-5", max_tokens=100, messages=amsgs, **kw)
+    else:
+        g = genai.Client(api_key="k", http_options=types.HttpOptions(base_url=sc.url))
+        config = types.GenerateContentConfig(
+            response_mime_type="application/json" if ask.json else None,
+            response_json_schema=SCHEMA if ask.json else None,
+            tools=[
+                types.Tool(
+                    function_declarations=[
+                        types.FunctionDeclaration(
+                            name="get_weather", parameters_json_schema=TOOL_PARAMS
+                        )
+                    ]
+                )
+            ]
+            if ask.tools
+            else None,
+        )
+        if stream:
+            for _ in g.models.generate_content_stream(
+                model="gemini-2.5-flash", contents=question, config=config
+            ):
+                pass
+        else:
+            g.models.generate_content(model="gemini-2.5-flash", contents=question, config=config)
+
+
+REPEATING = "Let me check the records. " + "I will check the records again. " * 30
+
+
+def _refusal(api: str) -> tuple[str, Script, Ask, set[str]]:
+    """Each API's way of declining: OpenAI's refusal field, Anthropic's refusal stop, Gemini's
+    safety stop."""
+    if api.startswith("openai"):
+        return "refusal", Script(text="", refusal="I can't help with that."), Ask(), {"refusal"}
+    if api == "anthropic_messages":
+        return "refusal", Script(text="", stop="refusal"), Ask(), {"refusal"}
+    return "filtered", Script(text="", stop="content_filter"), Ask(), {"content_filter"}
+
+
+#: (name, the answer, what the request asks for, the signals it must give)
+SCENARIOS: list[tuple[str, Script, Ask, set[str]]] = [
+    ("normal", Script(), Ask(), {"stop"}),
+    ("truncated", Script(stop="truncated"), Ask(), {"truncated"}),
+    ("empty", Script(text=""), Ask(), {"stop", "empty"}),
+    ("invalid_json", Script(text='Sure! {"a": '), Ask(json=True), {"stop", "invalid_json"}),
+    ("schema_mismatch", Script(text='{"a": "x"}'), Ask(json=True), {"stop", "schema_mismatch"}),
+    ("valid_json", Script(text='{"a": 1}'), Ask(json=True), {"stop"}),
+    (
+        "unknown_tool",
+        Script(text="", stop="tool_calls", tool_calls=[("launch_rockets", "{}")]),
+        Ask(tools=True),
+        {"tool_calls", "unknown_tool"},
+    ),
+    (
+        "invalid_tool_arguments",
+        Script(text="", stop="tool_calls", tool_calls=[("get_weather", '{"x": ')]),
+        Ask(tools=True),
+        {"tool_calls", "invalid_tool_arguments"},
+    ),
+    (
+        "tool_schema_mismatch",
+        Script(text="", stop="tool_calls", tool_calls=[("get_weather", '{"x": 1}')]),
+        Ask(tools=True),
+        {"tool_calls", "tool_schema_mismatch"},
+    ),
+    (
+        "good_tool_call",
+        Script(text="", stop="tool_calls", tool_calls=[("get_weather", '{"x": "Paris"}')]),
+        Ask(tools=True),
+        {"tool_calls"},
+    ),
+    ("repetition", Script(text=REPEATING, stop="truncated"), Ask(), {"truncated", "repetition"}),
+]
+
+
+def _signals(sc: Sidecar, api: str, fill: str, side: str) -> dict[str, float]:
+    labels = {"model": LABEL[api], "workload": "default", "fill": fill, "side": side}
+    return {s: sc.count("llm_context_answer_signals_total", **labels, signal=s) for s in SIGNALS}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+@pytest.mark.parametrize("api", APIS)
+def test_every_signal_is_read_from_every_api(sidecar: Sidecar, api: str, stream: bool) -> None:
+    sc = sidecar
+    sc.double.prompt_tokens = 1000  # 0.1 of the window, above the ceiling of 800
+    for name, script, ask, want in [*SCENARIOS, _refusal(api)]:
+        if name == "invalid_tool_arguments" and (
+            api == "gemini_generate" or (api == "anthropic_messages" and not stream)
+        ):
+            continue  # these APIs hand tool arguments over parsed: never text that fails to parse
+        sc.double.script = script
+        before = _signals(sc, api, "0.1-0.2", "above")
+        answers = sc.count(
+            "llm_context_answers_total",
+            model=LABEL[api],
+            workload="default",
+            fill="0.1-0.2",
+            side="above",
+        )
+        call(sc, api, stream, ask)
+        sc.settle()
+        after = _signals(sc, api, "0.1-0.2", "above")
+        got = {s for s in SIGNALS if after[s] > before[s]}
+        assert got == want, (name, got)
+        assert all(after[s] - before[s] == 1 for s in got), name
+        assert (
+            sc.count(
+                "llm_context_answers_total",
+                model=LABEL[api],
+                workload="default",
+                fill="0.1-0.2",
+                side="above",
+            )
+            == answers + 1
+        ), name
+
+
+def test_fill_bucket_and_side_follow_the_reported_input(sidecar: Sidecar) -> None:
+    sc = sidecar
+    sc.double.script = Script(reasoning_tokens=5)
+    cases = [(500, "0.0-0.1", "below"), (2500, "0.2-0.3", "above"), (9500, "0.9-1.0", "above")]
+    for tokens, fill, side in cases:
+        sc.double.prompt_tokens = tokens
+        labels = {"model": "gpt-4o", "workload": "rag", "fill": fill, "side": side}
+        before = sc.count("llm_context_answers_total", **labels)
+        out = sc.count("llm_context_answer_tokens_total", **labels, kind="output")
+        reasoning = sc.count("llm_context_answer_tokens_total", **labels, kind="reasoning")
+        c = openai.OpenAI(
+            base_url=sc.url + "/v1",
+            api_key="k",
+            max_retries=0,
+            default_headers={"x-ceiling-workload": "rag"},
+        )
+        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        sc.settle()
+        assert sc.count("llm_context_answers_total", **labels) == before + 1, (tokens, fill)
+        assert sc.count("llm_context_answer_tokens_total", **labels, kind="output") == out + 20
+        assert (
+            sc.count("llm_context_answer_tokens_total", **labels, kind="reasoning") == reasoning + 5
+        )
+    # a model without a registry entry: no window, no ceiling
+    sc.double.prompt_tokens = 1000
+    labels = {"model": "other", "workload": "default", "fill": "unknown", "side": "none"}
+    before = sc.count("llm_context_answers_total", **labels)
+    openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0).chat.completions.create(
+        model="some-private-model", messages=[{"role": "user", "content": "hi"}]
+    )
+    sc.settle()
+    assert sc.count("llm_context_answers_total", **labels) == before + 1
+
+
+def test_label_sets_stay_bounded_under_random_models_tools_and_schemas(sidecar: Sidecar) -> None:
+    sc = sidecar
+    rng = random.Random(7)
+
+    def word(n: int = 8) -> str:
+        return "".join(rng.choice(string.ascii_letters) for _ in range(n))
+
+    for i in range(60):
+        sc.double.prompt_tokens = rng.randint(1, 12_000)
+        schema = {
+            "type": "object",
+            "properties": {word(): {"type": rng.choice(["string", "integer"])}},
+        }
+        tool = word()
+        sc.double.script = Script(
+            text=rng.choice(['{"a": 1}', "plain", "", word(300)]),
+            stop=rng.choice(["stop", "truncated", "tool_calls", "content_filter"]),
+            tool_calls=[(rng.choice([tool, word()]), rng.choice(["{}", '{"x": ', '{"k": 2}']))],
+        )
+        body: dict[str, Any] = {
+            "model": rng.choice(["gpt-4o", word(), f"claude-{word()}", f"gpt-4o-{word()}"]),
+            "messages": [{"role": "user", "content": word(20)}],
+            "tools": [{"type": "function", "function": {"name": tool, "parameters": schema}}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": word(), "schema": schema},
+            },
+            "stream": i % 2 == 0,
+        }
+        r = httpx.post(
+            sc.url + "/v1/chat/completions",
+            json=body,
+            headers={"authorization": "Bearer k", "x-ceiling-workload": word()},
+        )
+        assert r.status_code == 200, r.text
+    sc.settle()
+    allowed = {
+        "model": {"gpt-4o", "claude", "gemini", "other"},
+        "workload": {"default", "rag"},
+        "fill": {*FILL_BUCKETS, "unknown"},
+        "side": set(SIDES),
+        "signal": set(SIGNALS),
+        "kind": {"output", "reasoning"},
+        "part": {"within", "above", "no_ceiling"},
+        "cache": {"cached", "uncached"},
+        "action": {"trimmed", "would_trim"},
+        "reason": {"too_large", "queue_full", "error"},
+    }
+    families = {
+        "llm_context_answers",
+        "llm_context_answer_signals",
+        "llm_context_answer_tokens",
+        "llm_context_answer_checks_skipped",
+        "llm_context_input_cost_usd",
+        "llm_context_trim_savings_usd",
+    }
+    seen = 0
+    for metric in sc.state.metrics.registry.collect():
+        if metric.name not in families:
+            continue
+        for s in metric.samples:
+            for k, v in s.labels.items():
+                assert v in allowed[k], (metric.name, k, v)
+            seen += 1
+    assert seen > 0
+
+
+def test_an_answer_past_the_size_cap_counts_its_stop_only() -> None:
+    d = AnswerProviderDouble(script=Script(text="x" * 5000, stop="truncated"))
+    with serve(d.app()) as durl:
+        app = create_app(_settings(durl, answers={"max_bytes": 1024}))
+        with serve(app) as url:
+            sc = Sidecar(url, app.state.sidecar, d)
+            c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+            msgs: Any = [{"role": "user", "content": "hi"}]
+            c.chat.completions.create(model="gpt-4o", messages=msgs)
+            for _ in c.chat.completions.create(model="gpt-4o", messages=msgs, stream=True):
+                pass
+            sc.settle()
+            labels = {"model": "gpt-4o", "workload": "default", "fill": "0.1-0.2", "side": "none"}
+            assert sc.count("llm_context_answer_checks_skipped_total", reason="too_large") == 2
+            assert sc.count("llm_context_answers_total", **labels) == 2
+            sig = "llm_context_answer_signals_total"
+            assert sc.count(sig, **labels, signal="truncated") == 2
+            # not read: the repetition in it is not judged
+            assert sc.count(sig, **labels, signal="repetition") == 0
+
+
+def test_answers_off_counts_nothing() -> None:
+    d = AnswerProviderDouble()
+    with serve(d.app()) as durl:
+        app = create_app(_settings(durl, answers={"enabled": False}))
+        with serve(app) as url:
+            state: State = app.state.sidecar
+            assert state.answers is None
+            openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0).chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+            )
+            names = {m.name for m in state.metrics.registry.collect() if m.samples}
+            assert "llm_context_answers" not in names
+
+
+def test_no_answer_text_reaches_the_metrics(sidecar: Sidecar) -> None:
+    secret = "sk-proj-" + "Q" * 40
+    sc = sidecar
+    sc.double.script = Script(text=f"Your key is {secret}", tool_calls=[(secret, "{}")])
+    sc.double.prompt_tokens = 1000
+    call(sc, "openai_chat", True, Ask(tools=True))
+    sc.settle()
+    from prometheus_client import generate_latest
+
+    assert secret.encode() not in generate_latest(sc.state.metrics.registry)
+
+
+# -- the checks on their own ---------------------------------------------------------------------
+
+
+def _noise(seed: int, n: int = 6000) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefgh ") for _ in range(n))
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("The answer is 42.", False),
+        ("x" * 300, True),
+        ("Intro. " + "I will check the records again. " * 8, True),
+        ("Intro. " + "The same line again.\n" * 9, False),  # under 200 characters
+        (_noise(1), False),
+        (
+            _noise(2) + "The same line again.\n" * 12,
+            True,  # a long answer that ends in a loop
+        ),
+        ("| a | b |\n" + "|---|---|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(40)), False),
+    ],
+)
+def test_repetition(text: str, want: bool) -> None:
+    assert repetition(text) is want
+
+
+def test_expectations_of_every_shape() -> None:
+    e = expectations(
+        "gemini",
+        {
+            "generationConfig": {
+                "responseMimeType": "application/json",
+                "responseSchema": {
+                    "type": "OBJECT",
+                    "properties": {"n": {"type": "INTEGER", "nullable": True}},
+                    "required": ["n"],
+                },
+            },
+            "tools": [{"functionDeclarations": [{"name": "f", "parameters": {"type": "OBJECT"}}]}],
+        },
+    )
+    assert e.json and e.schema == {
+        "type": "object",
+        "properties": {"n": {"type": ["integer", "null"]}},
+        "required": ["n"],
+    }
+    assert e.tools == {"f": {"type": "object"}}
+    assert problems(Answer(text='{"n": null}', finish="STOP"), e) == []
+    assert problems(Answer(text='{"n": "one"}', finish="STOP"), e) == ["schema_mismatch"]
+    a = expectations("anthropic", {"output_format": {"type": "json_schema", "schema": SCHEMA}})
+    assert a.json and a.schema == SCHEMA and a.tools is None
+    r = expectations("responses", {"text": {"format": {"type": "json_object"}}})
+    assert r.json and r.schema is None
+    o = expectations(
+        "openai", {"tools": [{"type": "custom", "custom": {"name": "shell"}}], "messages": []}
+    )
+    assert o.free == {"shell"} and not o.json
+    assert problems(Answer(tool_calls=[("shell", "ls -la")], finish="tool_calls"), o) == []
+
+
+def test_a_schema_with_client_regular_expressions_is_not_run() -> None:
+    evil = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}}
+    e = Expect(json=True, schema=evil)
+    # checked for JSON, never matched against the client's pattern
+    assert problems(Answer(text='{"a": "' + "a" * 40 + '!"}', finish="stop"), e) == []
+    assert problems(Answer(text="{", finish="stop"), e) == ["invalid_json"]
+
+
+def test_stop_reasons_in_one_vocabulary() -> None:
+    assert stop_of(Answer(finish="length")) == "truncated"
+    assert stop_of(Answer(finish="max_tokens")) == "truncated"
+    assert stop_of(Answer(finish="MAX_TOKENS")) == "truncated"
+    assert stop_of(Answer(finish="max_output_tokens")) == "truncated"
+    assert stop_of(Answer(finish="RECITATION")) == "content_filter"
+    assert stop_of(Answer(finish="stop", refusal=True)) == "refusal"
+    assert stop_of(Answer(finish="completed", tool_calls=[("f", "{}")])) == "tool_calls"
+    assert stop_of(Answer(finish="pause_turn")) == "other_stop"
+    assert stop_of(Answer(finish=None)) == "other_stop"
+    malformed = Answer(finish="MALFORMED_FUNCTION_CALL", malformed_call=True)
+    assert stop_of(malformed) == "tool_calls"
+    assert "invalid_tool_arguments" in problems(malformed, Expect())
+
+
+def test_long_context_tiers_price_the_whole_request() -> None:
+    price = lookup("gemini-2.5-pro", "google")
+    assert price is not None and price.tiers
+    tier = price.tiers[0]
+    assert price.at(tier.start - 1).input == price.input
+    assert price.at(tier.start).input == tier.input > price.input
