@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from context_ceiling.sidecar.answers import SIGNALS
 from context_ceiling.sidecar.exchange import GENERATION_APIS
 
 RUNBOOK = "https://github.com/context-ceiling/context-ceiling/blob/main/dashboards/runbook.md"
@@ -40,6 +41,20 @@ Severity = Literal["critical", "warning", "info"]
 
 
 @dataclass(frozen=True)
+class Param:
+    """A further number an alert compares with, besides its threshold: its key in the chart's
+    values (camelCase; ``__KEY__`` upper-cased is its placeholder in the chart's rules)."""
+
+    key: str
+    default: float
+    means: str
+
+    @property
+    def placeholder(self) -> str:
+        return f"__{self.key.upper()}__"
+
+
+@dataclass(frozen=True)
 class AlertDefaults:
     """An alert's defaults; the chart's values override each per release."""
 
@@ -49,6 +64,11 @@ class AlertDefaults:
     threshold: float | None = None
     #: what the threshold is, in the unit the values take
     threshold_means: str = ""
+    #: further numbers it compares with
+    params: tuple[Param, ...] = ()
+    #: on unless a release turns it off; an opt-in alert is left out of the standalone
+    #: ``rules.yaml`` (it is in ``rules-opt-in.yaml``) and off in the chart's values
+    enabled: bool = True
 
 
 ALERTS: dict[str, AlertDefaults] = {
@@ -74,12 +94,28 @@ ALERTS: dict[str, AlertDefaults] = {
     "LLMContextTokenEstimateDrift": AlertDefaults(
         "warning", "1h", 0.1, "|median (estimate - reported) / reported| over 1h"
     ),
+    "LLMContextAnswerSignalAboveCeiling": AlertDefaults(
+        "warning",
+        "30m",
+        2,
+        "factor: a signal's rate among answers above the ceiling over its rate below it, over 1h",
+        (
+            Param("minAnswers", 100, "answers on each side of the ceiling within the hour"),
+            Param("minRate", 0.02, "the lowest rate below the ceiling the factor applies to"),
+        ),
+        enabled=False,
+    ),
     "LLMContextUpstreamDown": AlertDefaults("critical", "5m"),
     "LLMContextSidecarDown": AlertDefaults("critical", "5m"),
     "LLMContextSidecarAbsent": AlertDefaults("critical", "15m"),
 }
 # Annotations template only labels, never $value: the numbers are on the dashboard, and the
 # promtool tests can then state exactly what each alert says.
+
+
+#: the answer signals the alert watches: the failures, not the stops that are normal
+#: (``stop``, ``tool_calls``, ``other_stop``)
+WATCHED_SIGNALS = "|".join(s for s in SIGNALS if s not in ("stop", "tool_calls", "other_stop"))
 
 
 def threshold_text(value: float) -> str:

@@ -17,7 +17,7 @@ import yaml
 
 from dashboards.panels import dashboard
 from dashboards.rule_tests import promtool_tests
-from dashboards.rules import chart_rules_file, rules_file
+from dashboards.rules import chart_rules_file, opt_in_rules_file, rules_file
 
 HERE = Path(__file__).resolve().parent
 GENERATED = HERE / "generated"
@@ -32,14 +32,16 @@ def _yaml(doc: object) -> str:
 
 
 def outputs() -> dict[Path, dict[str, str]]:
-    """Every generated file, by folder: the standalone dashboard, rules and their promtool tests;
+    """Every generated file, by folder: the standalone dashboard, rules (the opt-in alerts
+    apart) and their promtool tests;
     the chart's dashboard and its rules with the placeholders its template fills in."""
     board = json.dumps(dashboard(), indent=2) + "\n"
     return {
         GENERATED: {
             "context-ceiling.json": board,
             "rules.yaml": _yaml(rules_file()),
-            "rules_test.yaml": _yaml(promtool_tests("rules.yaml")),
+            "rules-opt-in.yaml": _yaml(opt_in_rules_file()),
+            "rules_test.yaml": _yaml(promtool_tests(["rules.yaml", "rules-opt-in.yaml"])),
         },
         CHART_FILES: {"context-ceiling.json": board, "rules.yaml": _yaml(chart_rules_file())},
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.config import JOB_SEL, RUNBOOK, SEL
+from dashboards.config import JOB_SEL, RUNBOOK, SEL, WATCHED_SIGNALS
 
 #: the dashboard's query variables, each with its "All" value
 VARIABLES = ("cluster", "namespace", "job", "model", "workload")
@@ -52,6 +52,8 @@ def _panel(
                 "expr": e,
                 "legendFormat": leg,
                 "format": target_format,
+                # a table is one row per series at the range's end (the bar chart's categories)
+                **({"instant": True, "range": False} if target_format == "table" else {}),
                 "datasource": {"type": "prometheus", "uid": "${datasource}"},
             }
             for i, (e, leg) in enumerate(targets)
@@ -305,6 +307,94 @@ def panels() -> list[dict[str, Any]]:
             40,
             description="Tokens per second as the provider reported them (input, output), "
             "from the OpenTelemetry GenAI client metrics.",
+        ),
+        _panel(
+            14,
+            "Answer signals by fill bucket (1h)",
+            "barchart",
+            [
+                (
+                    f'sum by (fill, signal) (rate(llm_context_answer_signals_total{{{SEL}, signal=~"{WATCHED_SIGNALS}"}}[1h]))\n'
+                    f"/ on (fill) group_left sum by (fill) (rate(llm_context_answers_total{{{SEL}}}[1h]))",
+                    "{{signal}}",
+                ),
+                (
+                    "label_replace(sum by (fill) (rate(llm_context_answers_total{"
+                    + SEL
+                    + ', side="above"}[1h]))\n'
+                    f"/ on (fill) group_left sum by (fill) (rate(llm_context_answers_total{{{SEL}}}[1h])), "
+                    '"signal", "above the ceiling", "", "")',
+                    "{{signal}}",
+                ),
+            ],
+            0,
+            48,
+            unit="percentunit",
+            target_format="table",
+            extra={
+                "transformations": [
+                    {"id": "merge", "options": {}},
+                    {
+                        "id": "groupingToMatrix",
+                        "options": {
+                            "columnField": "signal",
+                            "rowField": "fill",
+                            "valueField": "Value",
+                        },
+                    },
+                ],
+                "options": {"xField": "fill\\signal", "stacking": "none", "showValue": "never"},
+            },
+            description="Each answer signal's share of the answers in each fill bucket (input "
+            "tokens / window), over the last hour: the live counterpart of the sweep's curve, "
+            "whose levels are named by the same buckets. 'above the ceiling' is the share of each "
+            "bucket's answers whose input was above the running ceiling: where it turns to 1 is "
+            "the ceiling. A rate, not a judgement of any one answer.",
+            runbook=("LLMContextAnswerSignalAboveCeiling",),
+        ),
+        _panel(
+            15,
+            "Answer signals above vs below the ceiling (1h)",
+            "timeseries",
+            [
+                (
+                    f'model_workload_side_signal:llm_context_answer_signals:ratio_rate1h{{{SEL}, side!="none", signal=~"{WATCHED_SIGNALS}"}}',
+                    "{{signal}} {{side}} {{model}}/{{workload}}",
+                ),
+            ],
+            12,
+            48,
+            unit="percentunit",
+            description="What the opt-in alert compares: each failure signal's share of the "
+            "answers whose input was above the running ceiling, and of those below it.",
+            runbook=("LLMContextAnswerSignalAboveCeiling",),
+        ),
+        _panel(
+            16,
+            "Context above the ceiling, $ per day",
+            "timeseries",
+            [
+                (
+                    f'sum by (model, workload) (model_workload_part:llm_context_input_cost_usd:rate1h{{{SEL}, part="above"}}) * 86400',
+                    "above the ceiling {{model}}/{{workload}}",
+                ),
+                (
+                    f'sum by (model, workload) (model_workload_part:llm_context_input_cost_usd:rate1h{{{SEL}, part="within"}}) * 86400',
+                    "within the ceiling {{model}}/{{workload}}",
+                ),
+                (
+                    f"sum by (model, workload, action) (rate(llm_context_trim_savings_usd_total{{{SEL}}}{r})) * 86400",
+                    "{{action}} {{model}}/{{workload}}",
+                ),
+            ],
+            0,
+            56,
+            w=24,
+            unit="currencyUSD",
+            description="The price of the input per day at the current rate (list prices from "
+            "genai-prices, or the model's configured price): the part above the running ceiling "
+            "and the part within it, and what trimming removed (trimmed, enforce mode) or would "
+            "have removed (would_trim, observe mode).",
         ),
     ]
 

@@ -33,6 +33,7 @@ QUIET = {
     "LLMContextCeilingOld": "30m",
     "LLMContextConfigReloadFailing": "30m",
     "LLMContextTokenEstimateDrift": "30m",
+    "LLMContextAnswerSignalAboveCeiling": "20m",
     "LLMContextUpstreamDown": "3m",
     "LLMContextSidecarDown": "3m",
     "LLMContextSidecarAbsent": "10m",
@@ -250,6 +251,76 @@ def cases(target: dict[str, str], absent_labels: dict[str, str]) -> list[Case]:
             [{**target, "model": "m"}],
         ),
         (
+            "LLMContextAnswerSignalAboveCeiling",
+            [
+                # m/w: 300 answers an hour above the ceiling, 600 below
+                {
+                    "series": f'llm_context_answers_total{{{M},fill="0.9-1.0",side="above"}}',
+                    "values": "0+5x100",
+                },
+                {
+                    "series": f'llm_context_answers_total{{{M},fill="0.1-0.2",side="below"}}',
+                    "values": "0+10x100",
+                },
+                # truncated: 20% above, 2% below (> 2 x)
+                {
+                    "series": f'llm_context_answer_signals_total{{{M},fill="0.9-1.0",side="above",signal="truncated"}}',
+                    "values": "0+1x100",
+                },
+                {
+                    "series": f'llm_context_answer_signals_total{{{M},fill="0.1-0.2",side="below",signal="truncated"}}',
+                    "values": "0+0.2x100",
+                },
+                # repetition: 10% above and never below (no series there at all)
+                {
+                    "series": f'llm_context_answer_signals_total{{{M},fill="0.9-1.0",side="above",signal="repetition"}}',
+                    "values": "0+0.5x100",
+                },
+                # empty: 3% above, 2% below: under the factor
+                {
+                    "series": f'llm_context_answer_signals_total{{{M},fill="0.9-1.0",side="above",signal="empty"}}',
+                    "values": "0+0.15x100",
+                },
+                {
+                    "series": f'llm_context_answer_signals_total{{{M},fill="0.1-0.2",side="below",signal="empty"}}',
+                    "values": "0+0.2x100",
+                },
+                # a normal stop is not a failure, however its rates differ
+                {
+                    "series": f'llm_context_answer_signals_total{{{M},fill="0.9-1.0",side="above",signal="stop"}}',
+                    "values": "0+4x100",
+                },
+                # m2/w: every answer above truncated, but only 60 answers an hour above
+                {
+                    "series": f'llm_context_answers_total{{{COLD},fill="0.9-1.0",side="above"}}',
+                    "values": "0+1x100",
+                },
+                {
+                    "series": f'llm_context_answers_total{{{COLD},fill="0.1-0.2",side="below"}}',
+                    "values": "0+10x100",
+                },
+                {
+                    "series": f'llm_context_answer_signals_total{{{COLD},fill="0.9-1.0",side="above",signal="truncated"}}',
+                    "values": "0+1x100",
+                },
+                # the same traffic from another job: not ours
+                {
+                    "series": f'llm_context_answers_total{{{FOREIGN},model="m",workload="w",fill="0.9-1.0",side="above"}}',
+                    "values": "0+5x100",
+                },
+                {
+                    "series": f'llm_context_answers_total{{{FOREIGN},model="m",workload="w",fill="0.1-0.2",side="below"}}',
+                    "values": "0+10x100",
+                },
+                {
+                    "series": f'llm_context_answer_signals_total{{{FOREIGN},model="m",workload="w",fill="0.9-1.0",side="above",signal="truncated"}}',
+                    "values": "0+1x100",
+                },
+            ],
+            "75m",
+            [{**m_, "signal": "repetition"}, {**m_, "signal": "truncated"}],
+        ),
+        (
             "LLMContextUpstreamDown",
             [
                 {
@@ -297,17 +368,20 @@ def equality_matchers(selector: str) -> dict[str, str]:
 
 
 def promtool_tests(
-    rules_file: str = "rules.yaml",
+    rules_files: str | list[str] = "rules.yaml",
     target: dict[str, str] | None = None,
     selector: str = SELECTOR,
     rules: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``promtool test rules`` file: each alert quiet early on, then firing for exactly the
-    series it should (``rules_file`` is relative to the test file, as promtool reads it;
-    ``rules``: the alerts as deployed, when not the defaults)."""
+    series it should (``rules_files`` are relative to the test file, as promtool reads them;
+    ``rules``: the alerts as deployed, when not the defaults: a case whose alert is switched
+    off there is left out)."""
     by_name = {a["alert"]: a for a in (rules if rules is not None else alerts())}
     tests = []
     for name, series, at, firing in cases(target or STANDALONE_TARGET, equality_matchers(selector)):
+        if name not in by_name:
+            continue
         a = by_name[name]
         exp = [
             {
@@ -326,4 +400,5 @@ def promtool_tests(
                 ],
             }
         )
-    return {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}
+    files = [rules_files] if isinstance(rules_files, str) else rules_files
+    return {"rule_files": files, "evaluation_interval": "1m", "tests": tests}

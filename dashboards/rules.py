@@ -16,6 +16,7 @@ from dashboards.config import (
     MW,
     RUNBOOK,
     SELECTOR,
+    WATCHED_SIGNALS,
     threshold_text,
 )
 
@@ -70,6 +71,38 @@ def recording_rules(sel: str = SELECTOR) -> list[dict[str, Any]]:
             "record": "model_workload:llm_context_requests:rate5m",
             "expr": f"sum by ({MW}) (rate({_m('llm_context_requests_total', sel, GENERATION)}[5m]))",
         },
+        # answer signals by fill bucket (the dashboard's curve) and by side of the ceiling (the
+        # alert): each signal's share of the answers, over an hour
+        {
+            "record": "model_workload_fill:llm_context_answers:rate1h",
+            "expr": f"sum by ({MW}, fill) (rate({_m('llm_context_answers_total', sel)}[1h]))",
+        },
+        {
+            "record": "model_workload_fill_signal:llm_context_answer_signals:ratio_rate1h",
+            "expr": (
+                f"sum by ({MW}, fill, signal) (rate({_m('llm_context_answer_signals_total', sel)}[1h]))"
+                f"\n/ on ({MW}, fill) group_left"
+                f"\nsum by ({MW}, fill) (rate({_m('llm_context_answers_total', sel)}[1h]))"
+            ),
+        },
+        {
+            "record": "model_workload_side:llm_context_answers:increase1h",
+            "expr": f"sum by ({MW}, side) (increase({_m('llm_context_answers_total', sel)}[1h]))",
+        },
+        {
+            "record": "model_workload_side_signal:llm_context_answer_signals:ratio_rate1h",
+            "expr": (
+                f"sum by ({MW}, side, signal) (rate({_m('llm_context_answer_signals_total', sel)}[1h]))"
+                f"\n/ on ({MW}, side) group_left"
+                f"\nsum by ({MW}, side) (rate({_m('llm_context_answers_total', sel)}[1h]))"
+            ),
+        },
+        # what the context costs: dollars per second of input, by part (within or above the
+        # ceiling, or no ceiling)
+        {
+            "record": "model_workload_part:llm_context_input_cost_usd:rate1h",
+            "expr": f"sum by ({MW}, part) (rate({_m('llm_context_input_cost_usd_total', sel)}[1h]))",
+        },
         {
             "record": "model:llm_context_token_estimate_error_ratio:p50_1h",
             "expr": f"histogram_quantile(0.5, sum by ({KEEP}, model, le) "
@@ -80,12 +113,12 @@ def recording_rules(sel: str = SELECTOR) -> list[dict[str, Any]]:
 
 
 def alerts(
-    sel: str = SELECTOR, threshold: Callable[[str], str] | None = None
+    sel: str = SELECTOR, threshold: Callable[[str], str] | None = None, chart: bool = False
 ) -> list[dict[str, Any]]:
     """Every alert, with its defaults; ``threshold(name)`` gives the number each compares with
-    (default: its configured default). Recorded series are selected too: the recording rules of
-    another release in the same Prometheus write the same names, and their series are not
-    this release's to alert on."""
+    (default: its configured default), ``chart``: every further number is its placeholder.
+    Recorded series are selected too: the recording rules of another release in the same
+    Prometheus write the same names, and their series are not this release's to alert on."""
 
     def t(name: str) -> str:
         if threshold is not None:
@@ -93,6 +126,10 @@ def alerts(
         value = ALERTS[name].threshold
         assert value is not None, name
         return threshold_text(value)
+
+    def param(name: str, key: str) -> str:
+        [p] = [p for p in ALERTS[name].params if p.key == key]
+        return p.placeholder if chart else threshold_text(p.default)
 
     def alert(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
         d = ALERTS[name]
@@ -168,6 +205,21 @@ def alerts(
             "The median estimate error exceeds the threshold: refit the calibration or fix the tokenizer.",
         ),
         alert(
+            "LLMContextAnswerSignalAboveCeiling",
+            _answer_signal_expr(
+                sel,
+                t("LLMContextAnswerSignalAboveCeiling"),
+                param("LLMContextAnswerSignalAboveCeiling", "minAnswers"),
+                param("LLMContextAnswerSignalAboveCeiling", "minRate"),
+            ),
+            "{{ $labels.model }}/{{ $labels.workload }} answers above its ceiling show more "
+            "{{ $labels.signal }}",
+            "Over the last hour the share of answers with this signal among requests above the "
+            "ceiling exceeds the share below it by the configured factor, with enough answers "
+            "on both sides: the knee may sit lower than the ceiling says. Compare the dashboard's "
+            "answer-signal row with the sweep's curve; re-sweep or enforce.",
+        ),
+        alert(
             "LLMContextUpstreamDown",
             f"max by ({KEEP}, instance, upstream) ({_m('llm_context_upstream_up', sel)}) == 0",
             "The {{ $labels.upstream }} upstream is unreachable from {{ $labels.instance }}",
@@ -190,11 +242,50 @@ def alerts(
     ]
 
 
+def _answer_signal_expr(sel: str, factor: str, min_answers: str, min_rate: str) -> str:
+    """A watched signal's share above the ceiling > ``factor`` x its share below (at least
+    ``min_rate``), with ``min_answers`` answers on each side in the hour. A signal that never
+    occurred below the ceiling has no series there: it counts as 0 (``or 0 * above``)."""
+    ratio = "model_workload_side_signal:llm_context_answer_signals:ratio_rate1h"
+    answers = "model_workload_side:llm_context_answers:increase1h"
+    watched = f'signal=~"{WATCHED_SIGNALS}"'
+    up, down = 'side="above"', 'side="below"'
+    above = f"sum without (side) ({_m(ratio, sel, up, watched)})"
+    below = f"sum without (side) ({_m(ratio, sel, down, watched)})"
+    return (
+        f"{above}\n> {factor} * clamp_min({below}\nor 0 * {above}, {min_rate})\n"
+        f"and on ({KEEP}, model, workload) "
+        f"(sum without (side) ({_m(answers, sel, up)}) >= {min_answers})\n"
+        f"and on ({KEEP}, model, workload) "
+        f"(sum without (side) ({_m(answers, sel, down)}) >= {min_answers})"
+    )
+
+
+def _opt_in(name: str) -> bool:
+    return not ALERTS[name].enabled
+
+
 def rules_file(sel: str = SELECTOR) -> dict[str, Any]:
+    """The standalone rules: recording rules and the alerts that are on by default."""
     return {
         "groups": [
             {"name": "context-ceiling.rules", "interval": "30s", "rules": recording_rules(sel)},
-            {"name": "context-ceiling.alerts", "rules": alerts(sel)},
+            {
+                "name": "context-ceiling.alerts",
+                "rules": [a for a in alerts(sel) if not _opt_in(a["alert"])],
+            },
+        ]
+    }
+
+
+def opt_in_rules_file(sel: str = SELECTOR) -> dict[str, Any]:
+    """The alerts that are off by default, to load beside ``rules.yaml`` when wanted."""
+    return {
+        "groups": [
+            {
+                "name": "context-ceiling.opt-in-alerts",
+                "rules": [a for a in alerts(sel) if _opt_in(a["alert"])],
+            }
         ]
     }
 
@@ -211,7 +302,7 @@ def chart_rules_file() -> dict[str, Any]:
             },
             {
                 "name": "context-ceiling.alerts",
-                "rules": alerts(CHART_SELECTOR, lambda _name: CHART_THRESHOLD),
+                "rules": alerts(CHART_SELECTOR, lambda _name: CHART_THRESHOLD, chart=True),
             },
         ]
     }

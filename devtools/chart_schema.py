@@ -67,6 +67,15 @@ def alerts_schema() -> dict[str, Any]:
                 ],
             }
             required.append("threshold")
+        for param in d.params:
+            fields[param.key] = {
+                "description": param.means,
+                "anyOf": [
+                    {"type": "number", "minimum": 0},
+                    {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+                ],
+            }
+            required.append(param.key)
         props[name] = {
             "type": "object",
             "additionalProperties": False,

@@ -564,14 +564,33 @@ def test_alert_switches_thresholds_and_labels_come_from_values(helm: list[str]) 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"]
     assert set(values) == set(ALERTS)
     for name, d in ALERTS.items():
-        want = {"enabled": True, "severity": d.severity, "for": d.for_}
+        want: dict[str, object] = {"enabled": d.enabled, "severity": d.severity, "for": d.for_}
         if d.threshold is not None:
             want["threshold"] = d.threshold
+        want |= {p.key: p.default for p in d.params}
         assert values[name] == want, name
+    # with the defaults, an opt-in alert is not deployed
+    _, spec = _job_and_rules(
+        render(
+            helm,
+            None,
+            *MONITORING,
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "serviceMonitor.enabled=true",
+        )
+    )
+    deployed = {r["alert"] for g in spec["groups"] for r in g["rules"] if "alert" in r}
+    assert deployed == {n for n, d in ALERTS.items() if d.enabled}
     docs = render(helm, CHART / "ci" / "conventions-values.yaml", *MONITORING)
     _, spec = _job_and_rules(docs)
     rules = {r["alert"]: r for g in spec["groups"] for r in g["rules"] if "alert" in r}
     assert "LLMContextNoCeiling" not in rules and len(rules) == len(ALERTS) - 1
+    # switched on, with its numbers from the values (minRate from the chart's defaults)
+    answers = rules["LLMContextAnswerSignalAboveCeiling"]["expr"]
+    assert "> 3 * clamp_min(" in answers and answers.count(">= 50") == 2
+    assert "0.02)" in answers and "__" not in answers
     near = rules["LLMContextUtilizationNearCeiling"]
     assert near["for"] == "30m" and near["expr"].count("> 0.85") == 2
     assert rules["LLMContextRequestsRejected"]["labels"] == {

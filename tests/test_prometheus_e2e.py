@@ -99,6 +99,16 @@ def traffic(sc: Running) -> None:
                 sc.url + "/v1/chat/completions", json=body, headers={"x-ceiling-workload": workload}
             )
             assert r.status_code in (200, 400)
+    # asked for JSON, answered in prose: an answer signal (invalid_json) for the answer panels
+    r = httpx.post(
+        sc.url + "/v1/chat/completions",
+        json={
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": "The fee, as JSON?"}],
+            "response_format": {"type": "json_object"},
+        },
+    )
+    assert r.status_code == 200
 
 
 def query(prom: str, expr: str) -> list[object]:

@@ -113,8 +113,14 @@ def test_dashboard_imports_and_explains_itself() -> None:
     }
     [heat] = [p for p in d["panels"] if p["type"] == "heatmap"]
     assert all(t["format"] == "heatmap" for t in heat["targets"])
+    # a bar chart's categories: one row per series, at the range's end
+    bars = [p for p in d["panels"] if p["type"] == "barchart"]
+    assert bars and all(t["format"] == "table" and t["instant"] for p in bars for t in p["targets"])
     assert all(
-        t["format"] == "time_series" for p in d["panels"] if p is not heat for t in p["targets"]
+        t["format"] == "time_series"
+        for p in d["panels"]
+        if p is not heat and p not in bars
+        for t in p["targets"]
     )
     # every query is scoped to the cluster/namespace/job the viewer picked
     for p in d["panels"]:

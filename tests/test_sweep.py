@@ -17,6 +17,7 @@ import yaml
 
 from context_ceiling.cli import main as cli_main
 from context_ceiling.core.ceilings import load_document
+from context_ceiling.core.utilization import FILL_BUCKETS, fill_bucket
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.taskset import TaskSetError, bundled_path, load_taskset
 from devtools.generate_contracts import generate
@@ -206,6 +207,11 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     assert summary["closed_book_flagged"] == []
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 1
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # each level named by the fill bucket the sidecar's answer signals and the dashboard use
+    buckets = json.loads((out / "summary.json").read_text())["fill_buckets"]
+    assert buckets == {f"{s['level']:g}": fill_bucket(s["utilization"]) for s in levels}
+    assert set(buckets.values()) <= set(FILL_BUCKETS)
+    assert "fill bucket" in (out / "report.html").read_text()
     # derive -> a ceilings document the sidecar accepts
     assert run_cli("derive", str(out), "--model", "gpt-4o", "--workload", "rag") == 0
     doc = load_document(out / "ceilings.yaml")

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from context_ceiling.core.utilization import fill_bucket
 from context_ceiling.sweep import replay
 from context_ceiling.sweep.analysis import Analysis, RunAnalysis, analysis_of
 from context_ceiling.sweep.plan import Plan
@@ -131,6 +132,7 @@ def table(a: Analysis, metric: str = "accuracy") -> Table:
     for col in (
         "level",
         "utilization",
+        "fill bucket",
         "tokens",
         "items",
         "calls",
@@ -150,6 +152,7 @@ def table(a: Analysis, metric: str = "accuracy") -> Table:
         t.add_row(
             f"{s.level:.3f}",
             f"{s.utilization:.3f}",
+            fill_bucket(s.utilization),
             f"{s.mean_prompt_tokens:,.0f}",
             str(s.n_items),
             str(s.n_calls),
@@ -304,10 +307,12 @@ def write(
         "model": plan.model,
         "taskset": ts,
         "analysis": a.to_json(),
+        # each level's fill bucket, as the sidecar's answer signals and the dashboard name it
+        "fill_buckets": {f"{s.level:g}": fill_bucket(s.utilization) for s in a.levels},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     rows = "".join(
-        f"<tr><td>{s.level:.3f}</td><td>{s.utilization:.3f}</td><td>{s.mean_prompt_tokens:,.0f}</td><td>{s.n_calls}</td>"
+        f"<tr><td>{s.level:.3f}</td><td>{s.utilization:.3f}</td><td>{fill_bucket(s.utilization)}</td><td>{s.mean_prompt_tokens:,.0f}</td><td>{s.n_calls}</td>"
         f"<td>{s.accuracy:.1%}</td><td>{s.ci[0]:.1%} - {s.ci[1]:.1%}</td><td>{s.repeat_min:.1%} - {s.repeat_max:.1%}</td>"
         f"<td>{s.diff:+.1%} ({s.diff_ci[0]:+.1%} .. {s.diff_ci[1]:+.1%})</td><td>{'yes' if s.passes else 'no'}</td>"
         + "".join(f"<td>{s.buckets[b]:.0%}</td>" for b in BUCKETS[1:])
@@ -324,7 +329,7 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
 <h1>Usable context: {html.escape(title)}</h1>
 <p class="ceiling">{html.escape(ceiling_line(a))}</p>
 <img alt="{metric} vs utilization" src="data:image/png;base64,{base64.b64encode(png).decode()}" width="720">
-<h2>Levels</h2><table><tr><th>level</th><th>utilization</th><th>tokens</th><th>calls</th><th>{metric}</th><th>95% CI</th>
+<h2>Levels</h2><table><tr><th>level</th><th>utilization</th><th>fill bucket</th><th>tokens</th><th>calls</th><th>{metric}</th><th>95% CI</th>
 <th>repeats</th><th>vs reference</th><th>pass</th><th>missed</th><th>decoyed</th><th>reasoned wrongly</th><th>truncated/refused</th></tr>
 {rows}</table>
 {_replay_html(rep)}
