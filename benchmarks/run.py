@@ -38,7 +38,9 @@ from benchmarks.paired import pairs_of_every_cell, pairs_table  # noqa: E402
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
 from context_ceiling.core.tokenizers import TiktokenCounter, TokenizerError  # noqa: E402
 
-ORDER = ["direct", *tg.NAMES]  # the upstream itself first, then every target
+#: the upstream itself first, then every target of the main table (``answers-off`` is the
+#: baseline of a paired run only: ``python -m benchmarks.paired answers-off sidecar``)
+ORDER = ["direct", *(n for n in tg.NAMES if n != "answers-off")]
 
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, float]:

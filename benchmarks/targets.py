@@ -163,6 +163,7 @@ def sidecar(
     workers: int = 1,
     overlap: bool = True,
     bpe: str = "riptoken",
+    answers: bool = True,
 ) -> Target:
     """The sidecar, called ``name`` in the tables (its config and ceilings files too); ``cache``
     off by default so every request is counted from scratch (the benchmark repeats one body,
@@ -172,7 +173,8 @@ def sidecar(
     request counted before it is forwarded (``counting.overlap_bytes: 0``);
     ``bpe``: riptoken, as the image counts (the ``fast`` extra; ``auto`` would take gigatoken
     where the benchmark's install has it); ``tiktoken`` is the sidecar as deployed but encoding
-    with tiktoken, ``gigatoken`` with gigatoken (the opt-in extra)."""
+    with tiktoken, ``gigatoken`` with gigatoken (the opt-in extra); ``answers`` off: no answer
+    signals (``answers.enabled: false``), the baseline of what reading every answer costs."""
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -190,6 +192,7 @@ def sidecar(
             "overlap_bytes": 65536 if overlap else 0,
             "bpe": bpe,
         },
+        "answers": {"enabled": answers},
     }
     if enforce:
         # a ceiling at half of each request's size: every request is trimmed (retrieved chunks)
@@ -287,6 +290,7 @@ _STARTS: dict[str, Callable[[str, Path], Target | None]] = {
     "workers": lambda up, w: sidecar(up, w, "workers", workers=2),
     "cached": lambda up, w: sidecar(up, w, "cached", cache=True),
     "enforce": lambda up, w: sidecar(up, w, "enforce", enforce=True),
+    "answers-off": lambda up, w: sidecar(up, w, "answers-off", answers=False),
 }
 #: every target :func:`start` knows
 NAMES = tuple(_STARTS)

@@ -392,6 +392,7 @@ class AnswerProviderDouble:
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/openai/deployments/{d}/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
                 Route("/v1/models/{rest:path}", self.gemini, methods=["POST"]),

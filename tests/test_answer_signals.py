@@ -295,6 +295,64 @@ def test_every_signal_is_read_from_every_api(sidecar: Sidecar, api: str, stream:
         ), name
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+def test_azure_openai_answers_are_read_too(stream: bool) -> None:
+    d = AnswerProviderDouble()
+    with serve(d.app()) as durl:
+        app = create_app(
+            Settings(
+                upstreams={
+                    "named": {"azure-eu": {"api": "openai", "base_url": durl, "azure": True}}
+                },
+                models=[{"match": "prod-gpt4o", "label": "gpt-4o-azure", "window": WINDOW}],
+            )
+        )
+        with serve(app) as url:
+            sc = Sidecar(url, app.state.sidecar, d)
+            az = openai.AzureOpenAI(
+                azure_endpoint=url, api_key="azure-key", api_version="2024-10-21", max_retries=0
+            )
+            labels = {
+                "model": "gpt-4o-azure",
+                "workload": "default",
+                "fill": "0.1-0.2",
+                "side": "none",
+            }
+            for name, script, ask, want in SCENARIOS:
+                d.script = script
+                before = {
+                    s: sc.count("llm_context_answer_signals_total", **labels, signal=s)
+                    for s in SIGNALS
+                }
+                kw: dict[str, Any] = {}
+                if ask.json:
+                    kw["response_format"] = {"type": "json_object"}
+                if ask.tools:
+                    kw["tools"] = [
+                        {
+                            "type": "function",
+                            "function": {"name": "get_weather", "parameters": TOOL_PARAMS},
+                        }
+                    ]
+                msgs: Any = [{"role": "user", "content": "What is the answer?"}]
+                if stream:
+                    for _ in az.chat.completions.create(
+                        model="prod-gpt4o", messages=msgs, stream=True, **kw
+                    ):
+                        pass
+                else:
+                    az.chat.completions.create(model="prod-gpt4o", messages=msgs, **kw)
+                sc.settle()
+                got = {
+                    s
+                    for s in SIGNALS
+                    if sc.count("llm_context_answer_signals_total", **labels, signal=s) > before[s]
+                }
+                # JSON mode without a schema: valid JSON of any shape is fine
+                expected = want - {"schema_mismatch"} if name == "schema_mismatch" else want
+                assert got == expected, (name, got)
+
+
 def test_fill_bucket_and_side_follow_the_reported_input(sidecar: Sidecar) -> None:
     sc = sidecar
     sc.double.script = Script(reasoning_tokens=5)

@@ -17,8 +17,9 @@ relayed, read there, counted, and dropped. The request path only appends referen
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -696,34 +697,51 @@ class Counted(Protocol):
 
 
 class AnswerChecker:
-    """Checks relayed answers on one thread, off the request path: :meth:`submit` only queues
-    (a full queue drops the check and counts it), the thread reads, checks and counts."""
+    """Checks relayed answers on one thread, off the request path.
 
-    def __init__(self, sink: Counted, queue_size: int = 256) -> None:
+    :meth:`submit` (on the event loop) only appends to a bounded queue; the thread wakes every
+    ``interval`` seconds and checks and counts what queued meanwhile. Waking once per interval
+    rather than once per answer keeps the thread hand-off (a context switch and the interpreter
+    lock changing hands, about as much CPU as a small request's whole check) off each request; the
+    counters lag by at most ``interval``. A full queue drops the check and counts it."""
+
+    def __init__(self, sink: Counted, queue_size: int = 256, interval: float = 0.05) -> None:
         self.sink = sink
-        self._queue: queue.Queue[Job | None] = queue.Queue(queue_size)
+        self.size = queue_size
+        self.interval = interval
+        self._jobs: deque[Job] = deque()
+        #: answers queued, and answers counted (each written by one thread only)
+        self._submitted = 0
+        self._done = 0
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.validators = _Validators()
 
     def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        if len(self._jobs) >= self.size:
             self.sink.answer_skipped("queue_full")
+            return
+        self._jobs.append(job)
+        self._submitted += 1
 
     def start(self) -> None:
+        self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="answer-checker", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Count what is queued, then end the thread."""
         if self._thread is not None:
-            self._queue.put(None)
+            self._stop.set()
             self._thread.join(timeout)
             self._thread = None
 
-    def join(self) -> None:
-        """Until every answer queued so far is counted."""
-        self._queue.join()
+    def join(self, timeout: float = 10.0) -> None:
+        """Until every answer queued so far is counted (tests; shutdown uses :meth:`stop`)."""
+        target = self._submitted
+        deadline = time.monotonic() + timeout
+        while self._done < target and time.monotonic() < deadline:
+            time.sleep(self.interval / 5)
 
     def check(self, job: Job) -> tuple[list[str], int | None, int | None]:
         """(the answer's signals: its stop, then its problems; output tokens; reasoning
@@ -738,20 +756,26 @@ class AnswerChecker:
         out = a.output_tokens if a.output_tokens is not None else job.output_tokens
         return [stop_of(a), *problems(a, job.expect, self.validators)], out, a.reasoning_tokens
 
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
+    def _one(self, job: Job) -> None:
+        try:
+            signals, out, reasoning = self.check(job)
+        except Exception:  # a check must never take the thread down
+            log.exception("answer check failed")
+            self.sink.answer_skipped("error")
+            return
+        if job.raw is None:
+            self.sink.answer_skipped("too_large")
+        self.sink.answer(job, signals, out, reasoning)
+
+    def _drain(self) -> None:
+        while self._jobs:
+            job = self._jobs.popleft()
             try:
-                if job is None:
-                    return
-                try:
-                    signals, out, reasoning = self.check(job)
-                except Exception:  # a check must never take the thread down
-                    log.exception("answer check failed")
-                    self.sink.answer_skipped("error")
-                    continue
-                if job.raw is None:
-                    self.sink.answer_skipped("too_large")
-                self.sink.answer(job, signals, out, reasoning)
+                self._one(job)
             finally:
-                self._queue.task_done()
+                self._done += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._drain()
+        self._drain()

@@ -27,7 +27,17 @@ from context_ceiling.sweep.scorer import BUCKETS, grade
 from context_ceiling.sweep.statistics import accuracy_interval, difference_interval
 from context_ceiling.sweep.taskset import Item, TaskSet
 
-__all__ = ["Outcome", "ReplayRequest", "Side", "compare", "load", "requests", "summarise", "write"]
+__all__ = [
+    "Outcome",
+    "ReplayRequest",
+    "Side",
+    "compare",
+    "load",
+    "outcome",
+    "requests",
+    "summarise",
+    "write",
+]
 
 FILE = "replay.json"
 
