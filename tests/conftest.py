@@ -56,6 +56,21 @@ def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30.0) -
         time.sleep(0.1)
 
 
+def request_log_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
+    """The request's JSON log line (its fields), once it is written: a sampled request's comes
+    when its count lands, after its answer."""
+    from context_ceiling.sidecar.logs import REQUEST_LOGGER
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for r in caplog.records:
+            f = getattr(r, "fields", None)
+            if r.name == REQUEST_LOGGER and f and f["request_id"] == request_id:
+                return dict(f)
+        time.sleep(0.005)
+    raise AssertionError(f"no log line for {request_id}")
+
+
 @dataclass
 class Running:
     url: str

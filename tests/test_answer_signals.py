@@ -5,6 +5,7 @@ back from the sidecar's registry with the labels it must carry."""
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from context_ceiling.sidecar.answers import (
     Expect,
     expectations,
     problems,
+    read_answer,
     repetition,
     stop_of,
 )
@@ -591,3 +593,78 @@ def test_long_context_tiers_price_the_whole_request() -> None:
     tier = price.tiers[0]
     assert price.at(tier.start - 1).input == price.input
     assert price.at(tier.start).input == tier.input > price.input
+
+
+def _stream(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+
+def test_streamed_tool_calls_are_assembled_and_server_tools_left_out() -> None:
+    # Anthropic: a server tool's input streams like a client tool's; only client tools count
+    raw = _stream(
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "server_tool_use", "name": "web_search"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '{"q": "x"}'},
+        },
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "name": "get_weather", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"x": '},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '"Oslo"}'},
+        },
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use"},
+            "usage": {"output_tokens": 9},
+        },
+    )
+    a = read_answer("anthropic", raw, stream=True)
+    assert a.tool_calls == [("get_weather", '{"x": "Oslo"}')] and a.output_tokens == 9
+    # OpenAI chat: argument pieces joined by index; a delta without an index is its own call
+    raw = _stream(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a"'}}]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"function": {"name": "g", "arguments": "{}"}}]},
+                }
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    )
+    a = read_answer("openai", raw, stream=True)
+    assert sorted(a.tool_calls) == [("f", '{"a": 1}'), ("g", "{}")]
+    assert stop_of(a) == "tool_calls"

@@ -18,7 +18,7 @@ from context_ceiling.core.models import ModelSpec
 from context_ceiling.sidecar.bound import strict
 from context_ceiling.sidecar.logs import REQUEST_LOGGER
 from tests.ceiling_docs import doc, entry
-from tests.conftest import Running
+from tests.conftest import Running, request_log_line
 from tests.rag_bodies import rag_messages as _rag
 
 
@@ -34,14 +34,7 @@ def _call(sc: Running, n: int) -> Any:
 def _line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
     """The request's log line, once it is written (a sampled request's comes when its count
     lands, after its answer)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for r in caplog.records:
-            f = getattr(r, "fields", None)
-            if r.name == REQUEST_LOGGER and f and f["request_id"] == request_id:
-                return dict(f)
-        time.sleep(0.005)
-    raise AssertionError(f"no log line for {request_id}")
+    return request_log_line(caplog, request_id)
 
 
 def _retrieved(sc: Running) -> float | None:

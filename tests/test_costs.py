@@ -5,7 +5,6 @@ saved or would have saved; through the official SDKs against the answer double."
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from context_ceiling.sidecar.logs import REQUEST_LOGGER
 from context_ceiling.sidecar.state import State
 from tests.answer_provider_double import AnswerProviderDouble
 from tests.ceiling_docs import doc, entry
+from tests.conftest import request_log_line
 from tests.hosted_provider_double import serve
 
 TOKEN = "admin-tok"
@@ -89,17 +89,6 @@ def cost(state: State, model: str, workload: str, part: str, cache: str) -> floa
     )
 
 
-def log_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for r in caplog.records:
-            f = getattr(r, "fields", None)
-            if r.name == REQUEST_LOGGER and f and f["request_id"] == request_id:
-                return dict(f)
-        time.sleep(0.005)
-    raise AssertionError(f"no log line for {request_id}")
-
-
 def test_input_is_priced_within_and_above_the_ceiling_cached_first(
     priced: tuple[str, State, AnswerProviderDouble], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -110,7 +99,7 @@ def test_input_is_priced_within_and_above_the_ceiling_cached_first(
         raw = c.chat.completions.with_raw_response.create(
             model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
         )
-        line = log_line(caplog, raw.headers["x-ceiling-request-id"])
+        line = request_log_line(caplog, raw.headers["x-ceiling-request-id"])
     # 800 within the ceiling, all cached; 100 above it cached, 100 above it not
     assert cost(state, "gpt-4o", "default", "within", "cached") == pytest.approx(800 * 0.5 / M)
     assert cost(state, "gpt-4o", "default", "within", "uncached") == 0
@@ -149,7 +138,7 @@ def test_a_model_without_a_price_is_not_priced(
         raw = c.chat.completions.with_raw_response.create(
             model="private-llm-7b", messages=[{"role": "user", "content": "hi"}]
         )
-        line = log_line(caplog, raw.headers["x-ceiling-request-id"])
+        line = request_log_line(caplog, raw.headers["x-ceiling-request-id"])
     assert line["input_cost_usd"] is None
     assert all(
         cost(state, "private", "default", part, cache) == 0

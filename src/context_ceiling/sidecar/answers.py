@@ -262,6 +262,16 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _tokens(a: Answer, usage: Any, key: str) -> None:
+    """Output tokens (``usage[key]``) and the reasoning tokens among them (``usage[key +
+    "_details"].reasoning_tokens``): OpenAI's chat and Responses usage objects."""
+    if isinstance(usage, Mapping):
+        a.output_tokens = _int(usage.get(key))
+        details = usage.get(key + "_details")
+        if isinstance(details, Mapping):
+            a.reasoning_tokens = _int(details.get("reasoning_tokens"))
+
+
 def _events(raw: bytes) -> Iterator[Any]:
     """The JSON ``data:`` payloads of an SSE stream, in order (``[DONE]`` and junk skipped)."""
     for line in raw.split(b"\n"):
@@ -281,12 +291,7 @@ def _openai(objs: Iterable[Any], stream: bool) -> Answer:
     for o in objs:
         if not isinstance(o, Mapping):
             continue
-        usage = o.get("usage")
-        if isinstance(usage, Mapping):
-            a.output_tokens = _int(usage.get("completion_tokens"))
-            d = usage.get("completion_tokens_details")
-            if isinstance(d, Mapping):
-                a.reasoning_tokens = _int(d.get("reasoning_tokens"))
+        _tokens(a, o.get("usage"), "completion_tokens")
         for c in o.get("choices") or ():
             if not isinstance(c, Mapping) or c.get("index", 0) != 0:
                 continue  # the first choice is the answer (n > 1: the others are alternatives)
@@ -309,7 +314,9 @@ def _openai(objs: Iterable[Any], stream: bool) -> Answer:
                 )
                 if not isinstance(fn, Mapping):
                     continue
-                slot = calls.setdefault(_int(tc.get("index")) if stream else i, [None])  # type: ignore[arg-type]
+                # a stream's pieces join by index; a piece without one is a call of its own
+                at = _int(tc.get("index")) if stream else i
+                slot = calls.setdefault(at if at is not None else -2 - len(calls), [None])
                 if isinstance(fn.get("name"), str):
                     slot[0] = fn["name"]
                 args = fn.get("arguments", fn.get("input"))
@@ -359,7 +366,10 @@ def _anthropic(objs: Iterable[Any], stream: bool) -> Answer:
             if d.get("type") == "text_delta" and isinstance(d.get("text"), str):
                 text.append(d["text"])
             elif d.get("type") == "input_json_delta" and isinstance(d.get("partial_json"), str):
-                blocks.setdefault(_int(o.get("index")) or 0, [""]).append(d["partial_json"])
+                # a client tool's input; a server tool's (server_tool_use) is the provider's
+                block = blocks.get(_int(o.get("index")) or 0)
+                if block is not None:
+                    block.append(d["partial_json"])
         elif kind == "message_delta":
             d = o.get("delta")
             if isinstance(d, Mapping) and isinstance(d.get("stop_reason"), str):
@@ -392,12 +402,7 @@ def _responses_object(a: Answer, r: Mapping[str, Any]) -> None:
                 (str(item.get("name") or ""), args if isinstance(args, str) else "")
             )
     a.text = "".join(text)
-    usage = r.get("usage")
-    if isinstance(usage, Mapping):
-        a.output_tokens = _int(usage.get("output_tokens"))
-        d = usage.get("output_tokens_details")
-        if isinstance(d, Mapping):
-            a.reasoning_tokens = _int(d.get("reasoning_tokens"))
+    _tokens(a, r.get("usage"), "output_tokens")
     incomplete = r.get("incomplete_details")
     if isinstance(incomplete, Mapping) and isinstance(incomplete.get("reason"), str):
         a.finish = incomplete["reason"]
