@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,8 +26,8 @@ import pytest
 import yaml
 
 from context_ceiling import __version__
-from tests.conftest import wait_healthy
-from tests.hosted_provider_double import HostedProviderDouble, serve
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import free_port, serve, wait_healthy
 
 pytestmark = [
     pytest.mark.image,
@@ -84,9 +83,11 @@ def test_image_user_entrypoint_and_contents(container: tuple[str, Path, dict[str
     # the sidecar image carries only the sidecar: no sweep or Hugging Face dependencies
     site = next((rootfs / "opt" / "ceiling" / "lib").glob("python3*/site-packages"))
     present = {p.name.lower() for p in site.iterdir()}
-    for absent in ("matplotlib", "numpy", "rich", "tokenizers", "jsonschema"):
+    for absent in ("matplotlib", "numpy", "rich", "tokenizers"):
         assert absent not in present, absent
     assert "tiktoken" in present and "uvicorn" in present
+    # what the answer signals and the context's price need
+    assert "jsonschema" in present and "genai_prices" in present
     # and says so in one line when asked for the sweep
     r = _run(
         *BUILDAH,
@@ -104,19 +105,13 @@ def test_image_user_entrypoint_and_contents(container: tuple[str, Path, dict[str
     assert r.returncode == 2 and "context-ceiling[sweep]" in r.stderr, r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serves_non_root_on_a_read_only_root(
     container: tuple[str, Path, dict[str, str]], tmp_path: Path
 ) -> None:
     _, rootfs, env = container
     double = HostedProviderDouble()
     with serve(double.app()) as durl:
-        port = _free_port()
+        port = free_port()
         cfg = tmp_path / "config"
         cfg.mkdir()
         (cfg / "sidecar.yaml").write_text(
