@@ -37,7 +37,7 @@ lint: venv  ## ruff: lint and formatting
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: venv  ## mypy --strict over the package and the dev tools
+typecheck: venv  ## mypy --strict over the package, the dev tools, the test kit, the benchmarks and the tests
 	$(BIN)/mypy
 
 check: lint typecheck  ## lint and types only: seconds, no root, no model
@@ -61,22 +61,22 @@ test-fast: venv lint typecheck  ## the inner loop: everything but the slow, real
 	$(BIN)/pytest -q -m "not slow and not real_model and not helm and not image"
 
 demo: venv local-model  ## the whole loop on a real local model
-	$(PY) scripts/demo.py
+	$(PY) -m devtools.demo
 
 bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, sidecar observe/enforce; then the soak
 	bash scripts/litellm.sh >/dev/null
-	$(PY) benchmarks/run.py $(BENCH_ARGS)
-	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 bench-validity: venv  ## the sweep's statistics against known truth (simulation study, ~10 min)
-	$(PY) benchmarks/validity.py $(VALIDITY_ARGS)
+	$(PY) -m benchmarks.validity $(VALIDITY_ARGS)
 
 bench-soak: venv  ## RSS and open fds of the sidecar over 10 minutes of mixed, failing load
-	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 bench-trim: venv  ## trimming generated agent traffic: validity and removal, LiteLLM side by side
 	bash scripts/litellm.sh >/dev/null
-	$(PY) benchmarks/trim_validity.py $(TRIM_ARGS)
+	$(PY) -m benchmarks.trim_validity $(TRIM_ARGS)
 
 clean:  ## remove the venv, caches and out/
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out

@@ -2,7 +2,7 @@
 invalid requests, the prompt cache kept, and what the input costs; side by side with no
 trimming, the policy without the clear stage, and LiteLLM's ``trim_messages``.
 
-Each loop (``tests/agent_loops.py``: one task, then tool rounds whose results are 200 to 8,000
+Each loop (``testkit/traffic/agent_loops.py``: one task, then tool rounds whose results are 200 to 8,000
 tokens, parallel calls, the whole history resent every turn) runs turn by turn through a real
 sidecar on loopback in enforce mode, in front of a test double for the hosted API that records
 what it received. Per API and policy:
@@ -22,7 +22,7 @@ long texts looked up) and with messages and the conversation's history cached (t
 history taken whole), and the count of the turn's new messages alone, the floor a count can
 reach.
 
-``python benchmarks/agent_loop.py [--quick] [--no-litellm] [--out out/bench/agent_loop.md]``
+``python -m benchmarks.agent_loop [--quick] [--no-litellm] [--out out/bench/agent_loop.md]``
 """
 
 from __future__ import annotations
@@ -49,19 +49,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT  # noqa: E402
-from context_ceiling import count  # noqa: E402
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN  # noqa: E402
-from context_ceiling.core.tokenizers import CountCache, RequestMemo, TiktokenCounter  # noqa: E402
-from context_ceiling.core.trim import COUNTERS  # noqa: E402
-from context_ceiling.core.wire import Shape  # noqa: E402
-from context_ceiling.sidecar.app import create_app  # noqa: E402
-from context_ceiling.sidecar.config import Settings  # noqa: E402
-from tests.agent_loops import Loop, history_of, prefix_share, provider_valid  # noqa: E402
-from tests.hosted_provider_double import serve  # noqa: E402
+from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT
+from context_ceiling import count
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
+from context_ceiling.core.tokenizers import CountCache, RequestMemo, TiktokenCounter
+from context_ceiling.core.trim import COUNTERS
+from context_ceiling.core.wire import Shape
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from testkit.serving import serve
+from testkit.traffic.agent_loops import Loop, history_of, prefix_share, provider_valid
 
 APIS: tuple[Shape, ...] = ("openai", "anthropic", "responses", "gemini")
 #: what a cached input token costs against an uncached one
@@ -200,13 +197,13 @@ def sidecar(
     ]
     ceilings.write_text(yaml.safe_dump({"schema_version": 1, "version": 1, "entries": entries}))
     with serve(d.app()) as durl:
-        settings = Settings(
-            upstreams={
+        cfg: dict[str, Any] = {
+            "upstreams": {
                 "openai": {"base_url": durl + "/v1"},
                 "anthropic": {"base_url": durl},
                 "gemini": {"base_url": durl},
             },
-            models=[
+            "models": [
                 {"match": "gpt-4o", "window": WINDOW, "max_output_tokens": 16_000},
                 {"match": "claude-*", "label": "claude", "window": WINDOW},
                 {
@@ -216,13 +213,14 @@ def sidecar(
                     "tokenizer": {"kind": "calibrated", "encoding": "o200k_base", "factor": 1.0},
                 },
             ],
-            ceilings_file=ceilings,
-            enforcement={
+            "ceilings_file": ceilings,
+            "enforcement": {
                 "mode": "enforce" if policy is not None else "off",
                 "policy": policy or {},
             },
-            log_level="warning",
-        )
+            "log_level": "warning",
+        }
+        settings = Settings(**cfg)
         with serve(create_app(settings)) as url:
             yield url, d
 
@@ -385,7 +383,7 @@ def _parse_ms(raw: bytes, repeats: int = 15) -> float:
     return statistics.median(times) * 1e3
 
 
-def cpu_report(rows: dict[str, list[tuple[int, int, float, float, float, float]]]) -> str:
+def cpu_report(rows: dict[Shape, list[tuple[int, int, float, float, float, float]]]) -> str:
     lines = [
         "| API | round | body | parse | count, texts cached | count, messages and history cached | new messages alone |",
         "|---|---:|---:|---:|---:|---:|---:|",

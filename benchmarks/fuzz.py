@@ -1,13 +1,13 @@
 """Malformed-but-parseable bodies against a running sidecar: how many get a 5xx from it?
 
-Each body is a valid request of one API (``tests/fuzz_bodies.py``: chat completions, messages,
+Each body is a valid request of one API (``testkit/traffic/fuzz_bodies.py``: chat completions, messages,
 Responses and Gemini, every field the sidecar reads) with one mutation: a value replaced by
 another JSON value (any type, nested up to 300 deep), or a content part (an object in a list)
 replaced by a scalar or a list; sent streamed and not to a sidecar in front of a loopback
 provider double that accepts anything. Target: 0 sidecar-generated 5xx in 10,000 bodies per
 route, every 4xx in the provider's shape.
 
-``python benchmarks/fuzz.py [--n 10000] [--seed 1]``
+``python -m benchmarks.fuzz [--n 10000] [--seed 1]``
 """
 
 from __future__ import annotations
@@ -15,20 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections import Counter
-from pathlib import Path
+from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from context_ceiling.sidecar.app import create_app  # noqa: E402
-from context_ceiling.sidecar.config import Settings  # noqa: E402
-from tests.fault_provider_double import FaultyProviderDouble  # noqa: E402
-from tests.fuzz_bodies import (  # noqa: E402
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from testkit.doubles.fault_provider import FaultyProviderDouble
+from testkit.serving import serve
+from testkit.traffic.fuzz_bodies import (
     ROUTES,
     TEMPLATES,
     mutate,
@@ -36,7 +33,6 @@ from tests.fuzz_bodies import (  # noqa: E402
     paths,
     random_json,
 )
-from tests.hosted_provider_double import serve  # noqa: E402
 
 
 def _send(client: httpx.Client, url: str, body: object) -> tuple[int, bytes]:
@@ -62,20 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     rows = []
     with serve(FaultyProviderDouble()) as durl:
-        app = create_app(
-            Settings(
-                upstreams={
-                    "openai": {"base_url": durl + "/v1"},
-                    "anthropic": {"base_url": durl},
-                    "gemini": {"base_url": durl},
-                },
-                models=[
-                    {"match": "gpt-4o", "window": 128000},
-                    {"match": "claude-*", "window": 200000},
-                ],
-                log_level="warning",
-            )
-        )
+        cfg: dict[str, Any] = {
+            "upstreams": {
+                "openai": {"base_url": durl + "/v1"},
+                "anthropic": {"base_url": durl},
+                "gemini": {"base_url": durl},
+            },
+            "models": [
+                {"match": "gpt-4o", "window": 128000},
+                {"match": "claude-*", "window": 200000},
+            ],
+            "log_level": "warning",
+        }
+        app = create_app(Settings(**cfg))
         with serve(app) as url, httpx.Client(timeout=30) as client:
             for api, route in ROUTES.items():
                 template = TEMPLATES[api]

@@ -7,7 +7,7 @@
   version with other content: versions accepted twice (target 0), workers serving different
   documents after the race (target 0), the file on disk against what runs.
 
-``python benchmarks/hostile.py [--heads 1000] [--pushes 1000]``
+``python -m benchmarks.hostile [--heads 1000] [--pushes 1000]``
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import os
 import random
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,11 +28,8 @@ import httpx
 import psutil
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from devtools.llamacpp import free_port  # noqa: E402
-from tests.ceiling_docs import doc, entry  # noqa: E402
+from testkit.serving import free_port, start_serve
+from testkit.traffic.ceiling_docs import doc, entry
 
 TOKEN = "bench-admin-token"
 
@@ -48,29 +43,12 @@ def _start(tmp: Path, **more: Any) -> tuple[subprocess.Popen[bytes], str]:
         "log_level": "warning",
         **more,
     }
-    config = tmp / f"sidecar-{port}.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
+    env = {}
     if more.get("workers", 1) > 1:  # the workers share their metric files there
         (tmp / f"mp-{port}").mkdir()
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp / f"mp-{port}")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp / f"sidecar-{port}.log").open("wb"),
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz").status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("sidecar did not start")
+    sp = start_serve(cfg, tmp, name=f"sidecar-{port}", env=env, timeout=60)
+    return sp.proc, sp.url
 
 
 def _tree_rss(proc: subprocess.Popen[bytes]) -> int:

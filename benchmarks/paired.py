@@ -19,6 +19,7 @@ cannot resolve either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,9 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     base, c = first["baseline"], first.get("concurrency", 1)
     cols = [n for n in first["targets"] if n != base]
     # the baseline's own column, then each target's columns: (header, cell of the target's row)
+    Cell = Callable[[dict[str, Any]], str]
+    own: tuple[str, Cell]
+    per: list[tuple[str, Cell]]
     if c == 1:
         what = "what the c=1 verdicts judge"
         own = (f"{base} p50 ms", lambda r: fmt(r["p50_ms"]))

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.asgi import lifespan, read_body, run
 from context_ceiling.sidecar.aio import AiohttpTransport
+from testkit.asgi import lifespan, read_body, run
 
 UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"
 client = httpx.AsyncClient(

@@ -28,22 +28,21 @@ from typing import Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks import targets as tg
+from benchmarks.bodies import body_of, body_path
+from benchmarks.load import Load, fmt, hey, spread, wrk
+from benchmarks.paired import pairs_of_every_cell, pairs_table
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
+from context_ceiling.core.tokenizers import TiktokenCounter, TokenizerError
 
-from benchmarks import targets as tg  # noqa: E402
-from benchmarks.bodies import body_of, body_path  # noqa: E402
-from benchmarks.load import Load, fmt, hey, spread, wrk  # noqa: E402
-from benchmarks.paired import pairs_of_every_cell, pairs_table  # noqa: E402
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
-from context_ceiling.core.tokenizers import TiktokenCounter, TokenizerError  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 #: the upstream itself first, then every target of the main table (``answers-off`` is the
 #: baseline of a paired run only: ``python -m benchmarks.paired answers-off sidecar``)
 ORDER = ["direct", *(n for n in tg.NAMES if n != "answers-off")]
 
 
-def counting(body: bytes, text: str, reps: int) -> dict[str, float]:
+def counting(body: bytes, text: str, reps: int) -> dict[str, Any]:
     """One whole-request count (parse + walk + find chunks + tokenize) against raw tiktoken on the
     same text, and the same count encoded by tiktoken and by gigatoken instead of riptoken
     (``counting.bpe``); best of ``reps`` each (gigatoken's piece cache warm: the same body)."""
@@ -130,8 +129,8 @@ def main() -> int:
                 body, text = body_of(size, stream)
                 path = body_path(work, size, stream)
                 path.write_bytes(body)
-                for t in names:  # warm up: connections, caches, LiteLLM's first-call setup
-                    hey(hey_bin, started[t].url, path, 4, 0.5)
+                for n in names:  # warm up: connections, caches, LiteLLM's first-call setup
+                    hey(hey_bin, started[n].url, path, 4, 0.5)
                 for conc in levels:
                     rounds: list[dict[str, tuple[Load, float]]] = []
                     for r in range(args.rounds):
@@ -167,13 +166,13 @@ def main() -> int:
                     }
                     for name in names:
                         loads = [rd[name][0] for rd in rounds]
-                        cpu = [rd[name][1] / max(1, rd[name][0].requests) * 1e3 for rd in rounds]
+                        cpu_ms = [rd[name][1] / max(1, rd[name][0].requests) * 1e3 for rd in rounds]
                         row: dict[str, Any] = {
                             "rps": spread([x.rps for x in loads]),
                             "p50_ms": spread([x.p50 * 1e3 for x in loads]),
                             "p99_ms": spread([x.p99 * 1e3 for x in loads]),
                             "errors": sum(x.errors for x in loads),
-                            "cpu_ms_per_request": spread(cpu),
+                            "cpu_ms_per_request": spread(cpu_ms),
                         }
                         if name != "direct":
                             row["rps_vs_direct"] = spread(

@@ -1,24 +1,22 @@
 """Secret redaction of captured text, measured: every family of real-looking keys
-(``tests/secret_corpus.py``) through the redaction the capture store applies, and the false
+(``testkit/traffic/secret_corpus.py``) through the redaction the capture store applies, and the false
 positives on the bundled task sets' text (documents, questions and answers that hold no secret).
 
-``python benchmarks/secret_redaction.py [--n 200] [--seeds 5]``
+``python -m benchmarks.secret_redaction [--n 200] [--seeds 5]``
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from context_ceiling.sidecar.redact import Redactor
+from context_ceiling.sidecar.secret_rules import default_rules
+from testkit.traffic.secret_corpus import FAMILIES, corpus, leaked, rule_examples
 
-from context_ceiling.sidecar.redact import Redactor  # noqa: E402
-from context_ceiling.sidecar.secret_rules import default_rules  # noqa: E402
-from tests.secret_corpus import FAMILIES, corpus, leaked, rule_examples  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Soak: does the sidecar's memory and file-descriptor count stay flat under mixed, failing load?
 
 The sidecar runs as ``ceiling serve`` (its own process, as deployed) in front of the
-fault-injecting provider double (``tests/fault_provider_double.py``, a loopback stand-in for a
+fault-injecting provider double (``testkit/doubles/fault_provider.py``, a loopback stand-in for a
 hosted API). Client threads send a mix for ``--seconds``: plain and streamed requests of both
 APIs, streams that reset, stall, end early or carry an oversized event, 429s and 500s, and
 responses over the response cap (``--huge-mib`` each: the first phase sends 100 MiB of them in
@@ -9,18 +9,14 @@ all). RSS and open file descriptors of the sidecar are sampled every few seconds
 Reported: idle RSS, RSS after the big responses, at the end, and its maximum; fds at start and
 end; requests by status. Targets (issue 15): RSS within 50 MB of idle, fds flat.
 
-``python benchmarks/soak.py [--seconds 600] [--clients 8]`` (part of ``make bench-soak``).
+``python -m benchmarks.soak [--seconds 600] [--clients 8]`` (part of ``make bench-soak``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,14 +26,11 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
+
+from testkit.doubles.fault_provider import FaultyProviderDouble
+from testkit.serving import free_port, serve, start_serve
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from devtools.llamacpp import free_port  # noqa: E402
-from tests.fault_provider_double import FaultyProviderDouble  # noqa: E402
-from tests.hosted_provider_double import serve  # noqa: E402
 
 MSG = [{"role": "user", "content": "hello " * 200}]
 MIX = [
@@ -57,6 +50,7 @@ MIX = [
 
 
 def request(client: httpx.Client, url: str, api: str, stream: bool, fault: str) -> str:
+    body: dict[str, Any]
     if api == "openai":
         path, body = "/v1/chat/completions", {"model": "gpt-4o", "messages": MSG}
     else:
@@ -106,21 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             "limits": {"max_response_bytes": 2**20, "max_event_bytes": 2**20},
             "log_level": "warning",
         }
-        (Path(d) / "sidecar.yaml").write_text(yaml.safe_dump(cfg))
-        env = os.environ | {"PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", f"{d}/sidecar.yaml"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
+        sp = start_serve(cfg, Path(d), timeout=10)
+        proc, url = sp.proc, sp.url
         try:
-            for _ in range(100):
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/healthz").status_code == 200:
-                        break
-                time.sleep(0.1)
             ps = psutil.Process(proc.pid)
             with httpx.Client(timeout=30) as c:
                 for api, stream, fault in MIX[:4]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,11 @@ def slow_streams(work: Path, n: int = STREAMS) -> dict[str, Any]:
     base = up.url.removesuffix("/v1/chat/completions")
     out: dict[str, Any] = {"streams": n, "seconds": PACE * CHUNKS, "targets": {}}
     try:
-        for make in (lambda: tg.sidecar(base, work), lambda: tg.bare(base)):
+        makers: tuple[Callable[[], tg.Target], ...] = (
+            lambda: tg.sidecar(base, work),
+            lambda: tg.bare(base),
+        )
+        for make in makers:
             t = make()
             try:
                 asyncio.run(_hold(t.url, 20))  # warm: imports, pools

@@ -31,6 +31,8 @@ import httpx
 import psutil
 import yaml
 
+from testkit.serving import free_port, start_serve
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "context-ceiling"
 LITELLM = CACHE / "litellm" / "bin" / "litellm"
@@ -97,12 +99,6 @@ class Target:
             self.proc.wait(timeout=15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    from devtools.llamacpp import free_port as fp
-
-    return fp()
 
 
 def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -216,19 +212,9 @@ def sidecar(
         )
         cfg["ceilings_file"] = str(workdir / f"{name}-ceilings.yaml")
         cfg["ceilings_persist"] = False
-    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
-    proc = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "context_ceiling.cli",
-            "serve",
-            "--config",
-            str(workdir / f"{name}.yaml"),
-        ]
-    )
-    _wait(f"http://127.0.0.1:{port}/healthz", proc, name)
-    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)
+    # its own process group: the target stops the whole tree (workers included)
+    sp = start_serve(cfg, workdir, name=name, timeout=90, new_session=True)
+    return Target(name, sp.url + "/v1/chat/completions", sp.proc)
 
 
 def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target | None:

@@ -12,15 +12,11 @@ import re
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai  # noqa: E402
-from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter  # noqa: E402
-from context_ceiling.core.trim import Policy, fit  # noqa: E402
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
+from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
+from context_ceiling.core.trim import Policy, fit
 
 CLAUSE = "Clause {i}: the renewal fee of contract K-{i} is {f} EUR; notice {n} days; governed by the law of Ruritania. "
 

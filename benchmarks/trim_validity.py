@@ -1,6 +1,6 @@
 """Does trimming keep agent traffic valid, honest and minimal? Side by side with LiteLLM.
 
-Generated conversations of both APIs (``tests/agent_traffic.py``: agent loops with parallel tool
+Generated conversations of both APIs (``testkit/traffic/agent_traffic.py``: agent loops with parallel tool
 calls, tool results plus text in one Anthropic user message, thinking, documents, search
 results, images, cache_control, prefill, RAG) are fitted at random budgets with
 ``context_ceiling.core.trim.fit`` and judged by validators of the providers' published rules. Reported per
@@ -9,7 +9,7 @@ and, at 1% over budget, how much was removed against what was needed. For OpenAI
 LiteLLM's ``trim_messages`` (its own venv, ``scripts/litellm.sh``) runs on the same conversations
 and budgets, judged the same way.
 
-``python benchmarks/trim_validity.py [--n 10000] [--seed 1] [--no-litellm]``
+``python -m benchmarks.trim_validity [--n 10000] [--seed 1] [--no-litellm]``
 """
 
 from __future__ import annotations
@@ -24,21 +24,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from context_ceiling.core.counting import (  # noqa: E402
+from context_ceiling.core.counting import (
     DEFAULT_CHUNK_PATTERN,
     Part,
     count_anthropic,
     count_openai,
 )
-from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
-from context_ceiling.core.trim import Policy, fit  # noqa: E402
-from context_ceiling.core.utilization import Component  # noqa: E402
-from tests.agent_traffic import KINDS, generate, violations  # noqa: E402
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.core.trim import Policy, fit
+from context_ceiling.core.utilization import Component
+from context_ceiling.core.wire import Shape
+from testkit.traffic.agent_traffic import KINDS, generate, violations
 
 ENC = TiktokenCounter("o200k_base")
 CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
@@ -79,6 +77,7 @@ def largest_unit(api: str, body: dict[str, Any], parts: list[Part]) -> int:
 
 
 def run_api(api: str, n: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    shape = cast("Shape", api)  # KINDS names the four shapes
     rng = random.Random(seed)
     invalid = fits_over = after_off = 0
     ratios: list[float] = []
@@ -92,8 +91,8 @@ def run_api(api: str, n: int, seed: int) -> tuple[dict[str, Any], list[dict[str,
         c = count(api, body)
         budget = int(c.total * rng.uniform(0.05, 1.0))
         out, report = fit(
-            body, api=api, budget=budget, count=c, policy=Policy(tool_result_max_tokens=64)
-        )  # type: ignore[arg-type]
+            body, api=shape, budget=budget, count=c, policy=Policy(tool_result_max_tokens=64)
+        )
         after = count(api, out).total
         invalid += bool(violations(api, out))
         fits_over += report.fits and after > budget
@@ -101,8 +100,8 @@ def run_api(api: str, n: int, seed: int) -> tuple[dict[str, Any], list[dict[str,
         # at 1% over budget: removed against needed
         tight = int(c.total / 1.01)
         _out2, rep2 = fit(
-            body, api=api, budget=tight, count=c, policy=Policy(tool_result_max_tokens=64)
-        )  # type: ignore[arg-type]
+            body, api=shape, budget=tight, count=c, policy=Policy(tool_result_max_tokens=64)
+        )
         if rep2.fits:
             needed = c.total - tight
             removed = c.total - rep2.after

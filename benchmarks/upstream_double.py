@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.asgi import lifespan, read_body, run
+from testkit.asgi import lifespan, read_body, run
 
 CHUNKS = int(os.environ.get("DOUBLE_CHUNKS", "20"))
 PACE = float(os.environ.get("DOUBLE_PACE", "0"))

@@ -19,7 +19,7 @@ items, the coverage of the 95% intervals at every item count, the regression ver
 unchanged and on really moved curves, and the two refusal cases (a model at 0%, a model that
 answers from memory).
 
-``python benchmarks/validity.py [--runs N] [--seed S] [--json FILE]``; ``make bench-validity``.
+``python -m benchmarks.validity [--runs N] [--seed S] [--json FILE]``; ``make bench-validity``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +35,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded, item_means  # noqa: E402
-from context_ceiling.sweep.design import batch_size, next_step  # noqa: E402
-from context_ceiling.sweep.plan import levels_for  # noqa: E402
-from context_ceiling.sweep.regression import compare_means, reduced_levels  # noqa: E402
-from context_ceiling.sweep.statistics import accuracy_interval, difference_interval, items_for  # noqa: E402
+from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded, item_means
+from context_ceiling.sweep.design import batch_size, next_step
+from context_ceiling.sweep.plan import levels_for
+from context_ceiling.sweep.regression import compare_means, reduced_levels
+from context_ceiling.sweep.statistics import accuracy_interval, difference_interval, items_for
 
 WINDOW, RESERVATION, TOL, MARGIN, RESOLUTION, REPEATS = 8192, 100, 0.05, 0.1, 0.05, 3
 TASKSET, SIGMA, KNOWN, RHO = 960, 1.0, 0.05, 0.5

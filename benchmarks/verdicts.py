@@ -13,7 +13,8 @@ from benchmarks.load import fmt, spread
 
 
 def _cell(res: dict[str, Any], tokens: int, stream: bool, conc: int) -> dict[str, Any] | None:
-    for c in res["cells"]:
+    cells: list[dict[str, Any]] = res["cells"]
+    for c in cells:
         if (c["tokens"], c["stream"], c["concurrency"]) == (tokens, stream, conc):
             return c
     return None

@@ -42,23 +42,23 @@ import openai
 import yaml
 from rich.console import Console
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from context_ceiling.cli import main as ceiling_cli
+from context_ceiling.core.ceilings import dump_document, load_document
+from context_ceiling.core.engine import SyncEngine
+from context_ceiling.core.models import UpstreamSpec
+from context_ceiling.core.push import push
+from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.sweep import replay as replays
+from context_ceiling.sweep.context import ContextBuilder, Meter
+from context_ceiling.sweep.replay import Outcome, ReplayRequest, outcome
+from context_ceiling.sweep.report import replay_line, replay_table
+from context_ceiling.sweep.statistics import items_for
+from context_ceiling.sweep.taskset import TaskSet, load_taskset
+from devtools.demo_sweep import DEMO
+from devtools.llamacpp import die_with_parent, llama_server
+from testkit.serving import free_port
 
-from context_ceiling.cli import main as ceiling_cli  # noqa: E402
-from context_ceiling.core.ceilings import dump_document, load_document  # noqa: E402
-from context_ceiling.core.engine import SyncEngine  # noqa: E402
-from context_ceiling.core.models import UpstreamSpec  # noqa: E402
-from context_ceiling.core.push import push  # noqa: E402
-from context_ceiling.core.tokenizers import TiktokenCounter  # noqa: E402
-from context_ceiling.sweep import replay as replays  # noqa: E402
-from context_ceiling.sweep.context import ContextBuilder, Meter  # noqa: E402
-from context_ceiling.sweep.replay import Outcome, ReplayRequest, outcome  # noqa: E402
-from context_ceiling.sweep.report import replay_line, replay_table  # noqa: E402
-from context_ceiling.sweep.statistics import items_for  # noqa: E402
-from context_ceiling.sweep.taskset import TaskSet, load_taskset  # noqa: E402
-from devtools.demo_sweep import DEMO  # noqa: E402
-from devtools.llamacpp import die_with_parent, free_port, llama_server  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 console = Console(width=max(120, Console().width))
 TOKEN = "demo-admin-token"

@@ -12,7 +12,6 @@ import atexit
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from testkit.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FETCH_SCRIPT = ROOT / "scripts" / "local_model.sh"
@@ -49,13 +50,6 @@ def ensure_local_model() -> LocalModel:
         )
     found = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     return LocalModel(Path(found["SERVER"]), Path(found["MODEL"]))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -1,21 +1,20 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.state import State
-from tests.hosted_provider_double import HostedProviderDouble, serve
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import serve
 
 MODELS: list[dict[str, Any]] = [
     {
@@ -41,19 +40,6 @@ needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
     reason="promtool comes from the Debian package prometheus (.ci/run installs it)",
 )
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
-    """Until ``url``/healthz answers 200; fails with the process's output if it exits first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url + "/healthz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.1)
 
 
 def request_log_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:

@@ -29,9 +29,9 @@ from context_ceiling.core.trim import CLEARED_RE, MARKER_RE
 from context_ceiling.core.wire import Shape
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from tests.agent_loops import Loop, history_of, pairs, prefix_share, provider_valid
-from tests.ceiling_docs import doc, entry
-from tests.hosted_provider_double import serve
+from testkit.serving import serve
+from testkit.traffic.agent_loops import Loop, history_of, pairs, prefix_share, provider_valid
+from testkit.traffic.ceiling_docs import doc, entry
 
 APIS: list[Shape] = ["openai", "anthropic", "responses", "gemini"]
 
@@ -243,7 +243,7 @@ def test_dropped_documents_keep_citation_indices() -> None:
     kept = [b for b in out["messages"][0]["content"] if b["type"] == "document"]
     assert len(kept) == 6  # stubs in place of the dropped ones: index 4 is still doc 4
     assert kept[4]["title"] == "doc 4"
-    assert out["messages"][1] == body["messages"][1]
+    assert out["messages"][1] == body["messages"][1]  # type: ignore[index]
 
 
 def test_compaction_items_are_counted_and_never_dropped() -> None:
@@ -597,7 +597,7 @@ def test_earlier_turns_thinking_counts_nothing_and_this_turns_counts() -> None:
             {**m, "content": [b for b in m["content"] if b.get("type") != "thinking"]}
             if m["role"] == "assistant" and isinstance(m["content"], list)
             else m
-            for m in later["messages"]
+            for m in later["messages"]  # type: ignore[attr-defined]
         ],
     }
     assert count(current, api="anthropic").total > 400  # this turn's thinking counts
@@ -667,7 +667,7 @@ def _walked(api: Shape, body: dict[str, Any], cache: Any) -> tuple[set[int], Any
     try:
         return seen, _cached(api, body, cache)
     finally:
-        counting._message = original  # type: ignore[assignment]
+        counting._message = original
 
 
 def test_the_message_cache_keys_on_what_a_count_depends_on() -> None:

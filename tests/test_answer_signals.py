@@ -1,5 +1,5 @@
 """Answer signals by fill, end to end: the official SDKs (openai, anthropic, google-genai) ->
-the sidecar -> a loopback double of each provider (:mod:`tests.answer_provider_double`) that
+the sidecar -> a loopback double of each provider (:mod:`testkit.doubles.answer_provider`) that
 answers with a scripted answer, as a body and as a stream, for every API. Each signal is read
 back from the sidecar's registry with the labels it must carry."""
 
@@ -35,9 +35,9 @@ from context_ceiling.sidecar.answers import (
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.state import State
-from tests.answer_provider_double import AnswerProviderDouble, Script
-from tests.ceiling_docs import doc, entry
-from tests.hosted_provider_double import serve
+from testkit.doubles.answer_provider import AnswerProviderDouble, Script
+from testkit.serving import serve
+from testkit.traffic.ceiling_docs import doc, entry
 
 TOKEN = "admin-tok"
 WINDOW = 10_000

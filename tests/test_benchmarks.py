@@ -87,7 +87,6 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
 def test_tight_pairs_at_a_concurrency_give_the_slowdown(tmp_path: Path) -> None:
     """``python -m benchmarks.paired -c N``: the pairs at concurrency N also give the baseline's
     throughput over each target's, per round, and the table shows it."""
-    sys.path.insert(0, str(ROOT))
     from benchmarks import targets as tg
     from benchmarks.bodies import body_of, body_path
     from benchmarks.paired import pairs_of_every_cell, pairs_table

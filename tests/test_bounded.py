@@ -17,17 +17,17 @@ import pytest
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.sidecar.bound import strict
 from context_ceiling.sidecar.logs import REQUEST_LOGGER
-from tests.ceiling_docs import doc, entry
+from testkit.traffic.ceiling_docs import doc, entry
+from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running, request_log_line
-from tests.rag_bodies import rag_messages as _rag
 
 
 def _call(sc: Running, n: int) -> Any:
     client = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
     return client.chat.completions.with_raw_response.create(
         model="gpt-4o",
-        messages=_rag(n),
-        max_tokens=50,  # type: ignore[arg-type]
+        messages=_rag(n),  # type: ignore[arg-type]
+        max_tokens=50,
     )
 
 
@@ -289,14 +289,19 @@ def test_a_sample_costs_its_request_no_latency(
     with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
         if stream:
             with client.chat.completions.with_streaming_response.create(
-                model="gpt-4o", messages=_rag(4), max_tokens=50, stream=True
+                model="gpt-4o",
+                messages=_rag(4),  # type: ignore[arg-type]
+                max_tokens=50,
+                stream=True,
             ) as resp:
                 headers = resp.headers
                 text = "".join(resp.iter_lines())
             assert "[DONE]" in text
         else:
             raw = client.chat.completions.with_raw_response.create(
-                model="gpt-4o", messages=_rag(4), max_tokens=50
+                model="gpt-4o",
+                messages=_rag(4),  # type: ignore[arg-type]
+                max_tokens=50,
             )
             headers = raw.headers
             assert raw.parse().choices

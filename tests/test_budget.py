@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.trim import MARKER, Policy, fit, input_budget
-from tests.agent_traffic import WORDS
+from testkit.traffic.agent_traffic import WORDS
 
 ENC = TiktokenCounter("o200k_base")
 CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
@@ -270,7 +270,7 @@ def test_stages_in_order_and_markers() -> None:
     )
     assert rep.removed["retrieved"] > 0 and '<document id="1">' in out["messages"][-1]["content"]
     assert '<document id="2">' not in out["messages"][-1]["content"]
-    assert body["messages"][3]["content"] == long  # the input is never mutated
+    assert body["messages"][3]["content"] == long  # type: ignore[index] # the input is never mutated
 
 
 def test_cache_prefix_is_cut_last_and_the_loss_counted() -> None:
@@ -305,7 +305,7 @@ def test_cache_prefix_is_cut_last_and_the_loss_counted() -> None:
     total = recount(body, "anthropic")
     out, rep = fit(body, api="anthropic", budget=total - 100)
     assert rep.fits and rep.cache_loss_tokens == 0
-    assert out["messages"][0] == body["messages"][0]  # the cached prefix is untouched
+    assert out["messages"][0] == body["messages"][0]  # type: ignore[index] # the cached prefix is untouched
     out, rep = fit(body, api="anthropic", budget=total - 1000)
     assert rep.fits and rep.cache_loss_tokens > 0
 

@@ -93,12 +93,12 @@ def test_captures_the_shape_and_the_answer_per_workload_redacted(
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     oa.chat.completions.create(
         model="gpt-4o",
-        messages=messages,
-        tools=tools,
-        user="alice@example.com",  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        user="alice@example.com",
     )
     stream = oa.chat.completions.create(model="gpt-4o", messages=messages, stream=True)  # type: ignore[arg-type]
-    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)  # type: ignore[union-attr]
     an = anthropic.Anthropic(
         base_url=sc.url, api_key=KEY, max_retries=0, default_headers={"x-ceiling-workload": "rag"}
     )
@@ -363,12 +363,12 @@ def test_a_store_deleted_under_the_writer_is_reopened_and_the_loss_counted(
         default_headers={"x-ceiling-workload": "rag"},
     )
     ask = [{"role": "user", "content": DOCS + "How long is the refund window?"}]
-    oa.chat.completions.create(model="gpt-4o", messages=ask)
+    oa.chat.completions.create(model="gpt-4o", messages=ask)  # type: ignore[arg-type]
     assert len(_records(tmp_path, 1)) == 1
     [path] = list(tmp_path.glob("capture-*.sqlite"))
     for extra in tmp_path.glob("capture-*.sqlite*"):
         extra.unlink()  # an operator (or a full-disk cleanup) removes the store
-    oa.chat.completions.create(model="gpt-4o", messages=ask)
+    oa.chat.completions.create(model="gpt-4o", messages=ask)  # type: ignore[arg-type]
     deadline = time.monotonic() + 10
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,15 +17,15 @@ import pytest
 import yaml
 
 from context_ceiling.core.ceilings import CeilingsError, json_schema, load_document, parse_document
-from devtools.llamacpp import free_port
-from tests.ceiling_cli import ceiling
-from tests.ceiling_docs import doc, entry
+from testkit.cli import ceiling
+from testkit.serving import ceiling_serve, free_port
+from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "admin-token-Z9"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
-MSG = [{"role": "user", "content": "hello"}]
+MSG: list[Any] = [{"role": "user", "content": "hello"}]
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 6.0) -> bool:
@@ -129,7 +128,7 @@ def test_put_applies_without_restart_and_invalid_ones_change_nothing(
     s = sc.sample
     assert s("llm_context_config_version") == 5
     assert s("llm_context_ceiling_tokens", model="gpt-4o", workload="default") == 50000
-    assert s("llm_context_ceiling_age_seconds", model="gpt-4o", workload="default") > 86400
+    assert s("llm_context_ceiling_age_seconds", model="gpt-4o", workload="default") > 86400  # type: ignore[operator]
     assert s("llm_context_config_reloads_total", source="api", result="success") == 1
     assert s("llm_context_config_last_reload_success_timestamp_seconds") == pytest.approx(
         time.time(), abs=30
@@ -309,54 +308,32 @@ def test_bad_file_at_startup_is_a_one_line_exit_2(tmp_path: Path, double: Any) -
 
 def test_sighup_rereads_the_file(tmp_path: Path, double: Any) -> None:
     _, durl = double
-    port = free_port()
     path = tmp_path / "ceilings.yaml"
     path.write_text(yaml.safe_dump(doc(1)))
-    (tmp_path / "sidecar.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "listen": {"port": port},
-                "upstreams": {"openai": {"base_url": durl + "/v1"}},
-                "models": [{"match": "gpt-4o", "window": 128000}],
-                "ceilings_file": "ceilings.yaml",
-                "ceilings_watch": False,
-                "admin_token": TOKEN,
-            }
-        )
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "context_ceiling.cli",
-            "serve",
-            "-c",
-            str(tmp_path / "sidecar.yaml"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    cfg = {
+        "upstreams": {"openai": {"base_url": durl + "/v1"}},
+        "models": [{"match": "gpt-4o", "window": 128000}],
+        "ceilings_file": "ceilings.yaml",
+        "ceilings_watch": False,
+        "admin_token": TOKEN,
+    }
+    with ceiling_serve(cfg, tmp_path) as sp:
 
-    def version() -> int | None:
-        try:
-            return int(
-                httpx.get(url + "/admin/ceilings", headers=AUTH, timeout=1).json()["version"]
-            )
-        except httpx.TransportError:
-            return None
+        def version() -> int | None:
+            try:
+                return int(
+                    httpx.get(sp.url + "/admin/ceilings", headers=AUTH, timeout=1).json()["version"]
+                )
+            except httpx.TransportError:
+                return None
 
-    try:
         assert wait_for(lambda: version() == 1, 20)
         path.write_text(yaml.safe_dump(doc(2)))
         time.sleep(1.0)
         assert version() == 1  # not watched: nothing happens until asked
-        proc.send_signal(signal.SIGHUP)
+        sp.proc.send_signal(signal.SIGHUP)
         assert wait_for(lambda: version() == 2)
-        assert proc.poll() is None  # still the same process
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        assert sp.proc.poll() is None  # still the same process
 
 
 # -- push CLI -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -16,13 +17,14 @@ import pytest
 from benchmarks import targets
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from tests.hosted_provider_double import HostedProviderDouble, serve
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import serve
 from tests.test_ceilings import wait_for
 
 pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-MSG = [{"role": "user", "content": "What is the answer?"}]
+MSG: list[Any] = [{"role": "user", "content": "What is the answer?"}]
 MODELS = [{"match": "gpt-4o", "window": 128000, "max_output_tokens": 16384}]
 
 

@@ -17,7 +17,7 @@ import yaml
 import context_ceiling
 from context_ceiling import api
 from context_ceiling.cli import build_parser
-from tests.ceiling_docs import doc, entry
+from testkit.traffic.ceiling_docs import doc, entry
 
 #: the commands that print a result, each of which takes --json
 JSON_COMMANDS = [
@@ -164,7 +164,7 @@ def test_the_public_api_exports_what_it_declares() -> None:
     public = {n for n in vars(api) if not n.startswith("_") and n != "annotations"}
     assert public == set(api.__all__)
     with pytest.raises(AttributeError):
-        _ = context_ceiling.not_a_name  # type: ignore[attr-defined]
+        _ = context_ceiling.not_a_name
 
 
 def test_the_public_api_counts_and_fits_like_the_sidecar() -> None:

@@ -12,7 +12,7 @@ import yaml
 
 from context_ceiling.core.ceilings import parse_document
 from context_ceiling.sidecar.config import ConfigError, Settings, load_settings
-from tests.ceiling_docs import doc, entry
+from testkit.traffic.ceiling_docs import doc, entry
 
 GOOD = """
 listen: {host: 127.0.0.1, port: 9100}
@@ -238,7 +238,7 @@ def test_a_served_sidecar_freezes_its_startup_heap_and_an_embedded_one_does_not(
     import gc
 
     from context_ceiling.sidecar.app import create_app
-    from tests.hosted_provider_double import serve
+    from testkit.serving import serve
 
     gc.unfreeze()
     settings = Settings(upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}})

@@ -18,10 +18,10 @@ from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.logs import REQUEST_LOGGER
 from context_ceiling.sidecar.state import State
-from tests.answer_provider_double import AnswerProviderDouble
-from tests.ceiling_docs import doc, entry
+from testkit.doubles.answer_provider import AnswerProviderDouble
+from testkit.serving import serve
+from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import request_log_line
-from tests.hosted_provider_double import serve
 
 TOKEN = "admin-tok"
 WINDOW = 10_000

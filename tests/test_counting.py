@@ -323,7 +323,7 @@ def test_a_derived_body_counts_only_its_new_messages() -> None:
     rewritten = {"role": "user", "content": "a shortened turn"}
     derived = {**body, "messages": [body["messages"][0], old[0], rewritten, *old[3:]]}
     seen, spy = _spy()
-    got = count_openai(derived, spy, None, CHUNKS, prior_of(body["messages"], before))
+    got = count_openai(derived, spy, None, CHUNKS, prior_of(body["messages"], before))  # type: ignore[arg-type]
     assert got == count_openai(derived, ENC, None, CHUNKS)
     assert "a shortened turn" in seen
     assert not any("older turn" in t for t in seen), "shared messages are taken over"
@@ -343,7 +343,7 @@ def test_a_shared_message_whose_role_in_the_request_changed_is_counted_again() -
     ):
         before = fn(body, ENC, None, CHUNKS)
         derived = {**body, "messages": [a, b]}
-        got = fn(derived, ENC, None, CHUNKS, prior_of(body["messages"], before))
+        got = fn(derived, ENC, None, CHUNKS, prior_of(body["messages"], before))  # type: ignore[arg-type]
         assert got == fn(derived, ENC, None, CHUNKS)
         assert got.components[Component.LATEST_USER] > before.components[Component.LATEST_USER]
 

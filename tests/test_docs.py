@@ -194,6 +194,7 @@ def _product_files() -> list[Path]:
         ("src", ("*.py",)),
         ("benchmarks", ("*.py", "*.md")),
         ("devtools", ("*.py",)),
+        ("testkit", ("*.py",)),
         ("dashboards", ("*.py", "*.md")),
         ("helm", ("*.yaml", "*.tpl", "*.md", "*.txt")),
         ("scripts", ("*.py", "*.sh")),

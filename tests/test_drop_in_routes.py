@@ -21,9 +21,9 @@ from starlette.routing import Route
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from tests.ceiling_cli import ceiling
-from tests.ceiling_docs import doc, entry
-from tests.hosted_provider_double import serve
+from testkit.cli import ceiling
+from testkit.serving import serve
+from testkit.traffic.ceiling_docs import doc, entry
 
 
 class RecordingUpstreamDouble:
@@ -358,13 +358,13 @@ def test_genai_metrics_follow_the_semantic_conventions(tmp_path: Path) -> None:
     """Provider names as the conventions define them (Azure: azure.ai.openai), the request's
     own model name (bounded), the upstream's host, and time to first token / per output token
     for streams."""
-    from tests.hosted_provider_double import HostedProviderDouble
+    from testkit.doubles.hosted_provider import HostedProviderDouble
 
     hosted = HostedProviderDouble()
     eu, us = RecordingUpstreamDouble("eu"), RecordingUpstreamDouble("us")
     with serve(hosted.app()) as h, serve(eu.app()) as e, serve(us.app()) as u:
         settings = _azure(tmp_path, e, u)
-        settings.upstreams.openai = type(settings.upstreams.named["azure-eu"])(  # type: ignore[call-arg]
+        settings.upstreams.openai = type(settings.upstreams.named["azure-eu"])(
             api="openai", base_url=h + "/v1"
         )
         settings.models.append(

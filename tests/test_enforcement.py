@@ -14,7 +14,7 @@ import pytest
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
 from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
-from tests.ceiling_docs import doc, entry
+from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
 
 TOKEN = "admin-tok"
@@ -73,8 +73,10 @@ def test_enforce_trims_lowest_ranked_chunks_to_the_ceiling(enforcing: Running) -
     before = count_openai({"messages": msgs}, O200K, chunks=CHUNKS).total
     assert before > 2000
     raw = oa(enforcing, "rag").chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=msgs, max_tokens=100
-    )  # type: ignore[arg-type]
+        model="gpt-4o",
+        messages=msgs,  # type: ignore[arg-type]
+        max_tokens=100,
+    )
     sent = enforcing.double.received[-1].json
     content = sent["messages"][1]["content"]
     kept = re.findall(r'<document id="(\d+)">', content)
@@ -125,7 +127,7 @@ def test_observe_forwards_the_exact_bytes_and_records(enforcing: Running) -> Non
         == 1
     )
     assert (
-        s(
+        s(  # type: ignore[operator]
             "llm_context_would_trim_tokens_total",
             model="gpt-4o",
             workload="default",
@@ -141,8 +143,9 @@ def test_observe_forwards_the_exact_bytes_and_records(enforcing: Running) -> Non
 
 def test_off_mode_still_shows_drift(enforcing: Running) -> None:
     r = oa(enforcing, "off").chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=rag_messages()
-    )  # type: ignore[arg-type]
+        model="gpt-4o",
+        messages=rag_messages(),  # type: ignore[arg-type]
+    )
     assert r.headers["x-ceiling-mode"] == "off" and r.headers["x-ceiling-trimmed-tokens"] == "0"
     assert (
         enforcing.sample(
@@ -200,8 +203,10 @@ def test_output_reservation_sits_on_top_of_the_ceiling(enforcing: Running) -> No
     # no ceiling for small-model: the window (2000) minus max_tokens (1500) caps the input at 500
     msgs = rag_messages(n_chunks=6, size=3)
     r = oa(enforcing, "rag").chat.completions.with_raw_response.create(
-        model="small-model", messages=msgs, max_tokens=1500
-    )  # type: ignore[arg-type]
+        model="small-model",
+        messages=msgs,  # type: ignore[arg-type]
+        max_tokens=1500,
+    )
     sent = enforcing.double.received[-1].json
     assert count_openai(sent, O200K, chunks=CHUNKS).total <= 500
     assert r.headers["x-ceiling-ceiling-tokens"] == "none"
@@ -244,7 +249,7 @@ def test_anthropic_agent_stream_caps_tool_results(enforcing: Running) -> None:
         if isinstance(b, dict) and b.get("type") == "tool_result"
     ] == ["t1", "t2"]
     assert (
-        enforcing.sample(
+        enforcing.sample(  # type: ignore[operator]
             "llm_context_trimmed_tokens_total",
             model="claude",
             workload="agent",
@@ -275,16 +280,18 @@ def test_bypass_needs_the_admin_token(enforcing: Running) -> None:
 def test_a_pushed_entry_mode_switches_enforcement_without_restart(enforcing: Running) -> None:
     msgs = rag_messages()
     r = oa(enforcing, "default").chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=msgs
-    )  # type: ignore[arg-type]
+        model="gpt-4o",
+        messages=msgs,  # type: ignore[arg-type]
+    )
     assert r.headers["x-ceiling-mode"] == "observe"
     d = doc(
         2, entry(tokens=2000, mode="enforce"), entry(model="claude", window=200000, tokens=1500)
     )
     assert httpx.put(enforcing.url + "/admin/ceilings", json=d, headers=AUTH).status_code == 200
     r = oa(enforcing, "default").chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=msgs
-    )  # type: ignore[arg-type]
+        model="gpt-4o",
+        messages=msgs,  # type: ignore[arg-type]
+    )
     assert (
         r.headers["x-ceiling-mode"] == "enforce"
         and int(r.headers["x-ceiling-input-tokens"]) <= 2000

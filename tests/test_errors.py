@@ -63,8 +63,9 @@ def test_openai_bad_request(sidecar: Running, body: bytes, needle: str) -> None:
 def test_openai_sdk_raises_its_own_error_class(sidecar: Running) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oa(sidecar).chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": 5}]
-        )  # type: ignore[typeddict-item]
+            model="gpt-4o",
+            messages=[{"role": "user", "content": 5}],  # type: ignore[list-item, misc]
+        )
     assert "messages[0].content" in str(info.value)
 
 
@@ -83,8 +84,10 @@ def test_anthropic_bad_request(sidecar: Running) -> None:
     }
     with pytest.raises(anthropic.BadRequestError):
         an(sidecar).messages.create(
-            model="claude-x", max_tokens=5, messages=[{"role": "user", "content": 7}]
-        )  # type: ignore[typeddict-item]
+            model="claude-x",
+            max_tokens=5,
+            messages=[{"role": "user", "content": 7}],  # type: ignore[list-item, misc]
+        )
 
 
 def test_body_limit_is_413(make_sidecar: Callable[..., Running]) -> None:
@@ -181,7 +184,7 @@ def test_upstream_timeout_is_504(make_sidecar: Callable[..., Running], double: A
 
 
 def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> None:
-    from devtools.llamacpp import free_port
+    from testkit.serving import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     sc = make_sidecar(
@@ -216,7 +219,7 @@ def test_an_unexpected_error_in_the_proxy_path_is_a_500_in_the_clients_format(
 ) -> None:
     from context_ceiling.sidecar.app import create_app
     from context_ceiling.sidecar.config import Settings
-    from tests.hosted_provider_double import serve
+    from testkit.serving import serve
 
     _, durl = double
     app = create_app(

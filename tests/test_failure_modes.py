@@ -33,9 +33,9 @@ from context_ceiling.sidecar.logs import (
 )
 from context_ceiling.sidecar.server import uvicorn_options
 from context_ceiling.sidecar.state import State
-from tests.conftest import MODELS
-from tests.fault_provider_double import FaultyProviderDouble
-from tests.fuzz_bodies import (
+from testkit.doubles.fault_provider import FaultyProviderDouble
+from testkit.serving import serve
+from testkit.traffic.fuzz_bodies import (
     ANTHROPIC_TEMPLATE,
     OPENAI_TEMPLATE,
     ROUTES,
@@ -44,9 +44,9 @@ from tests.fuzz_bodies import (
     non_object_parts,
     paths,
 )
-from tests.hosted_provider_double import serve
+from tests.conftest import MODELS
 
-MSG = [{"role": "user", "content": "hi"}]
+MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 class Sidecar:
@@ -360,7 +360,7 @@ def test_request_lines_skip_the_lookups_the_format_never_prints(
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
     req = logging.getLogger(REQUEST_LOGGER)
     seen: list[logging.LogRecord] = []
-    monkeypatch.setattr(req, "filters", [lambda r: seen.append(r) or True])
+    monkeypatch.setattr(req, "filters", [lambda r: seen.append(r) or True])  # type: ignore[func-returns-value]
 
     configure("info")
     log_request({"request_id": "r1", "input_tokens_estimated": 42})
@@ -394,46 +394,20 @@ def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
     """``ceiling serve`` as deployed: on SIGTERM a stream in flight runs to its end, new
     connections are refused, and the process exits within the grace period."""
     import signal
-    import subprocess
-    import sys
     import threading
 
-    import yaml
-
-    from devtools.llamacpp import free_port
-    from tests.hosted_provider_double import HostedProviderDouble
+    from testkit.doubles.hosted_provider import HostedProviderDouble
+    from testkit.serving import ceiling_serve
 
     with serve(HostedProviderDouble().app()) as durl:
-        port = free_port()
         cfg = {
-            "listen": {"host": "127.0.0.1", "port": port},
             "upstreams": {"openai": {"base_url": durl + "/v1"}},
             "models": [{"match": "gpt-4o", "window": 128000}],
             "limits": {"shutdown_grace_seconds": 15},
             "log_level": "warning",
         }
-        (tmp_path / "sidecar.yaml").write_text(yaml.safe_dump(cfg))
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "context_ceiling.cli",
-                "serve",
-                "--config",
-                str(tmp_path / "sidecar.yaml"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(url + "/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
+        with ceiling_serve(cfg, tmp_path) as sp:
+            url, proc = sp.url, sp.proc
             got: list[bytes] = []
             started = threading.Event()
 
@@ -460,9 +434,6 @@ def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
             assert b"data: [DONE]" in b"".join(got), "the stream in flight finished whole"
             # uvicorn finishes the shutdown, then re-raises the signal it caught (exit by SIGTERM)
             assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
 
 
 def _raw(url: str, head: bytes, then: bytes = b"") -> tuple[bytes, bool]:

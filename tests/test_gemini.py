@@ -24,7 +24,7 @@ from context_ceiling.core.counting import count_gemini
 from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from tests.hosted_provider_double import serve
+from testkit.serving import serve
 
 COUNTER = CalibratedCounter(TiktokenCounter("o200k_base"), 1.1)
 MODEL = "gemini-2.5-flash"

@@ -89,8 +89,8 @@ def test_lint_render_validate(
         )
     )
     kv = shutil.which("kubernetes-validate") or str(
-        Path(os.sys.executable).parent / "kubernetes-validate"
-    )  # type: ignore[attr-defined]
+        Path(os.sys.executable).parent / "kubernetes-validate"  # type: ignore[attr-defined]
+    )
     r = subprocess.run(
         [kv, "-k", "1.30.0", "--strict", str(manifest)], capture_output=True, text=True
     )
@@ -199,7 +199,7 @@ def test_monitoring_integrations_are_gated(helm: list[str], tmp_path: Path) -> N
 
 
 def test_ceilings_from_a_file(helm: list[str], tmp_path: Path) -> None:
-    from tests.ceiling_docs import doc, entry
+    from testkit.traffic.ceiling_docs import doc, entry
 
     f = tmp_path / "ceilings.yaml"
     f.write_text(yaml.safe_dump(doc(9, entry(tokens=32000))))
@@ -434,9 +434,9 @@ def test_every_value_is_documented_and_in_the_schema() -> None:
 def test_an_upgrade_keeps_a_newer_live_ceilings_document(helm: list[str], tmp_path: Path) -> None:
     """The chart's `lookup`: versions never go backwards when the sweep or a push wrote a newer
     document into the ConfigMap than the values carry; an older live one is replaced."""
-    from tests.ceiling_docs import doc
-    from tests.hosted_provider_double import serve
-    from tests.kube_apiserver_double import KubeApiServerDouble
+    from testkit.doubles.kube_apiserver import KubeApiServerDouble
+    from testkit.serving import serve
+    from testkit.traffic.ceiling_docs import doc
 
     rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
     api = KubeApiServerDouble(None, "llm", rules)
@@ -749,7 +749,7 @@ def test_a_ceilings_document_the_pods_would_refuse_fails_at_template_time(
 ) -> None:
     """A window the registry disagrees with passes the schema but would crash-loop every pod
     that restarts: the chart refuses it when rendering, naming the entry and both windows."""
-    from tests.ceiling_docs import doc, entry
+    from testkit.traffic.ceiling_docs import doc, entry
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc(3, entry(tokens=30000, window=64000))))

@@ -18,10 +18,10 @@ import yaml
 
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.sidecar.logs import REQUEST_LOGGER
-from tests.ceiling_docs import doc, entry
+from testkit.traffic.ceiling_docs import doc, entry
+from testkit.traffic.rag_bodies import CHUNK
+from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running
-from tests.rag_bodies import CHUNK
-from tests.rag_bodies import rag_messages as _rag
 
 LONG = 200  # ~85 kB of body: over the default overlap_bytes (64 kB)
 
@@ -283,6 +283,6 @@ def test_the_count_cache_is_shared_by_the_counting_threads() -> None:
             assert list(pool.map(counter.count, texts)) == want
     import sys
 
-    assert cache.bytes == sum(sys.getsizeof(t) for (_, t) in cache._lru)
+    assert cache.bytes == sum(sys.getsizeof(t) for (_, t) in cache._lru)  # type: ignore[has-type, misc]
     assert cache.bytes <= cache.max_bytes
     assert cache.hits + cache.misses == 5 * len(texts)

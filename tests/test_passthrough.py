@@ -15,12 +15,12 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.asgi import lifespan, read_body
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.state import State
+from testkit.asgi import lifespan, read_body
+from testkit.serving import serve
 from tests.conftest import MODELS
-from tests.hosted_provider_double import serve
 
 
 class EchoProviderDouble:

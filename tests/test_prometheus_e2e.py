@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from dashboards.panels import dashboard, with_all
-from devtools.llamacpp import free_port
-from tests.ceiling_docs import doc, entry
+from testkit.serving import free_port
+from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
 
 PROMETHEUS = shutil.which("prometheus")

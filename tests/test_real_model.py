@@ -17,7 +17,7 @@ import pytest
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from devtools.llamacpp import RunningServer, llama_server
-from tests.hosted_provider_double import serve
+from testkit.serving import serve
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -97,14 +97,18 @@ def test_exact_counts_match_the_server_and_mismatch_shows(sidecar_url: tuple[str
     for i in range(5):
         msgs = conversation(i)
         exact = client.chat.completions.with_raw_response.create(
-            model="qwen-exact", messages=msgs, max_tokens=1
-        )  # type: ignore[arg-type]
+            model="qwen-exact",
+            messages=msgs,  # type: ignore[arg-type]
+            max_tokens=1,
+        )
         reported = exact.parse().usage
         assert reported is not None
         assert int(exact.headers["x-ceiling-input-tokens"]) == reported.prompt_tokens
         est = client.chat.completions.with_raw_response.create(
-            model="qwen-o200k", messages=msgs, max_tokens=1
-        )  # type: ignore[arg-type]
+            model="qwen-o200k",
+            messages=msgs,  # type: ignore[arg-type]
+            max_tokens=1,
+        )
         usage = est.parse().usage
         assert usage is not None
         errors.append(

@@ -14,13 +14,13 @@ from typing import Any
 import openai
 import pytest
 
-from benchmarks.asgi import lifespan, read_body
 from context_ceiling.core.counting import count_responses
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.trim import Policy, fit
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from tests.hosted_provider_double import serve
+from testkit.asgi import lifespan, read_body
+from testkit.serving import serve
 
 ENC = TiktokenCounter("o200k_base")
 
@@ -239,7 +239,7 @@ def test_enforcement_trims_function_outputs_and_keeps_pairs(
     assert count_responses(body, ENC).total > 4000
     r = client.responses.with_raw_response.create(
         model="gpt-4o",
-        input=items,
+        input=items,  # type: ignore[arg-type]
         max_output_tokens=300,
         extra_headers={"x-ceiling-workload": "agent"},
     )

@@ -13,8 +13,8 @@ import openai
 
 from context_ceiling.sidecar.redact import Redactor
 from context_ceiling.sidecar.secret_rules import SecretRules, default_rules, go_to_python, merge
+from testkit.traffic.secret_corpus import FAMILIES, corpus, leaked
 from tests.conftest import Running
-from tests.secret_corpus import FAMILIES, corpus, leaked
 
 
 def test_the_vendored_rule_set_loads_whole() -> None:
@@ -61,7 +61,7 @@ entropy = 3.0
 def test_every_family_of_the_corpus_is_redacted() -> None:
     counted: collections.Counter[str] = collections.Counter()
     r = Redactor([], [], lambda kind, n: counted.update({kind: n}))
-    missed = collections.Counter()
+    missed = collections.Counter()  # type: ignore[var-annotated]
     for family, secret, text in corpus(50, seed=7):
         out, n = r.text(text)
         if leaked(secret, family, out) or n == 0:
@@ -127,7 +127,7 @@ def test_no_secret_of_the_corpus_is_written_to_the_store(
 def test_every_rules_own_examples_are_redacted() -> None:
     """A string each gitleaks rule's expression generates, and the rule reports, never survives
     the redaction (the Go patterns' translation and the secret spans held to it)."""
-    from tests.secret_corpus import rule_examples
+    from testkit.traffic.secret_corpus import rule_examples
 
     examples = rule_examples(per_rule=1)
     covered = {rid for rid, _ in examples}

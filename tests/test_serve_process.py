@@ -6,30 +6,19 @@ standard process metrics."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import yaml
 
 from context_ceiling import __version__
-from tests.conftest import wait_healthy
-from tests.hosted_provider_double import HostedProviderDouble, serve
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import ServeProcess, ceiling_serve, free_port, serve
 
 KEY = "sk-test-SECRET-4f9a1c"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def observing(port: int, upstream: str, **more: object) -> dict[str, object]:
@@ -44,41 +33,24 @@ def observing(port: int, upstream: str, **more: object) -> dict[str, object]:
 
 
 @pytest.fixture
-def process(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def process(tmp_path: Path) -> Iterator[ServeProcess]:
     double = HostedProviderDouble()
-    with serve(double.app()) as durl:  # uvicorn: it sends its own Date and `server: uvicorn`
-        port = _free_port()
-        config = tmp_path / "sidecar.yaml"
-        config.write_text(yaml.safe_dump(observing(port, durl)))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc)
-        try:
-            yield url, proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    # the double is uvicorn: it sends its own Date and `server: uvicorn`
+    with serve(double.app()) as durl, ceiling_serve(observing(free_port(), durl), tmp_path) as sp:
+        yield sp
 
 
 def test_one_json_log_format_startup_line_and_no_secrets(
-    process: tuple[str, subprocess.Popen[str]],
+    process: ServeProcess,
 ) -> None:
-    url, proc = process
+    url = process.url
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {KEY}"})
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    rc = process.stop(30)
+    out, err = process.output(), process.errors()
     # uvicorn shuts down gracefully, then re-raises the signal (exit by SIGTERM, as supervisors expect)
-    assert proc.returncode in (0, -signal.SIGTERM)
+    assert rc in (0, -signal.SIGTERM)
     assert err == "", err  # nothing in another format on another stream
     lines = [json.loads(line) for line in out.splitlines()]  # every line is JSON
     assert all({"ts", "level", "logger", "message"} <= set(x) for x in lines), lines
@@ -91,8 +63,8 @@ def test_one_json_log_format_startup_line_and_no_secrets(
     assert KEY not in out and "hi" not in [x.get("message") for x in lines]
 
 
-def test_one_date_and_one_server_header(process: tuple[str, subprocess.Popen[str]]) -> None:
-    url, _ = process
+def test_one_date_and_one_server_header(process: ServeProcess) -> None:
+    url = process.url
     for r in (
         httpx.get(url + "/v1/models"),  # passed through
         httpx.post(
@@ -108,8 +80,8 @@ def test_one_date_and_one_server_header(process: tuple[str, subprocess.Popen[str
     assert httpx.get(url + "/v1/models").headers["server"] == "uvicorn"
 
 
-def test_process_metrics(process: tuple[str, subprocess.Popen[str]]) -> None:
-    url, _ = process
+def test_process_metrics(process: ServeProcess) -> None:
+    url = process.url
     text = httpx.get(url + "/metrics").text
     samples = {
         line.split(" ")[0]: float(line.split(" ")[1])
@@ -134,57 +106,44 @@ def test_streams_cut_at_any_moment_give_every_upstream_connection_back(tmp_path:
     from benchmarks import targets as tg
 
     up = tg.upstream(tmp_path)  # the benchmarks' raw-ASGI upstream double, its own process
-    port = _free_port()
-    config = tmp_path / "sidecar.yaml"
     base = up.url.rsplit("/v1/", 1)[0]
-    cfg = observing(port, base)
+    cfg = observing(free_port(), base)
     cfg["models"] = [{"match": "bench-1000", "window": 128000}]
     cfg["upstreams"] = {
         "openai": {"base_url": base + "/v1", "pool_size": 4, "timeouts": {"connect": 2}}
     }
-    config.write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
-    with (tmp_path / "log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc)  # type: ignore[arg-type]
-        rng = random.Random(3)
-        text = "Record 7: the fee is 300 EUR. " * 200
-        body = {"model": "bench-1000", "messages": [{"role": "user", "content": text}]}
-        streamed = {**body, "stream": True}
+        with ceiling_serve(cfg, tmp_path) as sp:
+            url = sp.url
+            rng = random.Random(3)
+            text = "Record 7: the fee is 300 EUR. " * 200
+            body = {"model": "bench-1000", "messages": [{"role": "user", "content": text}]}
+            streamed = {**body, "stream": True}
 
-        async def cut(c: httpx.AsyncClient) -> None:
-            with contextlib.suppress(TimeoutError, httpx.HTTPError):
-                async with asyncio.timeout(rng.uniform(0.0, 0.05)):
-                    async with c.stream(
-                        "POST",
-                        url + "/v1/chat/completions",
-                        json=streamed,
-                        headers={"connection": "close"},
-                    ) as r:
-                        async for _ in r.aiter_raw():
-                            pass
+            async def cut(c: httpx.AsyncClient) -> None:
+                with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                    async with asyncio.timeout(rng.uniform(0.0, 0.05)):
+                        async with c.stream(
+                            "POST",
+                            url + "/v1/chat/completions",
+                            json=streamed,
+                            headers={"connection": "close"},
+                        ) as r:
+                            async for _ in r.aiter_raw():
+                                pass
 
-        async def waves() -> None:
-            limits = httpx.Limits(max_connections=100)
-            async with httpx.AsyncClient(timeout=10, limits=limits) as c:
-                for _ in range(20):
-                    await asyncio.gather(*(cut(c) for _ in range(64)))
+            async def waves() -> None:
+                limits = httpx.Limits(max_connections=100)
+                async with httpx.AsyncClient(timeout=10, limits=limits) as c:
+                    for _ in range(20):
+                        await asyncio.gather(*(cut(c) for _ in range(64)))
 
-        asyncio.run(waves())
-        with httpx.Client(timeout=10) as h:
-            for _ in range(8):
-                r = h.post(url + "/v1/chat/completions", json=body)
-                assert r.status_code == 200, r.text
+            asyncio.run(waves())
+            with httpx.Client(timeout=10) as h:
+                for _ in range(8):
+                    r = h.post(url + "/v1/chat/completions", json=body)
+                    assert r.status_code == 200, r.text
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
         up.stop()
 
 
@@ -196,22 +155,12 @@ def test_streams_longer_than_the_grace_end_with_an_error_event(tmp_path: Path) -
     import time
 
     double = HostedProviderDouble()
-    with serve(double.app()) as durl:
-        port = _free_port()
-        config = tmp_path / "sidecar.yaml"
-        config.write_text(
-            yaml.safe_dump(observing(port, durl, limits={"shutdown_grace_seconds": 3}))
-        )
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc)
+    cfg = observing(free_port(), "", limits={"shutdown_grace_seconds": 3})
+    with (
+        serve(double.app()) as durl,
+        ceiling_serve({**cfg, "upstreams": {"openai": {"base_url": durl + "/v1"}}}, tmp_path) as sp,
+    ):
+        url, proc = sp.url, sp.proc
         bodies: list[bytes] = []
 
         def stream() -> None:
@@ -242,7 +191,8 @@ def test_streams_longer_than_the_grace_end_with_an_error_event(tmp_path: Path) -
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(timeout=20)
-        out, _ = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        out = sp.output()
     assert len(bodies) == 5
     assert time.monotonic() - started < 8
     for body in bodies:
@@ -276,22 +226,12 @@ def test_metrics_and_admin_on_their_own_port(tmp_path: Path) -> None:
     """``listen.admin_port``: /metrics and /admin/* answer only there, traffic only on the
     traffic port; the probes on both. A NetworkPolicy can then admit Prometheus alone."""
     double = HostedProviderDouble()
+    port, admin = free_port(), free_port()
     with serve(double.app()) as durl:
-        port, admin = _free_port(), _free_port()
-        config = tmp_path / "sidecar.yaml"
         cfg = observing(port, durl, admin_token="t0k")
         cfg["listen"] = {"host": "127.0.0.1", "port": port, "admin_port": admin}
-        config.write_text(yaml.safe_dump(cfg))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        traffic, ops = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
-        try:
-            wait_healthy(traffic, proc)  # type: ignore[arg-type]
+        with ceiling_serve(cfg, tmp_path) as sp:
+            traffic, ops = sp.url, f"http://127.0.0.1:{admin}"
             auth = {"authorization": "Bearer t0k"}
             assert httpx.get(traffic + "/metrics").status_code == 404
             assert httpx.get(traffic + "/admin/ceilings", headers=auth).status_code == 404
@@ -302,6 +242,3 @@ def test_metrics_and_admin_on_their_own_port(tmp_path: Path) -> None:
             assert httpx.post(ops + "/v1/chat/completions", json=body).status_code == 404
             for base in (traffic, ops):
                 assert httpx.get(base + "/readyz").status_code == 200
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)

@@ -13,7 +13,7 @@ import pytest
 from context_ceiling.core.ceilings import traffic_shape as shape
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
 from context_ceiling.core.tokenizers import TiktokenCounter
-from tests.ceiling_docs import doc, entry
+from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
 
 TOKEN = "tok"

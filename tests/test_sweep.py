@@ -21,8 +21,8 @@ from context_ceiling.core.utilization import FILL_BUCKETS, fill_bucket
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.taskset import TaskSetError, bundled_path, load_taskset
 from devtools.generate_contracts import generate
-from tests.hosted_provider_double import serve
-from tests.scripted_model_double import ScriptedModelDouble
+from testkit.doubles.scripted_model import ScriptedModelDouble
+from testkit.serving import serve
 
 TS = load_taskset("contracts")
 ITEMS = {i.id: i for i in TS.items}
@@ -119,7 +119,7 @@ def by_kind(kind: str) -> Any:
 def test_grading_buckets() -> None:
     it = by_kind("exact")
     gold, decoy = it.gold[0], it.decoy_docs[0]
-    v = it.answer.value  # type: ignore[union-attr]
+    v = it.answer.value
     assert (
         grade(it, json.dumps({"answer": f"{int(v):,} EUR", "evidence": [gold]}), "stop").bucket
         == "correct"
@@ -137,7 +137,7 @@ def test_grading_buckets() -> None:
     assert grade(it, '{"answer": "12', "length").bucket == "truncated_refused"
     assert grade(it, "I'm sorry, I cannot help with that.", "stop").bucket == "truncated_refused"
     s = by_kind("set")
-    vals = s.answer.values  # type: ignore[union-attr]
+    vals = s.answer.values
     assert grade(
         s, json.dumps({"answer": list(reversed(vals)), "evidence": s.gold}), "stop"
     ).correct
@@ -145,7 +145,7 @@ def test_grading_buckets() -> None:
         s, json.dumps({"answer": [*vals[:1], "X-1/9"], "evidence": s.gold}), "stop"
     ).correct
     j = by_kind("json")
-    val = j.answer.value  # type: ignore[union-attr]
+    val = j.answer.value
     assert grade(j, json.dumps({"answer": val, "evidence": j.gold}), "stop").correct
     assert not grade(
         j, json.dumps({"answer": {"supplier": val["supplier"]}, "evidence": j.gold}), "stop"
@@ -485,8 +485,10 @@ def test_real_corpus_taskset_spdx() -> None:
     assert not grade(pair, json.dumps({"answer": a, "evidence": pair.gold}), "stop").correct
     osi = next(i for i in ts.items if i.answer.kind == "json")
     assert grade(
-        osi, json.dumps({"answer": osi.answer.value, "evidence": osi.gold}), "stop"
-    ).correct  # type: ignore[union-attr]
+        osi,
+        json.dumps({"answer": osi.answer.value, "evidence": osi.gold}),  # type: ignore[union-attr]
+        "stop",
+    ).correct
     ident = next(i for i in ts.items if i.answer.kind == "exact")
     assert (
         grade(

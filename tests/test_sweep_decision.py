@@ -26,8 +26,8 @@ from context_ceiling.sweep.statistics import (
     items_for,
 )
 from context_ceiling.sweep.taskset import ExactAnswer, Item
-from tests.hosted_provider_double import serve
-from tests.scripted_model_double import ScriptedModelDouble
+from testkit.doubles.scripted_model import ScriptedModelDouble
+from testkit.serving import serve
 from tests.test_sweep import TS, WINDOW, common, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

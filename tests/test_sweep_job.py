@@ -20,9 +20,9 @@ from context_ceiling.core.kube import Cluster, ConfigMaps, KubeError
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sweep.taskset import load_taskset
-from tests.hosted_provider_double import serve
-from tests.kube_apiserver_double import KubeApiServerDouble
-from tests.scripted_model_double import ScriptedModelDouble
+from testkit.doubles.kube_apiserver import KubeApiServerDouble
+from testkit.doubles.scripted_model import ScriptedModelDouble
+from testkit.serving import serve
 from tests.test_ceilings import wait_for
 from tests.test_helm import CHART, by_kind, helm, render  # noqa: F401  (helm is a fixture)
 
@@ -114,7 +114,7 @@ def test_chart_sweep_job_end_to_end(
     with serve(model.app()) as model_url, serve(api.app()) as api_url:
         settings = Settings(
             upstreams={"openai": {"base_url": model_url + "/v1"}},
-            models=SWEEP_VALUES["config"]["models"],
+            models=SWEEP_VALUES["config"]["models"],  # type: ignore[index]
             workloads=["default", "rag"],
             admin_token=TOKEN,
             ceilings_file=str(cm_dir / "ceilings.yaml"),
@@ -199,7 +199,7 @@ def test_configmap_updates_are_conditional_and_least_privilege(
     tmp_path: Path, cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from context_ceiling.cli import main
-    from tests.ceiling_docs import doc, entry
+    from testkit.traffic.ceiling_docs import doc, entry
 
     rules = [
         {

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from context_ceiling.cli import main
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, Chunk
 from context_ceiling.sweep.taskset import load_taskset
-from tests.hosted_provider_double import serve
+from testkit.serving import serve
 
 SYSTEM = "You are the support assistant. Answer from the knowledge base only."
 TOPICS = [
@@ -108,7 +108,7 @@ def test_build_from_captures(
     # the corpus is the deduplicated chunks: the sentence in every request is one document
     shared = [d for d in ts.docs.values() if d.text.startswith("Our company policies")]
     assert len(shared) == 1 and all(shared[0].id in i.gold for i in ts.items)
-    assert ts.docs[ts.items[0].gold[0]].title and ts.docs[ts.items[0].gold[0]].title.startswith(
+    assert ts.docs[ts.items[0].gold[0]].title and ts.docs[ts.items[0].gold[0]].title.startswith(  # type: ignore[union-attr]
         "kb-"
     )
     # the gold answer: the answer production gave, pulled out of its JSON reply

@@ -23,10 +23,11 @@ from starlette.routing import Route
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.tracing import Tracing, exporter_configured
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import serve
 from tests.conftest import MODELS
-from tests.hosted_provider_double import HostedProviderDouble, serve
 
-MSG = [{"role": "user", "content": "hello"}]
+MSG: list[Any] = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def ours(exporter: InMemorySpanExporter) -> list[Any]:
     return [
         s
         for s in exporter.get_finished_spans()
-        if s.instrumentation_scope.name == "context-ceiling.sidecar"
+        if s.instrumentation_scope.name == "context-ceiling.sidecar"  # type: ignore[union-attr]
     ]
 
 
@@ -65,7 +66,7 @@ def test_span_follows_genai_conventions_and_propagates(
         max_retries=0,
         default_headers={"traceparent": f"00-{parent_trace}-00f067aa0ba902b7-01"},
     )
-    client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=33)  # type: ignore[arg-type]
+    client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=33)
     [span] = ours(exporter)
     assert span.name == "chat gpt-4o" and span.kind == SpanKind.CLIENT
     a = span.attributes
@@ -112,7 +113,7 @@ def test_semconv_metrics_on_the_prometheus_endpoint(
     url, _, _ = traced
     openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0).chat.completions.create(
         model="gpt-4o", messages=MSG
-    )  # type: ignore[arg-type]
+    )
     text = httpx.get(url + "/metrics").text
     assert (
         'gen_ai_client_token_usage_bucket{gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-4o",gen_ai_token_type="input",le="4096.0",model="gpt-4o",server_address="127.0.0.1"} 1.0'

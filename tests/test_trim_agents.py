@@ -1,5 +1,5 @@
 """Trimming agent traffic without breaking it: generated conversations of both APIs, judged by
-validators of the providers' published rules (``tests/agent_traffic.py``)."""
+validators of the providers' published rules (``testkit/traffic/agent_traffic.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from context_ceiling.core.counting import (
 )
 from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
 from context_ceiling.core.trim import PLACEHOLDER, Policy, fit
-from tests.agent_traffic import generate, violations
+from testkit.traffic.agent_traffic import generate, violations
 
 ENC = TiktokenCounter("o200k_base")
 CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
@@ -157,10 +157,10 @@ def test_one_token_over_removes_about_one_token_of_tool_output(api: str) -> None
     total = recount(body, api)
     _out, report = fit(
         body,
-        api=api,
+        api=api,  # type: ignore[arg-type]
         budget=total - 1,
         policy=Policy(stages=["tool_results"], tool_result_max_tokens=16),
-    )  # type: ignore[arg-type]
+    )
     assert report.fits
     # the marker costs ~15 tokens; a whole tool result would be hundreds
     assert report.before - report.after < 60, report.before - report.after

@@ -4,6 +4,8 @@ hosted APIs and for a local vLLM."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anthropic
 import httpx
 import openai
@@ -11,9 +13,10 @@ import pytest
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import ConfigError, Settings, load_settings
-from tests.hosted_provider_double import HostedProviderDouble, serve
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import serve
 
-MSG = [{"role": "user", "content": "hi"}]
+MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def test_models_are_routed_to_their_named_upstream(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -22,10 +22,10 @@ import yaml
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.ceiling_docs import doc, entry
-from tests.conftest import wait_healthy
-from tests.hosted_provider_double import HostedProviderDouble, serve
-from tests.test_serve_process import _free_port, observing
+from testkit.doubles.hosted_provider import HostedProviderDouble
+from testkit.serving import ceiling_serve, free_port, serve
+from testkit.traffic.ceiling_docs import doc, entry
+from tests.test_serve_process import observing
 
 TOKEN = "admin-token-for-workers"
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello there"}]}
@@ -63,43 +63,24 @@ class Pod:
 def pod(tmp_path: Path) -> Iterator[Pod]:
     double = HostedProviderDouble()
     with serve(double.app()) as durl:
-        port = _free_port()
+        port = free_port()
         ceilings = tmp_path / "ceilings.yaml"
         ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=90000))))
-        config = tmp_path / "sidecar.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                observing(
-                    port,
-                    durl,
-                    ceilings_file=str(ceilings),
-                    ceilings_persist=False,  # a push reaches the workers without the file
-                    ceilings_watch=False,  # the file reaches them by SIGHUP only
-                    admin_token=TOKEN,
-                    workers=2,
-                )
-            )
+        cfg = observing(
+            port,
+            durl,
+            ceilings_file=str(ceilings),
+            ceilings_persist=False,  # a push reaches the workers without the file
+            ceilings_watch=False,  # the file reaches them by SIGHUP only
+            admin_token=TOKEN,
+            workers=2,
         )
         shared = tmp_path / "multiproc"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(shared)
-        log = tmp_path / "sidecar.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        p = Pod(f"http://127.0.0.1:{port}", proc, shared, ceilings, log)
-        try:
-            wait_healthy(p.url, proc)  # type: ignore[arg-type]
+        with ceiling_serve(cfg, tmp_path, env={"PROMETHEUS_MULTIPROC_DIR": str(shared)}) as sp:
+            p = Pod(sp.url, sp.proc, shared, ceilings, sp.log)
             _until(lambda: len(p.workers()) == 2, "two workers up")
             yield p
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
+            sp.stop(30)
 
 
 def _until(cond: object, what: str, timeout: float = 30.0) -> None:
@@ -216,7 +197,7 @@ def test_a_worker_running_a_newer_document_leaves_an_older_push_unconfirmed(
     from context_ceiling.sidecar.metrics import Metrics
     from context_ceiling.sidecar.staleness import StalenessTracker
 
-    settings = Settings(models=[{"match": "gpt-4o", "window": 128000}])  # type: ignore[list-item]
+    settings = Settings(models=[{"match": "gpt-4o", "window": 128000}])
     registry = Registry(settings.models, None)
 
     def worker(pid: int) -> tuple[WorkerGroup, CeilingStore]:
@@ -277,36 +258,21 @@ def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> No
 
     double = HostedProviderDouble()
     with serve(double.app()) as durl:
-        port = _free_port()
+        port = free_port()
         ceilings = tmp_path / "ceilings.yaml"
         ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=90000))))
-        config = tmp_path / "sidecar.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                observing(
-                    port,
-                    durl,
-                    ceilings_file=str(ceilings),
-                    ceilings_persist=True,
-                    admin_token=TOKEN,
-                    workers=4,
-                    limits={"max_header_bytes": 16_384},
-                )
-            )
+        cfg = observing(
+            port,
+            durl,
+            ceilings_file=str(ceilings),
+            ceilings_persist=True,
+            admin_token=TOKEN,
+            workers=4,
+            limits={"max_header_bytes": 16_384},
         )
         shared = tmp_path / "multiproc"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CEILING_", "OTEL_"))}
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(shared)
-        with (tmp_path / "log").open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "context_ceiling.cli", "serve", "--config", str(config)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(url, proc)  # type: ignore[arg-type]
+        with ceiling_serve(cfg, tmp_path, env={"PROMETHEUS_MULTIPROC_DIR": str(shared)}) as sp:
+            url = sp.url
             _until(lambda: len(list(shared.glob("worker-*.json"))) == 4, "four workers up")
             rng = random.Random(5)
             # 80 pushes over 20 versions, each with its own content: racing pushes of one
@@ -350,7 +316,3 @@ def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> No
             on_disk = yaml.safe_load(ceilings.read_text())
             assert on_disk["version"] == top
             assert on_disk["entries"][0]["ceiling_tokens"] == top_tokens
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)

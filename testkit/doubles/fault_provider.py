@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.asgi import lifespan, read_body
+from testkit.asgi import lifespan, read_body
 
 Send = Any
 Receive = Any
@@ -49,7 +49,7 @@ def anthropic_events(model: str) -> list[bytes]:
     def ev(name: str, data: dict[str, Any]) -> bytes:
         return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
-    msg = {
+    msg: dict[str, Any] = {
         "id": "msg_f",
         "type": "message",
         "role": "assistant",
@@ -149,9 +149,8 @@ class FaultyProviderDouble:
             req = orjson.loads(body) if body else {}
         except orjson.JSONDecodeError:
             req = {}
-        model = (
-            req.get("model") if isinstance(req, dict) and isinstance(req.get("model"), str) else "m"
-        )
+        asked = req.get("model") if isinstance(req, dict) else None
+        model = asked if isinstance(asked, str) else "m"
         stream = isinstance(req, dict) and req.get("stream") is True
         if fault in ("429", "500"):
             err = {

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -341,25 +338,3 @@ class HostedProviderDouble:
                 Route("/v1/models", self.models, methods=["GET"]),
             ]
         )
-
-
-@contextmanager
-def serve(app: Any, **kwargs: Any) -> Iterator[str]:
-    """Run an ASGI app with uvicorn on a free loopback port in a thread; yields its base URL."""
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **kwargs
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("loopback server did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
