@@ -167,70 +167,92 @@ def _openai_tools(tools: Any, functions: Any) -> tuple[dict[str, Any], set[str]]
     return named, free
 
 
+#: (JSON asked for, its schema, (tool name -> parameter schema, free-text tools) or None)
+_Asked = tuple[bool, Any, tuple[dict[str, Any], set[str]] | None]
+
+
+def _asked_openai(obj: Mapping[str, Any]) -> _Asked:
+    rf = obj.get("response_format")
+    json_, schema = False, None
+    if isinstance(rf, Mapping):
+        json_ = rf.get("type") in ("json_object", "json_schema")
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, Mapping) else None
+    return json_, schema, _openai_tools(obj.get("tools"), obj.get("functions"))
+
+
+def _asked_responses(obj: Mapping[str, Any]) -> _Asked:
+    text = obj.get("text")
+    fmt = text.get("format") if isinstance(text, Mapping) else None
+    json_, schema = False, None
+    if isinstance(fmt, Mapping):
+        json_ = fmt.get("type") in ("json_object", "json_schema")
+        schema = fmt.get("schema")
+    return json_, schema, _openai_tools(obj.get("tools"), None)
+
+
+def _asked_anthropic(obj: Mapping[str, Any]) -> _Asked:
+    oc = obj.get("output_config")  # generally available; output_format: the beta
+    fmt = oc.get("format") if isinstance(oc, Mapping) else obj.get("output_format")
+    json_, schema = False, None
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+        json_, schema = True, fmt.get("schema")
+    raw = obj.get("tools")
+    if not isinstance(raw, list):
+        return json_, schema, None
+    # client tools carry an input_schema; server tools (web search...) are answered by the
+    # provider as server_tool_use blocks, never as tool calls to check
+    named = {
+        t["name"]: _mapping(t.get("input_schema"))
+        for t in raw
+        if isinstance(t, Mapping) and isinstance(t.get("name"), str)
+    }
+    return json_, schema, (named, set())
+
+
+def _gemini_schema(node: Mapping[str, Any], json_key: str, openapi_key: str) -> Any:
+    """A JSON Schema as given (``*JsonSchema``), else the OpenAPI one converted, else None."""
+    js = node.get(json_key)
+    if isinstance(js, Mapping):
+        return js
+    api = node.get(openapi_key)
+    return _openapi_to_json_schema(api) if isinstance(api, Mapping) else None
+
+
+def _asked_gemini(obj: Mapping[str, Any]) -> _Asked:
+    gc = obj.get("generationConfig") or obj.get("generation_config")
+    json_, schema = False, None
+    if isinstance(gc, Mapping):
+        json_ = (gc.get("responseMimeType") or gc.get("response_mime_type")) == "application/json"
+        schema = _gemini_schema(gc, "responseJsonSchema", "responseSchema") or _gemini_schema(
+            gc, "response_json_schema", "response_schema"
+        )
+    named: dict[str, Any] = {}
+    for t in obj.get("tools") or () if isinstance(obj.get("tools"), list) else ():
+        decls = (
+            t.get("functionDeclarations") or t.get("function_declarations")
+            if isinstance(t, Mapping)
+            else None
+        )
+        for d in decls if isinstance(decls, list) else ():
+            if isinstance(d, Mapping) and isinstance(d.get("name"), str):
+                named[d["name"]] = _gemini_schema(
+                    d, "parametersJsonSchema", "parameters"
+                ) or _gemini_schema(d, "parameters_json_schema", "parameters")
+    return json_, schema, ((named, set()) if named else None)
+
+
+_ASKED = {
+    "openai": _asked_openai,
+    "responses": _asked_responses,
+    "anthropic": _asked_anthropic,
+    "gemini": _asked_gemini,
+}
+
+
 def expectations(shape: Shape, obj: Mapping[str, Any]) -> Expect:
     """What ``obj`` (a request body of ``shape``) asks the answer to be."""
-    json_ = False
-    schema: Any = None
-    tools: tuple[dict[str, Any], set[str]] | None = None
-    if shape == "openai":
-        rf = obj.get("response_format")
-        if isinstance(rf, Mapping):
-            json_ = rf.get("type") in ("json_object", "json_schema")
-            js = rf.get("json_schema")
-            schema = js.get("schema") if isinstance(js, Mapping) else None
-        tools = _openai_tools(obj.get("tools"), obj.get("functions"))
-    elif shape == "responses":
-        text = obj.get("text")
-        fmt = text.get("format") if isinstance(text, Mapping) else None
-        if isinstance(fmt, Mapping):
-            json_ = fmt.get("type") in ("json_object", "json_schema")
-            schema = fmt.get("schema")
-        tools = _openai_tools(obj.get("tools"), None)
-    elif shape == "anthropic":
-        oc = obj.get("output_config")
-        fmt = oc.get("format") if isinstance(oc, Mapping) else obj.get("output_format")
-        if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
-            json_, schema = True, fmt.get("schema")
-        raw = obj.get("tools")
-        if isinstance(raw, list):
-            named: dict[str, Any] = {}
-            for t in raw:
-                # client tools carry an input_schema; server tools (web search...) are answered
-                # by the provider as server_tool_use blocks, never as tool calls to check
-                if isinstance(t, Mapping) and isinstance(t.get("name"), str):
-                    named[t["name"]] = _mapping(t.get("input_schema"))
-            tools = (named, set())
-    else:  # gemini
-        gc = obj.get("generationConfig") or obj.get("generation_config")
-        if isinstance(gc, Mapping):
-            mime = gc.get("responseMimeType") or gc.get("response_mime_type")
-            json_ = mime == "application/json"
-            js = gc.get("responseJsonSchema") or gc.get("response_json_schema")
-            if isinstance(js, Mapping):
-                schema = js
-            elif isinstance(gc.get("responseSchema") or gc.get("response_schema"), Mapping):
-                schema = _openapi_to_json_schema(gc.get("responseSchema") or gc["response_schema"])
-        raw = obj.get("tools")
-        if isinstance(raw, list):
-            named = {}
-            for t in raw:
-                decls = (
-                    t.get("functionDeclarations") or t.get("function_declarations")
-                    if isinstance(t, Mapping)
-                    else None
-                )
-                for d in decls if isinstance(decls, list) else []:
-                    if isinstance(d, Mapping) and isinstance(d.get("name"), str):
-                        js = d.get("parametersJsonSchema") or d.get("parameters_json_schema")
-                        params = d.get("parameters")
-                        named[d["name"]] = (
-                            js
-                            if isinstance(js, Mapping)
-                            else _openapi_to_json_schema(params)
-                            if isinstance(params, Mapping)
-                            else None
-                        )
-            tools = (named, set()) if named else None
+    json_, schema, tools = _ASKED[shape](obj)
     return Expect(
         json=json_ or isinstance(schema, Mapping),
         schema=schema if isinstance(schema, Mapping) else None,
