@@ -375,11 +375,11 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f'sum by (model, workload) (model_workload_part:llm_context_input_cost_usd:rate1h{{{SEL}, part="above"}}) * 86400',
+                    f'sum by (model, workload) (rate(llm_context_input_cost_usd_total{{{SEL}, part="above"}}{r})) * 86400',
                     "above the ceiling {{model}}/{{workload}}",
                 ),
                 (
-                    f'sum by (model, workload) (model_workload_part:llm_context_input_cost_usd:rate1h{{{SEL}, part="within"}}) * 86400',
+                    f'sum by (model, workload) (rate(llm_context_input_cost_usd_total{{{SEL}, part="within"}}{r})) * 86400',
                     "within the ceiling {{model}}/{{workload}}",
                 ),
                 (

@@ -40,6 +40,9 @@ def render(prometheus: str, out: str, minutes: float = 10, step: int = 5) -> int
     with httpx.Client(timeout=30) as c:
         for ax, p in zip(axes.flat, panels, strict=False):
             ax.set_title(p["title"], fontsize=10)
+            if p["type"] == "barchart":
+                drawn += _bars(c, prometheus, ax, p, end)
+                continue
             for t in p["targets"]:
                 r = c.get(
                     prometheus.rstrip("/") + "/api/v1/query_range",
@@ -82,6 +85,37 @@ def render(prometheus: str, out: str, minutes: float = 10, step: int = 5) -> int
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return drawn
+
+
+def _bars(c: httpx.Client, prometheus: str, ax: Any, p: dict[str, Any], at: float) -> int:
+    """A bar chart panel as Grafana draws it: its instant queries at ``at``, one group of bars per
+    category (the row field of its grouping: ``fill``), one bar per series in the group."""
+    grouping = next(
+        t["options"] for t in p.get("transformations", []) if t["id"] == "groupingToMatrix"
+    )
+    row, column = grouping["rowField"], grouping["columnField"]
+    values: dict[str, dict[str, float]] = {}
+    for t in p["targets"]:
+        r = c.get(
+            prometheus.rstrip("/") + "/api/v1/query",
+            params={"query": with_all(t["expr"], "60s"), "time": at},
+        )
+        for series in r.json().get("data", {}).get("result", []) if r.status_code == 200 else []:
+            labels = series["metric"]
+            if row in labels and column in labels:
+                values.setdefault(labels[column], {})[labels[row]] = float(series["value"][1])
+    categories = sorted({k for per in values.values() for k in per})
+    if not categories:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="#999")
+        return 0
+    width = 0.8 / max(1, len(values))
+    for i, (name, per) in enumerate(sorted(values.items())):
+        xs = [k + i * width for k in range(len(categories))]
+        ax.bar(xs, [per.get(cat, 0.0) for cat in categories], width, label=name[:30])
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(categories))], categories)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="upper left")
+    return len(values)
 
 
 def main() -> None:

@@ -97,12 +97,6 @@ def recording_rules(sel: str = SELECTOR) -> list[dict[str, Any]]:
                 f"\nsum by ({MW}, side) (rate({_m('llm_context_answers_total', sel)}[1h]))"
             ),
         },
-        # what the context costs: dollars per second of input, by part (within or above the
-        # ceiling, or no ceiling)
-        {
-            "record": "model_workload_part:llm_context_input_cost_usd:rate1h",
-            "expr": f"sum by ({MW}, part) (rate({_m('llm_context_input_cost_usd_total', sel)}[1h]))",
-        },
         {
             "record": "model:llm_context_token_estimate_error_ratio:p50_1h",
             "expr": f"histogram_quantile(0.5, sum by ({KEEP}, model, le) "
