@@ -57,7 +57,7 @@ from context_ceiling.core.trim import COUNTERS
 from context_ceiling.core.wire import Shape
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from testkit.serving import serve
+from testkit.serving import serve, upstreams_at
 from testkit.traffic.agent_loops import Loop, history_of, prefix_share, provider_valid
 
 APIS: tuple[Shape, ...] = ("openai", "anthropic", "responses", "gemini")
@@ -198,11 +198,7 @@ def sidecar(
     ceilings.write_text(yaml.safe_dump({"schema_version": 1, "version": 1, "entries": entries}))
     with serve(d.app()) as durl:
         cfg: dict[str, Any] = {
-            "upstreams": {
-                "openai": {"base_url": durl + "/v1"},
-                "anthropic": {"base_url": durl},
-                "gemini": {"base_url": durl},
-            },
+            "upstreams": upstreams_at(durl),
             "models": [
                 {"match": "gpt-4o", "window": WINDOW, "max_output_tokens": 16_000},
                 {"match": "claude-*", "label": "claude", "window": WINDOW},

@@ -24,7 +24,7 @@ import httpx
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from testkit.doubles.fault_provider import FaultyProviderDouble
-from testkit.serving import serve
+from testkit.serving import serve, upstreams_at
 from testkit.traffic.fuzz_bodies import (
     ROUTES,
     TEMPLATES,
@@ -59,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with serve(FaultyProviderDouble()) as durl:
         cfg: dict[str, Any] = {
-            "upstreams": {
-                "openai": {"base_url": durl + "/v1"},
-                "anthropic": {"base_url": durl},
-                "gemini": {"base_url": durl},
-            },
+            "upstreams": upstreams_at(durl),
             "models": [
                 {"match": "gpt-4o", "window": 128000},
                 {"match": "claude-*", "window": 200000},

@@ -26,6 +26,7 @@ __all__ = [
     "free_port",
     "serve",
     "start_serve",
+    "upstreams_at",
     "wait_healthy",
 ]
 
@@ -102,6 +103,16 @@ class ServeProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def upstreams_at(url: str) -> dict[str, Any]:
+    """The ``upstreams`` setting that sends every API to one loopback double at ``url`` (the
+    OpenAI SDKs' base URL ends in ``/v1``; Anthropic's and Gemini's do not)."""
+    return {
+        "openai": {"base_url": url + "/v1"},
+        "anthropic": {"base_url": url},
+        "gemini": {"base_url": url},
+    }
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -36,7 +36,7 @@ from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.state import State
 from testkit.doubles.answer_provider import AnswerProviderDouble, Script
-from testkit.serving import serve
+from testkit.serving import serve, upstreams_at
 from testkit.traffic.ceiling_docs import doc, entry
 
 TOKEN = "admin-tok"
@@ -78,11 +78,7 @@ class Sidecar:
 
 def _settings(durl: str, **over: Any) -> Settings:
     cfg: dict[str, Any] = {
-        "upstreams": {
-            "openai": {"base_url": durl + "/v1"},
-            "anthropic": {"base_url": durl},
-            "gemini": {"base_url": durl},
-        },
+        "upstreams": upstreams_at(durl),
         "models": [
             {"match": "gpt-4o", "window": WINDOW, "max_output_tokens": 1000},
             {"match": "claude-*", "label": "claude", "window": WINDOW, "max_output_tokens": 1000},
