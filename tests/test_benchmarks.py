@@ -21,7 +21,8 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
     r = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "run.py"),
+            "-m",
+            "benchmarks.run",
             "--rounds",
             "1",
             "--seconds",
@@ -43,6 +44,7 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((tmp_path / "results.json").read_text())
