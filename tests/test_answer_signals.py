@@ -291,6 +291,8 @@ def test_every_signal_is_read_from_every_api(sidecar: Sidecar, api: str, stream:
             )
             == answers + 1
         ), name
+    # every byte the streams kept and the queue held was given back
+    assert sc.state.answers is not None and sc.state.answers.held.held == 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
@@ -431,7 +433,7 @@ def test_label_sets_stay_bounded_under_random_models_tools_and_schemas(sidecar: 
         "part": {"within", "above", "no_ceiling"},
         "cache": {"cached", "uncached"},
         "action": {"trimmed", "would_trim"},
-        "reason": {"too_large", "queue_full", "error"},
+        "reason": {"too_large", "busy", "queue_full", "error"},
     }
     families = {
         "llm_context_answers",
@@ -471,6 +473,31 @@ def test_an_answer_past_the_size_cap_counts_its_stop_only() -> None:
             assert sc.count(sig, **labels, signal="truncated") == 2
             # not read: the repetition in it is not judged
             assert sc.count(sig, **labels, signal="repetition") == 0
+
+
+def test_held_answer_bytes_are_bounded_and_given_back() -> None:
+    """Past answers.max_held_mib an answer is counted by its stop alone (``busy``); every byte
+    a stream kept or an answer queued is given back."""
+    d = AnswerProviderDouble(script=Script(text="The fee is 103 EUR. " * 200, stop="truncated"))
+    with serve(d.app()) as durl:
+        app = create_app(_settings(durl, answers={"max_held_mib": 0.002}))  # about 2 kB
+        with serve(app) as url:
+            sc = Sidecar(url, app.state.sidecar, d)
+            c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+            msgs: Any = [{"role": "user", "content": "hi"}]
+            for _ in c.chat.completions.create(model="gpt-4o", messages=msgs, stream=True):
+                pass
+            c.chat.completions.create(model="gpt-4o", messages=msgs)  # a 4 kB body
+            d.script = Script(text="Short.")
+            c.chat.completions.create(model="gpt-4o", messages=msgs)
+            sc.settle()
+            assert sc.count("llm_context_answer_checks_skipped_total", reason="busy") == 2
+            labels = {"model": "gpt-4o", "workload": "default", "fill": "0.1-0.2", "side": "none"}
+            sig = "llm_context_answer_signals_total"
+            assert sc.count(sig, **labels, signal="truncated") == 2
+            assert sc.count(sig, **labels, signal="stop") == 1  # the short one read whole
+            assert sc.count(sig, **labels, signal="repetition") == 0
+            assert sc.state.answers is not None and sc.state.answers.held.held == 0
 
 
 def test_answers_off_counts_nothing() -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "AnswerChecker",
     "Counted",
     "Expect",
+    "HeldBytes",
     "Job",
     "expectations",
     "problems",
@@ -694,6 +695,29 @@ def problems(answer: Answer, expect: Expect, validators: _Validators | None = No
 # -- the checker thread ---------------------------------------------------------------------------
 
 
+class HeldBytes:
+    """Answer bytes held at once, bounded: kept by streams while they are relayed, and queued
+    for the checker. :meth:`take` is called on the event loop (each kept stream read, each
+    queued answer), :meth:`give` there and on the checker thread."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Hold ``n`` more bytes if that stays within the limit."""
+        with self._lock:
+            if self.held + n > self.limit:
+                return False
+            self.held += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
 @dataclass(slots=True)
 class Job:
     """One relayed answer to check: where it counts (labels), and what to read."""
@@ -711,6 +735,11 @@ class Job:
     #: what the relay's tap already read: the stop reason and output tokens
     finish: str | None = None
     output_tokens: int | None = None
+    #: the bytes of ``raw`` held against :class:`HeldBytes` while it waits (set by submit)
+    size: int = 0
+    #: why ``raw`` is None: ``too_large`` (over answers.max_bytes) or ``busy`` (over
+    #: answers.max_held_mib)
+    unread: str = "too_large"
 
 
 class Counted(Protocol):
@@ -732,8 +761,16 @@ class AnswerChecker:
     lock changing hands, about as much CPU as a small request's whole check) off each request; the
     counters lag by at most ``interval``. A full queue drops the check and counts it."""
 
-    def __init__(self, sink: Counted, queue_size: int = 256, interval: float = 0.05) -> None:
+    def __init__(
+        self,
+        sink: Counted,
+        queue_size: int = 256,
+        interval: float = 0.05,
+        held: HeldBytes | None = None,
+    ) -> None:
         self.sink = sink
+        #: answer bytes held at once, relaying and queued (answers.max_held_mib)
+        self.held = held or HeldBytes(64 * 2**20)
         self.size = queue_size
         self.interval = interval
         self._jobs: deque[Job] = deque()
@@ -748,6 +785,12 @@ class AnswerChecker:
         if len(self._jobs) >= self.size:
             self.sink.answer_skipped("queue_full")
             return
+        if job.raw is not None:
+            size = len(job.raw) if isinstance(job.raw, bytes) else sum(map(len, job.raw))
+            if self.held.take(size):
+                job.size = size
+            else:  # too much held already: counted by its stop alone
+                job.raw, job.unread = None, "busy"
         self._jobs.append(job)
         self._submitted += 1
 
@@ -791,7 +834,7 @@ class AnswerChecker:
             self.sink.answer_skipped("error")
             return
         if job.raw is None:
-            self.sink.answer_skipped("too_large")
+            self.sink.answer_skipped(job.unread)
         self.sink.answer(job, signals, out, reasoning)
 
     def _drain(self) -> None:
@@ -800,6 +843,7 @@ class AnswerChecker:
             try:
                 self._one(job)
             finally:
+                self.held.give(job.size)
                 self._done += 1
 
     def _run(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, CaptureStoreError, Chunk
 from context_ceiling.core.wire import Shape
+from context_ceiling.sidecar.answers import HeldBytes
 from context_ceiling.sidecar.capture_text import extract, response_text
 from context_ceiling.sidecar.config import Capture
 from context_ceiling.sidecar.metrics import Metrics
@@ -48,9 +49,12 @@ class CollectingTap:
     captured or checked for answer signals (references to the relayed bytes, no copies); every
     other stream gets the bare tap. ``overflow``: the stream was longer than ``limit``."""
 
-    def __init__(self, inner: Tap, limit: int) -> None:
+    def __init__(self, inner: Tap, limit: int, held: HeldBytes | None = None) -> None:
         self.inner = inner
         self.limit = limit
+        #: the bytes every stream keeps at once, bounded (answers.max_held_mib); what this one
+        #: kept is given back by its owner when the stream ends
+        self.held = held
         self.events: list[bytes] = []
         self._size = 0
         self.overflow = False
@@ -68,7 +72,9 @@ class CollectingTap:
         return self.inner.upstream_error
 
     def _keep(self, raw: bytes) -> None:
-        if self._size < self.limit:
+        if self.overflow:
+            return
+        if self._size < self.limit and (self.held is None or self.held.take(len(raw))):
             self.events.append(raw)
             self._size += len(raw)
         else:

@@ -222,6 +222,8 @@ class Exchange:
     #: relayed (a body, or a stream's events; None past answers.max_bytes)
     answer_expect: Expect | None = None
     answer_raw: bytes | list[bytes] | None = None
+    #: why ``answer_raw`` is None: too_large or busy (answers.max_held_mib)
+    answer_unread: str = "too_large"
     #: the request body's size, and whether counting was skipped because a bound proved the
     #: request within its budget (counting.strategy: bounded)
     body_bytes: int = 0

@@ -507,22 +507,25 @@ class Proxy:
         collecting: CollectingTap | None = None
         capture = ex.capture_body is not None and self.state.capture is not None
         limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
-        if ex.answer_expect is not None:
+        checker = self.state.answers if ex.answer_expect is not None else None
+        if checker is not None:
             limit = max(limit, self._answer_bytes)
         if limit:
-            tap = collecting = CollectingTap(tap, limit)
+            held = checker.held if checker is not None else None
+            tap = collecting = CollectingTap(tap, limit, held)
 
         def done(outcome: Outcome, usage: Usage) -> None:
             ex.outcome, ex.usage = outcome, usage
             if collecting is not None:
+                if collecting.held is not None:  # the stream ended: what it kept is given back
+                    collecting.held.give(collecting.size)
                 if capture:
                     ex.capture_response = b"".join(collecting.events)
-                if (
-                    ex.answer_expect is not None
-                    and not collecting.overflow
-                    and collecting.size <= self._answer_bytes
-                ):
-                    ex.answer_raw = collecting.events  # joined on the checker thread
+                if checker is not None:
+                    if not collecting.overflow and collecting.size <= self._answer_bytes:
+                        ex.answer_raw = collecting.events  # joined on the checker thread
+                    elif collecting.size < self._answer_bytes:
+                        ex.answer_unread = "busy"  # other answers held the bytes
             beside.after(self.state, self.rec, ex)
 
         def first() -> None:

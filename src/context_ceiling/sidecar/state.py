@@ -17,7 +17,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import ModelSpec, Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.wire import Api, Shape
-from context_ceiling.sidecar.answers import AnswerChecker
+from context_ceiling.sidecar.answers import AnswerChecker, HeldBytes
 from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
 from context_ceiling.sidecar.ceilings_store import CeilingStore
@@ -141,7 +141,11 @@ class State:
             else None
         )
         answers = (
-            AnswerChecker(metrics, settings.answers.queue_size)
+            AnswerChecker(
+                metrics,
+                settings.answers.queue_size,
+                held=HeldBytes(int(settings.answers.max_held_mib * 2**20)),
+            )
             if settings.answers.enabled
             else None
         )
