@@ -42,7 +42,13 @@ def _records(tmp_path: Path, n: int, timeout: float = 10.0) -> list[CaptureRecor
     [path] = list(tmp_path.glob("capture-*.sqlite"))
     deadline = time.monotonic() + timeout
     while True:
-        store = CaptureStore.open(path)
+        try:
+            store = CaptureStore.open(path)
+        except CaptureStoreError:  # the writer is creating it (again) right now
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
         try:
             recs = list(store.records())
         finally:
