@@ -60,12 +60,14 @@ class Recorder:
         when that was earlier than now (a sample recorded once its count landed)."""
         now = time.perf_counter() if ended is None else ended
         est_error = self._metrics(ex, now)
-        cost = self._cost(ex)
+        # the input and the ceiling it is judged against: the price and the answer's labels
+        tokens, entry = self._input_tokens(ex), self._entry(ex)
+        cost = self._cost(ex, tokens, entry)
         stale = self._staleness(ex)
         self._genai(ex, now, stale)
         self._log(ex, now, est_error, cost)
         self._capture(ex)
-        self._answer(ex)
+        self._answer(ex, tokens, entry)
 
     @staticmethod
     def _input_tokens(ex: Exchange) -> int | None:
@@ -81,14 +83,12 @@ class Recorder:
             return d.entry
         return ex.ceilings.lookup(ex.label, ex.workload) if ex.spec is not None else None
 
-    def _answer(self, ex: Exchange) -> None:
+    def _answer(self, ex: Exchange, tokens: int | None, entry: CeilingEntry | None) -> None:
         """A relayed answer, to the answer checker (off this path): labelled by the fill of the
-        request and its side of the running ceiling."""
+        request (``tokens``) and its side of the running ceiling (``entry``)."""
         checker = self.state.answers
         if checker is None or ex.answer_expect is None or ex.outcome != "ok" or ex.status != 200:
             return
-        tokens = self._input_tokens(ex)
-        entry = self._entry(ex)
         fill = (
             fill_bucket(tokens / ex.spec.window)
             if tokens is not None and ex.spec is not None
@@ -115,20 +115,19 @@ class Recorder:
             )
         )
 
-    def _cost(self, ex: Exchange) -> InputCost | None:
-        """The price of the request's input, split at its ceiling, counted; None: not priced
-        (not a generation, not answered, or a model without a price)."""
-        if ex.route.count_only or ex.outcome != "ok":
-            return None
-        tokens = self._input_tokens(ex)
-        if tokens is None:
+    def _cost(
+        self, ex: Exchange, tokens: int | None, entry: CeilingEntry | None
+    ) -> InputCost | None:
+        """The price of the request's input (``tokens``), split at its ceiling (``entry``),
+        counted; None: not priced (not a generation, not answered, or a model without a
+        price)."""
+        if ex.route.count_only or ex.outcome != "ok" or tokens is None:
             return None
         u = ex.usage
         provider = "azure" if ex.route.azure else ex.route.api
         price = self.state.pricing.price(ex.spec, provider, ex.model, u.response_model)
         if price is None:
             return None
-        entry = self._entry(ex)
         d = ex.decision
         removed = d.report.trimmed if d is not None and d.report is not None and not d.reject else 0
         cost = input_cost(
