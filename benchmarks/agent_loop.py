@@ -53,8 +53,8 @@ from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT
 from context_ceiling import count
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import CountCache, RequestMemo, TiktokenCounter
-from context_ceiling.core.trim import COUNTERS
 from context_ceiling.core.wire import Shape
+from context_ceiling.formats import FORMATS
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from testkit.serving import serve, upstreams_at
@@ -342,7 +342,7 @@ def cpu_per_turn(api: Shape, seed: int) -> list[tuple[int, int, float, float, fl
     pattern = re.compile(DEFAULT_CHUNK_PATTERN)
     cache = CountCache(64 * 2**20)
     counter = cache.wrap(TiktokenCounter("o200k_base"))
-    fn = COUNTERS[api]
+    fn = FORMATS[api].count
     key = {"responses": "input", "gemini": "contents"}.get(api, "messages")
     rows = []
     previous = 0

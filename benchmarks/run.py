@@ -32,8 +32,9 @@ from benchmarks import targets as tg
 from benchmarks.bodies import body_of, body_path
 from benchmarks.load import Load, fmt, hey, spread, wrk
 from benchmarks.paired import pairs_of_every_cell, pairs_table
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import TiktokenCounter, TokenizerError
+from context_ceiling.formats.openai_chat import count as count_openai
 
 ROOT = Path(__file__).resolve().parent.parent
 

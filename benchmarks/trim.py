@@ -14,9 +14,11 @@ import sys
 import time
 from typing import Any
 
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
-from context_ceiling.core.trim import Policy, fit
+from context_ceiling.core.trim import Policy
+from context_ceiling.formats import fit
+from context_ceiling.formats.openai_chat import count as count_openai
 
 CLAUSE = "Clause {i}: the renewal fee of contract K-{i} is {f} EUR; notice {n} days; governed by the law of Ruritania. "
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from context_ceiling.formats import GENERATION_APIS
 from context_ceiling.sidecar.answers import SIGNALS
-from context_ceiling.sidecar.exchange import GENERATION_APIS
 
 RUNBOOK = "https://github.com/context-ceiling/context-ceiling/blob/main/dashboards/runbook.md"
 

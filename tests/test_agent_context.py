@@ -27,13 +27,14 @@ from starlette.routing import Route
 from context_ceiling import Policy, count, fit
 from context_ceiling.core.trim import CLEARED_RE, MARKER_RE
 from context_ceiling.core.wire import Shape
+from context_ceiling.formats import FORMATS
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from testkit.serving import serve
 from testkit.traffic.agent_loops import Loop, history_of, pairs, prefix_share, provider_valid
 from testkit.traffic.ceiling_docs import doc, entry
 
-APIS: list[Shape] = ["openai", "anthropic", "responses", "gemini"]
+APIS: list[Shape] = list(FORMATS)
 
 
 def _fixed_part(api: Shape, body: dict[str, Any], keep: int) -> int:
@@ -609,10 +610,10 @@ def _cached(api: Shape, body: dict[str, Any], cache: Any, **kw: Any) -> Any:
 
     from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
     from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
-    from context_ceiling.core.trim import COUNTERS
+    from context_ceiling.formats import FORMATS
 
     counter = RequestMemo(cache.wrap(kw.pop("counter", TiktokenCounter("o200k_base"))))
-    fn = COUNTERS[api]
+    fn = FORMATS[api].count
     return fn(
         body if kw.pop("as_is", False) else orjson.loads(orjson.dumps(body)),
         counter,

@@ -21,11 +21,10 @@ from google.genai import types
 
 from context_ceiling.core.prices import lookup
 from context_ceiling.core.utilization import FILL_BUCKETS
+from context_ceiling.formats.base import Answer, Expect
 from context_ceiling.sidecar.answers import (
     SIDES,
     SIGNALS,
-    Answer,
-    Expect,
     expectations,
     problems,
     read_answer,
@@ -657,7 +656,7 @@ def test_streamed_tool_calls_are_assembled_and_server_tools_left_out() -> None:
         },
     )
     a = read_answer("anthropic", raw, stream=True)
-    assert a.tool_calls == [("get_weather", '{"x": "Oslo"}')] and a.output_tokens == 9
+    assert a.tool_calls == [("get_weather", '{"x": "Oslo"}')] and a.finish == "tool_use"
     # OpenAI chat: argument pieces joined by index; a delta without an index is its own call
     raw = _stream(
         {

@@ -74,8 +74,8 @@ def test_the_strict_bound_is_above_the_exact_count() -> None:
     """The property the enforce path relies on, on request bodies of every size and script."""
     import json
 
-    from context_ceiling.core.counting import count_openai
     from context_ceiling.core.tokenizers import TiktokenCounter
+    from context_ceiling.formats.openai_chat import count as count_openai
 
     spec = ModelSpec(match="gpt-4o", window=128000)
     counter = TiktokenCounter("o200k_base")

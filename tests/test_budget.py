@@ -9,9 +9,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import TiktokenCounter
-from context_ceiling.core.trim import MARKER, Policy, fit, input_budget
+from context_ceiling.core.trim import MARKER, Policy, input_budget
+from context_ceiling.formats import fit
+from context_ceiling.formats.anthropic import count as count_anthropic
+from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.agent_traffic import WORDS
 
 ENC = TiktokenCounter("o200k_base")

@@ -11,16 +11,14 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from context_ceiling.core.counting import (
-    ANTHROPIC_TOOL_SYSTEM_TOKENS,
-    DEFAULT_CHUNK_PATTERN,
-    count_anthropic,
-    count_openai,
-)
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.images import anthropic_image_tokens, image_size, openai_image_tokens
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.utilization import Component
+from context_ceiling.formats.anthropic import TOOL_SYSTEM_TOKENS as ANTHROPIC_TOOL_SYSTEM_TOKENS
+from context_ceiling.formats.anthropic import count as count_anthropic
+from context_ceiling.formats.openai_chat import count as count_openai
 
 ENC = TiktokenCounter("o200k_base")
 CHUNKS = re.compile(DEFAULT_CHUNK_PATTERN)
@@ -285,7 +283,7 @@ def _spy() -> tuple[list[str], Any]:
 def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
     """Enforcing recounts the fitted body; the texts it kept are not encoded a second time."""
     from context_ceiling.core.tokenizers import RequestMemo
-    from context_ceiling.core.trim import fit
+    from context_ceiling.formats import fit
 
     encoded, spy = _spy()
     docs = [
@@ -349,7 +347,9 @@ def test_a_shared_message_whose_role_in_the_request_changed_is_counted_again() -
 
 
 def test_the_prior_applies_to_responses_items_and_gemini_contents() -> None:
-    from context_ceiling.core.counting import count_gemini, count_responses, prior_of
+    from context_ceiling.core.counting import prior_of
+    from context_ceiling.formats.gemini import count as count_gemini
+    from context_ceiling.formats.responses import count as count_responses
 
     items = [
         {"role": "user", "content": "look this up " * 10},

@@ -12,8 +12,10 @@ import openai
 import orjson
 import pytest
 
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_anthropic, count_openai
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
+from context_ceiling.formats.anthropic import count as count_anthropic
+from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
 

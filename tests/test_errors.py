@@ -215,7 +215,7 @@ def test_readyz_and_status_with_reachable_upstreams(sidecar: Running) -> None:
 
 
 def test_an_unexpected_error_in_the_proxy_path_is_a_500_in_the_clients_format(
-    double: Any, caplog: pytest.LogCaptureFixture
+    double: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from context_ceiling.sidecar.app import create_app
     from context_ceiling.sidecar.config import Settings
@@ -229,10 +229,10 @@ def test_an_unexpected_error_in_the_proxy_path_is_a_500_in_the_clients_format(
         )
     )
 
-    async def broken(_: Any) -> Any:
+    async def broken(*_: Any) -> Any:
         raise RuntimeError("boom: a bug, not the client's fault")
 
-    app.routes = {p: broken for p in app.routes}
+    monkeypatch.setattr(app.proxy, "handle", broken)
     with serve(app) as url:
         r = httpx.post(url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"

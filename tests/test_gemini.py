@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from context_ceiling.core.counting import count_gemini
 from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
+from context_ceiling.formats.gemini import count as count_gemini
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from testkit.serving import serve

@@ -8,8 +8,8 @@ import anthropic
 import httpx
 import pytest
 
-from context_ceiling.core.counting import count_anthropic
 from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
+from context_ceiling.formats.anthropic import count as count_anthropic
 from tests.conftest import Running
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Which contract has the lowest renewal fee?"}]

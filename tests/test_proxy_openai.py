@@ -10,9 +10,9 @@ import openai
 import orjson
 import pytest
 
-from context_ceiling.core.counting import count_openai
 from context_ceiling.core.tokenizers import TiktokenCounter
-from context_ceiling.sidecar.usage import ask_for_usage
+from context_ceiling.formats.openai_chat import count as count_openai
+from context_ceiling.formats.openai_chat import prepare_stream
 from tests.conftest import Running
 
 MESSAGES: list[Any] = [
@@ -281,7 +281,7 @@ def test_upstream_cookies_reach_the_client_but_are_never_replayed_upstream(
 )
 def test_include_usage_is_spliced_into_the_clients_bytes(body: bytes, sent: bytes | None) -> None:
     obj = orjson.loads(body)
-    out, injected = ask_for_usage(obj, body)
+    out, injected = prepare_stream(obj, body)
     assert injected and out == sent
     assert obj["stream_options"]["include_usage"] is True
     assert orjson.loads(out or orjson.dumps(obj)) == obj
@@ -292,8 +292,8 @@ def test_include_usage_is_spliced_into_the_clients_bytes(body: bytes, sent: byte
 def test_include_usage_asked_by_the_client_is_left_alone() -> None:
     body = b'{"stream":true,"stream_options":{"include_usage":true}}'
     obj = orjson.loads(body)
-    assert ask_for_usage(obj, body) == (body, False)
-    assert ask_for_usage(obj, None) == (None, False)
+    assert prepare_stream(obj, body) == (body, False)
+    assert prepare_stream(obj, None) == (None, False)
     fresh = {"stream": True}
-    assert ask_for_usage(fresh, None) == (None, True)  # no bytes to splice: serialize
+    assert prepare_stream(fresh, None) == (None, True)  # no bytes to splice: serialize
     assert fresh["stream_options"] == {"include_usage": True}  # type: ignore[comparison-overlap]

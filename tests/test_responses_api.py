@@ -14,9 +14,10 @@ from typing import Any
 import openai
 import pytest
 
-from context_ceiling.core.counting import count_responses
 from context_ceiling.core.tokenizers import TiktokenCounter
-from context_ceiling.core.trim import Policy, fit
+from context_ceiling.core.trim import Policy
+from context_ceiling.formats import fit
+from context_ceiling.formats.responses import count as count_responses
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from testkit.asgi import lifespan, read_body

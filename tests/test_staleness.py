@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from context_ceiling.core.ceilings import traffic_shape as shape
-from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, count_openai
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
 

@@ -12,14 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_ceiling.core.counting import (
-    DEFAULT_CHUNK_PATTERN,
-    count_anthropic,
-    count_openai,
-    prior_of,
-)
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, prior_of
 from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
-from context_ceiling.core.trim import PLACEHOLDER, Policy, fit
+from context_ceiling.core.trim import PLACEHOLDER, Policy
+from context_ceiling.formats import fit
+from context_ceiling.formats.anthropic import count as count_anthropic
+from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.agent_traffic import generate, violations
 
 ENC = TiktokenCounter("o200k_base")

@@ -9,7 +9,7 @@ sending and the sidecar that enforces after agree on every count.
 
 from __future__ import annotations
 
-from context_ceiling.core.budget import Budget
+from context_ceiling.budget import Budget
 from context_ceiling.core.ceilings import (
     CeilingEntry,
     CeilingsDocument,
@@ -21,8 +21,9 @@ from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.errors import CeilingError, UserError
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import TextCounter, TiktokenCounter
-from context_ceiling.core.trim import FitReport, Policy, count, fit, input_budget
+from context_ceiling.core.trim import FitReport, Policy, input_budget
 from context_ceiling.core.utilization import Component, utilization
+from context_ceiling.formats import count, fit
 
 __all__ = [
     "Budget",

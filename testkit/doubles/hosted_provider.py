@@ -297,20 +297,19 @@ class HostedProviderDouble:
             },
         )
 
-    async def messages(self, request: Request) -> Response:
+    async def messages(self, request: Request, model: str | None = None) -> Response:
         rec = await self._record(request)
         if (r := await self._control(request, "anthropic")) is not None:
             return r
         body = rec.json
+        model = model or body["model"]
         if body.get("stream"):
             return self._stream(
-                self.anthropic_events(
-                    body["model"], int(request.headers.get("x-double-chunks", "5"))
-                ),
+                self.anthropic_events(model, int(request.headers.get("x-double-chunks", "5"))),
                 float(request.headers.get("x-double-pace", "0")),
                 request.headers.get("x-double-split") == "1",
             )
-        content = self.anthropic_body(body["model"])
+        content = self.anthropic_body(model)
         self.last_bodies["anthropic"] = content
         return Response(
             content, media_type="application/json", headers={"request-id": "req_double"}
@@ -319,6 +318,17 @@ class HostedProviderDouble:
     async def count_tokens(self, request: Request) -> Response:
         await self._record(request)
         return JSONResponse({"input_tokens": self.prompt_tokens})
+
+    async def vertex(self, request: Request) -> Response:
+        """Anthropic on Vertex AI: ``.../publishers/anthropic/models/{model}:rawPredict`` (or
+        ``:streamRawPredict``), and ``.../models/count-tokens:rawPredict``."""
+        tail = request.url.path.rsplit("/models/", 1)[-1]
+        model, method = tail.split(":", 1)
+        if model == "count-tokens":
+            return await self.count_tokens(request)
+        if method not in ("rawPredict", "streamRawPredict"):
+            return JSONResponse({"error": {"code": 404, "message": "no such method"}}, 404)
+        return await self.messages(request, model)
 
     async def models(self, request: Request) -> Response:
         await self._record(request)
@@ -336,5 +346,10 @@ class HostedProviderDouble:
                 Route("/v1/messages", self.messages, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route(
+                    "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{rest}",
+                    self.vertex,
+                    methods=["POST"],
+                ),
             ]
         )

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from context_ceiling.core.counting import count_openai
 from context_ceiling.core.tokenizers import TiktokenCounter
+from context_ceiling.formats.openai_chat import count as count_openai
 from context_ceiling.sweep.taskset import ExactAnswer, Item, SetAnswer, TaskSet
 
 _Q = re.compile(r"Question: (.*?)\nReply with JSON", re.S)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -23,8 +24,10 @@ from context_ceiling.core.ceilings import (
     dump_document,
     load_document,
     parse_document,
+    write_atomically,
 )
 from context_ceiling.core.errors import CeilingError
+from context_ceiling.core.kube import Cluster, ConfigMaps, KubeError, split_target
 
 
 class PushError(CeilingError):
@@ -101,6 +104,93 @@ def _validate(
     return f"{base}: would apply version {doc.version} (dry run: validated by the sidecar)"
 
 
+class Target(Protocol):
+    """Where a document goes: a running sidecar, a file, a ConfigMap. Every target is pushed the
+    same way (:func:`_apply`): read what runs there, say what changes, check, then write."""
+
+    #: how the target is named in the report
+    where: str
+    #: the version rule is checked here (a sidecar checks it itself, with its own registry)
+    checks_version: bool
+
+    def read(self, force: bool) -> CeilingsDocument:
+        """The document in force there (``EMPTY``: none)."""
+        ...
+
+    def validate(self, doc: CeilingsDocument, force: bool) -> str:
+        """What applying ``doc`` would do, checked as far as the target can without applying
+        it; raises :class:`PushError` when it would refuse."""
+        ...
+
+    def write(self, doc: CeilingsDocument, force: bool) -> str:
+        """Apply ``doc``; raises :class:`PushError` when the target refuses."""
+        ...
+
+
+def _apply(t: Target, doc: CeilingsDocument, dry_run: bool, force: bool, lines: list[str]) -> None:
+    """Compare and write, the same for every target: an unchanged document is a no-op (a GitOps
+    loop re-pushes it), a changed one is reported with its diff, refused when it is not newer
+    (unless forced), then validated (``dry_run``) or written. The report goes to ``lines``;
+    a refusal raises :class:`PushError`."""
+    old = t.read(force)
+    if old is not EMPTY and doc.same_content(old):
+        lines.append(f"{t.where}: unchanged (version {doc.version})")
+        return
+    lines.append(f"{t.where}: version {old.version} -> {doc.version}")
+    lines += ["  " + c.line() for c in diff(old, doc)]
+    if t.checks_version and not force and not doc.is_newer_than(old):
+        raise PushError(
+            f"{t.where}: {_refused(dry_run)}version {doc.version} is not newer than "
+            f"{old.version} (use --force)"
+        )
+    lines.append(t.validate(doc, force) if dry_run else t.write(doc, force))
+
+
+class _Sidecar:
+    """A running sidecar, through its admin API."""
+
+    checks_version = False
+
+    def __init__(self, client: httpx.Client, base: str, token: str) -> None:
+        self.client, self.where, self.token = client, base, token
+
+    def read(self, force: bool) -> CeilingsDocument:
+        return fetch_running(self.client, self.where, self.token)
+
+    def validate(self, doc: CeilingsDocument, force: bool) -> str:
+        return _validate(self.client, self.where, self.token, doc, force)
+
+    def write(self, doc: CeilingsDocument, force: bool) -> str:
+        r = self.client.put(
+            _admin_url(self.where),
+            content=dump_document(doc, "json"),
+            params={"force": "true"} if force else None,
+            headers={"authorization": f"Bearer {self.token}", "content-type": "application/json"},
+        )
+        if r.status_code != 200:
+            raise PushError(f"{self.where}: rejected ({r.status_code}): {_reason(r)}")
+        return f"{self.where}: applied version {doc.version}{_workers(self.where, r)}"
+
+
+class _File:
+    """A file (a ConfigMap checkout, a mounted volume), written atomically."""
+
+    checks_version = True
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.where = path, str(path)
+
+    def read(self, force: bool) -> CeilingsDocument:
+        return load_document(self.path) if self.path.exists() else EMPTY
+
+    def validate(self, doc: CeilingsDocument, force: bool) -> str:
+        return f"{self.where}: would be written (dry run)"
+
+    def write(self, doc: CeilingsDocument, force: bool) -> str:
+        write_atomically(self.path, dump_document(doc))
+        return f"{self.where}: written"
+
+
 def push(
     path: str | Path,
     to: list[str],
@@ -123,57 +213,20 @@ def push(
     failures: list[str] = []
     if configmap is not None:
         try:
-            lines += _to_configmap(doc, configmap, namespace, dry_run, force, timeout)
+            _to_configmap(doc, configmap, namespace, dry_run, force, timeout, lines)
         except PushError as exc:
             failures.append(str(exc))
     if file is not None:
-        target = Path(file)
-        old = load_document(target) if target.exists() else EMPTY
-        same = old is not EMPTY and doc.same_content(old)
-        if same:
-            lines.append(f"{target}: unchanged (version {doc.version})")
-        else:
-            lines.append(f"{target}: version {old.version} -> {doc.version}")
-            lines += ["  " + c.line() for c in diff(old, doc)]
-        if not same:
-            if not force and not doc.is_newer_than(old):
-                failures.append(
-                    f"{target}: {_refused(dry_run)}version {doc.version} is not newer than "
-                    f"{old.version} (use --force)"
-                )
-            elif dry_run:
-                lines.append(f"{target}: would be written (dry run)")
-            else:
-                from context_ceiling.core.ceilings import write_atomically
-
-                write_atomically(target, dump_document(doc))
-                lines.append(f"{target}: written")
+        try:
+            _apply(_File(Path(file)), doc, dry_run, force, lines)
+        except (PushError, CeilingsError) as exc:
+            failures.append(str(exc))
     if to:
         token = _token()
         with httpx.Client(timeout=timeout, trust_env=False) as client:
             for base in to:
                 try:
-                    old = fetch_running(client, base, token)
-                    if old is not EMPTY and doc.same_content(old):
-                        lines.append(f"{base}: unchanged (version {doc.version})")
-                        continue  # re-applying the running document is a no-op (GitOps)
-                    lines.append(f"{base}: version {old.version} -> {doc.version}")
-                    lines += ["  " + c.line() for c in diff(old, doc)]
-                    if dry_run:
-                        lines.append(_validate(client, base, token, doc, force))
-                        continue
-                    r = client.put(
-                        _admin_url(base),
-                        content=dump_document(doc, "json"),
-                        params={"force": "true"} if force else None,
-                        headers={
-                            "authorization": f"Bearer {token}",
-                            "content-type": "application/json",
-                        },
-                    )
-                    if r.status_code != 200:
-                        raise PushError(f"{base}: rejected ({r.status_code}): {_reason(r)}")
-                    lines.append(f"{base}: applied version {doc.version}{_workers(base, r)}")
+                    _apply(_Sidecar(client, base, token), doc, dry_run, force, lines)
                 except (PushError, CeilingsError) as exc:
                     failures.append(str(exc))
                 except httpx.HTTPError as exc:
@@ -183,6 +236,37 @@ def push(
     return lines
 
 
+class _ConfigMap:
+    """One key of a ConfigMap, updated with the pod's service account: the source of truth that
+    every replica mounting it reloads."""
+
+    checks_version = True
+
+    def __init__(self, cms: ConfigMaps, name: str, key: str) -> None:
+        self.cms, self.key = cms, key
+        self.where = f"configmap {cms.cluster.namespace}/{name}"
+        self.cm = cms.get(name)
+
+    def read(self, force: bool) -> CeilingsDocument:
+        text = self.cm.data.get(self.key, "")
+        try:
+            return parse_document(text, f"{self.where}:{self.key}") if text.strip() else EMPTY
+        except CeilingsError:
+            if not force:
+                raise PushError(
+                    f"{self.where}: the live {self.key} is not a valid ceilings document; "
+                    "--force replaces it"
+                ) from None
+            return EMPTY
+
+    def validate(self, doc: CeilingsDocument, force: bool) -> str:
+        return f"{self.where}: would be written (dry run)"
+
+    def write(self, doc: CeilingsDocument, force: bool) -> str:
+        self.cms.put_key(self.cm, self.key, dump_document(doc))
+        return f"{self.where}: written (every pod mounting it reloads within the kubelet sync)"
+
+
 def _to_configmap(
     doc: CeilingsDocument,
     target: str,
@@ -190,40 +274,11 @@ def _to_configmap(
     dry_run: bool,
     force: bool,
     timeout: float,
-) -> list[str]:
-    from context_ceiling.core.kube import Cluster, ConfigMaps, KubeError, split_target
-
+    lines: list[str],
+) -> None:
     name, key = split_target(target)
     try:
         with ConfigMaps(Cluster.in_cluster(namespace), timeout) as cms:
-            where = f"configmap {cms.cluster.namespace}/{name}"
-            cm = cms.get(name)
-            text = cm.data.get(key, "")
-            try:
-                old = parse_document(text, f"{where}:{key}") if text.strip() else EMPTY
-            except CeilingsError:
-                if not force:
-                    raise PushError(
-                        f"{where}: the live {key} is not a valid ceilings document; "
-                        "--force replaces it"
-                    ) from None
-                old = EMPTY
-            if old is not EMPTY and doc.same_content(old):
-                return [f"{where}: unchanged (version {doc.version})"]
-            lines = [f"{where}: version {old.version} -> {doc.version}"]
-            lines += ["  " + c.line() for c in diff(old, doc)]
-            if not force and not doc.is_newer_than(old):
-                raise PushError(
-                    "\n".join(lines)
-                    + f"\n{where}: {_refused(dry_run)}version {doc.version} is not newer than "
-                    f"{old.version} (use --force)"
-                )
-            if dry_run:
-                return [*lines, f"{where}: would be written (dry run)"]
-            cms.put_key(cm, key, dump_document(doc))
-            lines.append(
-                f"{where}: written (every pod mounting it reloads within the kubelet sync)"
-            )
-            return lines
+            _apply(_ConfigMap(cms, name, key), doc, dry_run, force, lines)
     except KubeError as exc:
         raise PushError(str(exc)) from exc

@@ -43,29 +43,18 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from pydantic import Field
 
-from context_ceiling.core.counting import (
-    DEFAULT_CHUNK_PATTERN,
-    Part,
-    RequestCount,
-    count_anthropic,
-    count_gemini,
-    count_openai,
-    count_responses,
-    prior_of,
-    responses_items,
-)
+from context_ceiling.core.counting import Part, RequestCount, json_text, prior_of
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.strict import Strict
-from context_ceiling.core.tokenizers import TextCounter, TiktokenCounter
+from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.utilization import Component
-from context_ceiling.core.wire import STAGES, Shape, Stage
+from context_ceiling.core.wire import STAGES, Stage
 
 MARKER = "\n[... {n} tokens removed by context-ceiling ...]\n"
 MARKER_RE = re.compile(r"\n?\[\.\.\. (\d+) tokens removed by context-ceiling \.\.\.\]\n?")
@@ -140,28 +129,8 @@ def input_budget(window: int, reservation: int, ceiling_tokens: int | None = Non
     return max(0, budget)
 
 
-def requested_output(body: Mapping[str, Any], api: Shape) -> int | None:
-    if api == "gemini":
-        cfg = body.get("generationConfig")
-        v = cfg.get("maxOutputTokens") if isinstance(cfg, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-    keys = {
-        "openai": ("max_completion_tokens", "max_tokens"),
-        "anthropic": ("max_tokens",),
-        "responses": ("max_output_tokens",),
-    }[api]
-    for k in keys:
-        v = body.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
-def _json_text(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def _texts(content: Any) -> str:
+def block_texts(content: Any) -> str:
+    """The text blocks of a content, joined (a string content as it is)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -185,7 +154,7 @@ def _cut(text: str, spans: set[tuple[int, int]]) -> str:
 
 
 @dataclass(slots=True)
-class _Use:
+class ToolUse:
     """One tool use: where its result is, where its call is, and the result's tokens."""
 
     result: tuple[int, int]  # (message, block); block -1: the whole message (or item)
@@ -193,6 +162,90 @@ class _Use:
     name: str
     call_id: str
     tokens: int
+
+
+class TrimRules:
+    """What the trimmer needs to know of a wire format, and nothing else: where the messages
+    are, what a turn is, which messages and blocks are tool calls and tool results, how a
+    result is replaced and a call's input emptied. Each format in ``context_ceiling.formats``
+    fills in one; the stages themselves (:class:`_Trimmer`) are the same for every format.
+
+    The defaults are those of a format whose messages sit in ``messages``, hold their blocks
+    in ``content`` and carry no cache breakpoints."""
+
+    #: where a message keeps its blocks
+    blocks_key = "content"
+    #: the body's list of messages (items, contents)
+    items_key = "messages"
+    #: tokens of a tool result's part that are its framing, which a shortened result keeps
+    result_frame = 0
+    #: the format marks cache breakpoints on blocks (``cache_control``): the prefix before the
+    #: last one is protected
+    cache_control = False
+    #: a server-side compaction item summarises everything before it, which may then go
+    drops_before_compaction = False
+
+    def items(self, body: Mapping[str, Any]) -> list[Any]:
+        """The messages, as a list the trimmer reads by index."""
+        return list(body.get(self.items_key) or [])
+
+    def with_items(self, out: dict[str, Any], items: list[Any], body: Mapping[str, Any]) -> None:
+        """Write the kept messages back into ``out`` (a copy of ``body``)."""
+        out[self.items_key] = items
+
+    def empty_block(self) -> Any:
+        """What a message whose every block was removed holds instead."""
+        return {"type": "text", "text": PLACEHOLDER}
+
+    def is_result(self, m: dict[str, Any]) -> bool:
+        """Whether a message carries tool results."""
+        raise NotImplementedError
+
+    def starts_turn(self, m: Any) -> bool:
+        """Whether a message starts a turn: a user message that answers no tool call."""
+        raise NotImplementedError
+
+    def is_reply(self, m: dict[str, Any]) -> bool:
+        """Whether a message is (part of) the model's reply."""
+        return m.get("role") in ("assistant", "model")
+
+    def reply_start(self, messages: list[Any], i: int) -> int:
+        """Where the reply whose last message is ``i`` starts."""
+        return i
+
+    def tool_uses(self, messages: list[Any], tokens: Callable[[int, int], int]) -> list[ToolUse]:
+        """Every tool use whose result is in the request, in order, with its call's place;
+        ``tokens(i, j)``: what the result at message ``i``, block ``j`` (-1: the whole message)
+        is worth."""
+        raise NotImplementedError
+
+    def results(self, m: dict[str, Any]) -> Iterator[tuple[int, str | None]]:
+        """The tool results of a message the ``tool_results`` stage may shorten: (the block, -1
+        for the whole message; its text, None when it is not plain text)."""
+        return iter(())
+
+    def placeholder(self, m: dict[str, Any], j: int, text: str) -> Any:
+        """A result's replacement by ``text`` that keeps its call id."""
+        return text if j < 0 else {**m[self.blocks_key][j], "content": text}
+
+    def result_text(self, m: dict[str, Any], j: int) -> Any:
+        """A result's text as it stands (a placeholder, when it was cleared before)."""
+        if j >= 0:
+            return block_texts(m[self.blocks_key][j].get("content"))
+        return block_texts(m.get("content"))
+
+    def call_input(self, m: dict[str, Any], k: int) -> Any:
+        """The input of call ``k`` of message ``m`` (-1: the message is the call)."""
+        raise NotImplementedError
+
+    def without_inputs(self, m: dict[str, Any], calls: set[int]) -> dict[str, Any]:
+        """Message ``m`` (a copy) with the inputs of its calls ``calls`` emptied."""
+        raise NotImplementedError
+
+    def cites_documents(self, messages: list[Any]) -> bool:
+        """Whether an assistant message cites documents by index: then a dropped document
+        leaves a stub in its place, so every kept citation names the document it named."""
+        return False
 
 
 def _batch_end(freed: list[int], step: int, needed: int) -> int:
@@ -217,24 +270,16 @@ class _Trimmer:
     def __init__(
         self,
         body: Mapping[str, Any],
-        api: Shape,
+        rules: TrimRules,
         count: RequestCount,
         counter: TextCounter,
         policy: Policy,
         budget: int,
     ) -> None:
-        self.body, self.api, self.counter, self.policy = body, api, counter, policy
-        # Responses API: the input items play the part of messages (a string input is one);
-        # Gemini: the contents, their parts the blocks
-        self.messages: list[Any] = (
-            responses_items(body)
-            if api == "responses"
-            else list(body.get("contents") or [])
-            if api == "gemini"
-            else list(body.get("messages") or [])
-        )
+        self.body, self.rules, self.counter, self.policy = body, rules, counter, policy
+        self.messages: list[Any] = rules.items(body)
         #: where a message keeps its blocks
-        self.key = "parts" if api == "gemini" else "content"
+        self.key = rules.blocks_key
         self.parts = count.by_message()
         #: tokens the stages took from each message so far (a message history drops is worth
         #: what is left of it)
@@ -275,7 +320,7 @@ class _Trimmer:
             self.first_cut = (i, j)
 
     def _cache_boundary(self) -> tuple[int, int] | None:
-        if self.api != "anthropic":
+        if not self.rules.cache_control:
             return None
         last: tuple[int, int] | None = None
         for i, m in enumerate(self.messages):
@@ -305,115 +350,32 @@ class _Trimmer:
 
     def _is_result(self, i: int) -> bool:
         m = self.messages[i] if 0 <= i < len(self.messages) else None
-        if not isinstance(m, dict):
-            return False
-        if self.api == "openai":
-            return m.get("role") in ("tool", "function")
-        if self.api == "responses":
-            return m.get("type") == "function_call_output"
-        if self.api == "gemini":
-            parts = m.get("parts")
-            return (
-                m.get("role", "user") == "user"
-                and isinstance(parts, list)
-                and any(isinstance(p, dict) and "functionResponse" in p for p in parts)
-            )
-        content = m.get("content")
-        return (
-            m.get("role") == "user"
-            and isinstance(content, list)
-            and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
-        )
+        return isinstance(m, dict) and self.rules.is_result(m)
 
     def _content_tokens(self, i: int) -> int:
         return sum(p.tokens for p in self.parts.get(i, ()) if not p.frame)
 
-    def _output_tokens(self, i: int) -> int:
-        """A Responses ``function_call_output``'s text: its part is the text and the item's 3
-        framing tokens, which a shortened output keeps."""
-        return self._content_tokens(i) - 3
+    def _result_tokens(self, i: int, j: int) -> int:
+        """What the tool result at message ``i``, block ``j`` (-1: the whole message) is worth,
+        its framing (which a shortened result keeps) left out."""
+        if j < 0:
+            tokens = self._content_tokens(i)
+        else:
+            tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j)
+        return tokens - self.rules.result_frame
 
-    def _tool_uses(self) -> list[_Use]:
+    def _tool_uses(self) -> list[ToolUse]:
         """Every tool use whose result is in the request, in order, with its call's place."""
-        calls: dict[str, tuple[tuple[int, int], str]] = {}
-        pending: list[str] = []  # Gemini calls not answered yet, in order
-        uses: list[_Use] = []
-        for i, m in enumerate(self.messages):
-            if not isinstance(m, dict):
-                continue
-            if self.api == "openai":
-                if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
-                    for k, tc in enumerate(m["tool_calls"]):
-                        fn = tc.get("function") if isinstance(tc, dict) else None
-                        if isinstance(fn, dict):
-                            calls[str(tc.get("id"))] = ((i, k), str(fn.get("name", "")))
-                elif m.get("role") in ("tool", "function"):
-                    cid = str(m.get("tool_call_id") or "")
-                    where, name = calls.get(cid, (None, str(m.get("name") or "")))
-                    tokens = self._content_tokens(i)
-                    uses.append(_Use((i, -1), where, name, cid, tokens))
-            elif self.api == "responses":
-                if m.get("type") == "function_call":
-                    calls[str(m.get("call_id"))] = ((i, -1), str(m.get("name", "")))
-                elif m.get("type") == "function_call_output":
-                    cid = str(m.get("call_id") or "")
-                    where, name = calls.get(cid, (None, ""))
-                    tokens = self._output_tokens(i)
-                    uses.append(_Use((i, -1), where, name, cid, tokens))
-            elif self.api == "gemini" and isinstance(m.get("parts"), list):
-                for j, part in enumerate(m["parts"]):
-                    if not isinstance(part, dict):
-                        continue
-                    if isinstance(part.get("functionCall"), dict):
-                        fc = part["functionCall"]
-                        name = str(fc.get("name", ""))
-                        calls[str(fc.get("id") or f"{name}#{len(calls)}")] = ((i, j), name)
-                        pending.append(str(fc.get("id") or f"{name}#{len(calls) - 1}"))
-                    elif isinstance(part.get("functionResponse"), dict):
-                        fr = part["functionResponse"]
-                        name = str(fr.get("name", ""))
-                        cid = str(fr.get("id") or "")
-                        if not cid:  # no ids: a response answers the oldest open call of its name
-                            cid = next((c for c in pending if calls[c][1] == name), "")
-                        if cid in pending:
-                            pending.remove(cid)
-                        where = calls[cid][0] if cid in calls else None
-                        tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j)
-                        uses.append(_Use((i, j), where, name, fr.get("id") or name, tokens))
-            elif self.api == "anthropic" and isinstance(m.get("content"), list):
-                for j, b in enumerate(m["content"]):
-                    if not isinstance(b, dict):
-                        continue
-                    if b.get("type") == "tool_use":
-                        calls[str(b.get("id"))] = ((i, j), str(b.get("name", "")))
-                    elif b.get("type") == "tool_result":
-                        cid = str(b.get("tool_use_id") or "")
-                        where, name = calls.get(cid, (None, ""))
-                        tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j) - 3
-                        uses.append(_Use((i, j), where, name, cid, tokens))
-        return uses
+        return self.rules.tool_uses(self.messages, self._result_tokens)
 
     def _tail(self) -> int:
-        """Where what this turn appended to the previous one starts: the latest assistant
-        message (the model's last reply, and what answers it). -1: there is no previous turn."""
+        """Where what this turn appended to the previous one starts: the latest reply of the
+        model (and what answers it). -1: there is no previous turn."""
         for i in range(len(self.messages) - 1, -1, -1):
             m = self.messages[i]
-            if not isinstance(m, dict):
-                continue
-            if m.get("role") in ("assistant", "model") or (
-                self.api == "responses" and m.get("type") in ("function_call", "reasoning")
-            ):
-                while i > 0 and self.api == "responses" and self._is_call_item(i - 1):
-                    i -= 1  # a reply's reasoning and calls are items of their own
-                return i
+            if isinstance(m, dict) and self.rules.is_reply(m):
+                return self.rules.reply_start(self.messages, i)
         return -1
-
-    def _is_call_item(self, i: int) -> bool:
-        m = self.messages[i]
-        return isinstance(m, dict) and (
-            m.get("type") in ("function_call", "reasoning")
-            or (m.get("type") == "message" and m.get("role") == "assistant")
-        )
 
     def _left(self, i: int) -> int:
         """What message ``i`` is still worth."""
@@ -433,7 +395,7 @@ class _Trimmer:
         uses = self._tool_uses()
         older = uses[: max(0, len(uses) - self.policy.keep)]
         excluded = set(self.policy.exclude_tools)
-        cands: list[tuple[_Use, int, str]] = []
+        cands: list[tuple[ToolUse, int, str]] = []
         for u in older:
             i, j = u.result
             if u.name in excluded or u.result in self.replace or i in self.drop_messages:
@@ -458,7 +420,7 @@ class _Trimmer:
         for k, (u, f, text) in enumerate(cands[:end]):
             i, j = u.result
             m = self.messages[i]
-            self.replace[(i, j)] = self._placeholder(m, j, text)
+            self.replace[(i, j)] = self.rules.placeholder(m, j, text)
             self._take("clear", i, j, f, cut=event and k >= prev_end)
             self.report.cleared_tool_uses += 1
             if self.policy.clear_tool_inputs and u.call is not None:
@@ -467,7 +429,7 @@ class _Trimmer:
         if self.fits() or not self.policy.drop_tool_rounds:
             return
         # 2. whole rounds of the latest turn (a single-task loop is one turn)
-        starts = [i for i, m in enumerate(self.messages) if self._starts_turn(m)]
+        starts = [i for i, m in enumerate(self.messages) if self.rules.starts_turn(m)]
         first = starts[-1] if starts else -1
         comp = self._latest_compaction()
         rounds = [r for r in self._rounds(first + 1, len(self.messages)) if comp not in r]
@@ -490,28 +452,9 @@ class _Trimmer:
             self.report.dropped_tool_rounds += 1
         self.report.clearing_event |= event
 
-    def _placeholder(self, m: dict[str, Any], j: int, text: str) -> Any:
-        """A result's replacement that keeps its call id (and Gemini's name)."""
-        if j < 0:
-            return text
-        if self.api == "gemini":
-            part = m["parts"][j]
-            return {
-                **part,
-                "functionResponse": {**part["functionResponse"], "response": {"result": text}},
-            }
-        return {**m["content"][j], "content": text}
-
-    def _already_cleared(self, u: _Use) -> bool:
+    def _already_cleared(self, u: ToolUse) -> bool:
         i, j = u.result
-        m = self.messages[i]
-        if self.api == "gemini":
-            response = m["parts"][j]["functionResponse"].get("response")
-            text = response.get("result") if isinstance(response, dict) else None
-        elif j >= 0:
-            text = _texts(m["content"][j].get("content"))
-        else:
-            text = m.get("output") if self.api == "responses" else _texts(m.get("content"))
+        text = self.rules.result_text(self.messages[i], j)
         return isinstance(text, str) and CLEARED_RE.fullmatch(text.strip()) is not None
 
     def _system(self, i: int) -> bool:
@@ -532,16 +475,8 @@ class _Trimmer:
 
     def _clear_input(self, call: tuple[int, int]) -> None:
         i, k = call
-        m = self.messages[i]
-        if self.api == "openai":
-            fn = m["tool_calls"][k].get("function") or {}
-            old = str(fn.get("arguments") or "")
-        elif self.api == "responses":
-            old = str(m.get("arguments") or "")
-        elif self.api == "gemini":
-            old = _json_text(m["parts"][k]["functionCall"].get("args", {}))
-        else:
-            old = _json_text(m["content"][k].get("input", {}))
+        old = self.rules.call_input(self.messages[i], k)
+        old = old if isinstance(old, str) else json_text(old)
         saved = self.counter.count(old) - self.counter.count("{}")
         if saved > 0 and call not in self.clear_inputs:
             self.clear_inputs.add(call)
@@ -553,38 +488,19 @@ class _Trimmer:
                 return
             if i in self.drop_messages or not isinstance(m, dict):
                 continue
-            output = self.api == "responses" and m.get("type") == "function_call_output"
-            if output or (self.api == "openai" and m.get("role") in ("tool", "function")):
-                if (i, -1) in self.replace or self._protected(i, -1, allow_prefix):
-                    continue
-                text = m.get("output") if output else _texts(m.get("content"))
-                if not isinstance(text, str):
+            for j, text in self.rules.results(m):
+                if self.fits():
+                    return
+                if text is None:
                     continue  # structured output (images, files): left whole
-                tokens = self._output_tokens(i) if output else self._content_tokens(i)
+                if (i, j) in self.replace or self._protected(i, j, allow_prefix):
+                    continue
+                tokens = self._result_tokens(i, j)
                 new = self._truncate(text, tokens, self._target(tokens))
                 if new is not None:
                     text, new_tokens = new
-                    self.replace[(i, -1)] = text
-                    self._take("tool_results", i, -1, tokens - new_tokens)
-            elif self.api == "anthropic" and isinstance(m.get("content"), list):
-                for j, b in enumerate(m["content"]):
-                    if self.fits():
-                        return
-                    if not (isinstance(b, dict) and b.get("type") == "tool_result"):
-                        continue
-                    inner = b.get("content")
-                    if isinstance(inner, list) and any(
-                        isinstance(x, dict) and x.get("type") != "text" for x in inner
-                    ):
-                        continue  # results with images are left whole
-                    if (i, j) in self.replace or self._protected(i, j, allow_prefix):
-                        continue
-                    tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j) - 3
-                    new = self._truncate(_texts(inner), tokens, self._target(tokens))
-                    if new is not None:
-                        text, new_tokens = new
-                        self.replace[(i, j)] = {**b, "content": text}
-                        self._take("tool_results", i, j, tokens - new_tokens)
+                    self.replace[(i, j)] = self.rules.placeholder(m, j, text)
+                    self._take("tool_results", i, j, tokens - new_tokens)
 
     def _truncate(self, text: str, tokens: int, target: int) -> tuple[str, int] | None:
         """Head and tail of ``text`` around the marker, ``target`` tokens or fewer in all (a few
@@ -642,14 +558,7 @@ class _Trimmer:
         dropped document leaves a stub in its place, so every kept citation names the document
         it named before."""
         if self._cites is None:
-            self._cites = self.api == "anthropic" and any(
-                isinstance(b, dict)
-                and isinstance(b.get("citations"), list)
-                and any(isinstance(c, dict) and "document_index" in c for c in b["citations"])
-                for m in self.messages
-                if isinstance(m, dict) and m.get("role") == "assistant"
-                for b in (m["content"] if isinstance(m.get("content"), list) else [])
-            )
+            self._cites = self.rules.cites_documents(self.messages)
         return self._cites
 
     def _drop_chunk(self, p: Part) -> None:
@@ -690,7 +599,7 @@ class _Trimmer:
         self._take("retrieved", p.message, p.block, tokens)
 
     def history(self, allow_prefix: bool) -> None:
-        starts = [i for i, m in enumerate(self.messages) if self._starts_turn(m)]
+        starts = [i for i, m in enumerate(self.messages) if self.rules.starts_turn(m)]
         turns = [
             (s, starts[k + 1] if k + 1 < len(starts) else len(self.messages))
             for k, s in enumerate(starts)
@@ -718,7 +627,7 @@ class _Trimmer:
                     self.drop_messages.add(i)
                     left = sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
                     self._take("history", i, -1, left)
-        if self.api == "responses" and comp > 0 and not self.fits():
+        if self.rules.drops_before_compaction and comp > 0 and not self.fits():
             # the items before the latest compaction item, as OpenAI's guide allows: the
             # compaction carries what they said (Anthropic's block sits in an assistant message,
             # which may not open the conversation: there only whole turns go)
@@ -747,31 +656,6 @@ class _Trimmer:
         m = self.messages[i] if 0 <= i < len(self.messages) else None
         role = m.get("role") if isinstance(m, dict) else None
         return "assistant" if role == "model" else role
-
-    def _starts_turn(self, m: Any) -> bool:
-        """A user message starts a turn unless it answers tool calls: an Anthropic user message
-        with any ``tool_result`` block belongs to the assistant turn before it, whatever text
-        it also carries."""
-        if self.api == "gemini":
-            parts = m.get("parts") if isinstance(m, dict) else None
-            return (
-                isinstance(m, dict)
-                and m.get("role", "user") == "user"
-                and not (
-                    isinstance(parts, list)
-                    and any(isinstance(p, dict) and "functionResponse" in p for p in parts)
-                )
-            )
-        if not isinstance(m, dict) or m.get("role") != "user":
-            return False
-        if self.api == "openai":
-            return True
-        if self.api == "responses":  # function calls, their outputs and reasoning have no role
-            return m.get("type") in (None, "message")
-        content = m.get("content")
-        if isinstance(content, list):
-            return not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
-        return True
 
     # -- run and materialize -----------------------------------------------------------------
 
@@ -861,16 +745,10 @@ class _Trimmer:
                 messages.append(m)
                 continue
             m2 = dict(m)
-            content = m.get(self.key)
-            if self.api == "openai" and any(c[0] == i for c in self.clear_inputs):
-                m2["tool_calls"] = [
-                    {**tc, "function": {**tc["function"], "arguments": "{}"}}
-                    if (i, k) in self.clear_inputs
-                    else tc
-                    for k, tc in enumerate(m["tool_calls"])
-                ]
-            elif self.api == "responses" and (i, -1) in self.clear_inputs:
-                m2["arguments"] = "{}"
+            calls = {k for x, k in self.clear_inputs if x == i}
+            if calls:
+                m2 = self.rules.without_inputs(m2, calls)
+            content = m2.get(self.key)
             if (i, -1) in self.replace:
                 m2["output" if "output" in m else "content"] = self.replace[(i, -1)]
             elif isinstance(content, str):
@@ -882,10 +760,6 @@ class _Trimmer:
                 for j, b in enumerate(content):
                     if j in self.drop_blocks.get(i, ()):
                         continue
-                    if (i, j) in self.clear_inputs and self.api == "gemini":
-                        b = {**b, "functionCall": {**b["functionCall"], "args": {}}}
-                    elif (i, j) in self.clear_inputs:
-                        b = {**b, "input": {}}
                     if (i, j) in self.replace:
                         b = self.replace[(i, j)]
                     elif (i, j) in self.spans:
@@ -893,78 +767,36 @@ class _Trimmer:
                         if not b["text"].strip():
                             continue
                     blocks.append(b)
-                empty = (
-                    {"text": PLACEHOLDER}
-                    if self.api == "gemini"
-                    else {"type": "text", "text": PLACEHOLDER}
-                )
-                m2[self.key] = blocks or [empty]
+                m2[self.key] = blocks or [self.rules.empty_block()]
             messages.append(m2)
         out = dict(self.body)
-        if self.api == "responses":
-            single = isinstance(self.body.get("input"), str) and len(messages) == 1
-            out["input"] = messages[0]["content"] if single else messages
-        elif self.api == "gemini":
-            out["contents"] = messages
-        else:
-            out["messages"] = messages
+        self.rules.with_items(out, messages, self.body)
         return out
 
 
-COUNTERS = {
-    "openai": count_openai,
-    "anthropic": count_anthropic,
-    "responses": count_responses,
-    "gemini": count_gemini,
-}
-
-
-def count(
+def fit_with(
     body: Mapping[str, Any],
+    recount: Callable[..., RequestCount],
+    rules: TrimRules,
     *,
-    api: Shape,
-    counter: TextCounter | None = None,
-    chat_format: ChatFormat | None = None,
-    chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
-) -> RequestCount:
-    """Count a request body the way the sidecar does: its input tokens (``.total``) and their
-    breakdown by component, with ``counter`` (default: tiktoken's ``o200k_base``) and the
-    model's ``chat_format`` framing. Raises :class:`ValueError` for a body of the wrong shape."""
-    pattern = re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
-    return COUNTERS[api](body, counter or TiktokenCounter("o200k_base"), chat_format, pattern)
-
-
-def fit(
-    body: Mapping[str, Any],
-    *,
-    api: Shape,
     budget: int,
-    counter: TextCounter | None = None,
-    count: RequestCount | None = None,
+    counter: TextCounter,
+    count: RequestCount,
     policy: Policy | None = None,
     chat_format: ChatFormat | None = None,
-    chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+    pattern: re.Pattern[str] | None = None,
 ) -> tuple[dict[str, Any], FitReport]:
-    """Fit an OpenAI chat, Anthropic messages or OpenAI Responses body into ``budget`` input
-    tokens.
-
-    Returns the fitted body (the input is never mutated; untouched messages are shared, not
-    copied) and a report whose ``after`` is a recount of that body. ``report.fits`` is False
-    when even the full policy cannot make it fit; the body returned then is the best effort. Pass
-    ``count`` to reuse an existing count (of ``body``, with ``counter``).
-    """
-    counter = counter or TiktokenCounter("o200k_base")
-    pattern = re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
-    fn = COUNTERS[api]
-    if count is None:
-        count = fn(body, counter, chat_format, pattern)
+    """Fit ``body`` (counted: ``count``) into ``budget`` input tokens by a format's ``rules``,
+    recounting each round's output with the format's counter (``recount``). The format-neutral
+    engine behind ``context_ceiling.fit``, which picks the format's counter and rules."""
+    fn = recount
     before = count.total
     report: FitReport | None = None  # the first round's, the later rounds added to it
     current: Mapping[str, Any] = body
     for _ in range(MAX_ROUNDS):
         if count.total <= budget:
             break
-        trimmer = _Trimmer(current, api, count, counter, policy or Policy(), budget)
+        trimmer = _Trimmer(current, rules, count, counter, policy or Policy(), budget)
         trimmer.run()
         out = trimmer.materialize()
         if not trimmer.changed():

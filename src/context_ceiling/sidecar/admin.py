@@ -149,8 +149,8 @@ class Admin:
 
 def budget_answer(state: State, request: Request) -> Response:
     """The read-only budget: the input budget for a model, workload and output reservation, with
-    the ceiling's version and provenance and how to count against it (``core/budget.py``)."""
-    from context_ceiling.core.budget import answer_for
+    the ceiling's version and provenance and how to count against it (``context_ceiling/budget.py``)."""
+    from context_ceiling.budget import answer_for
 
     token = state.budget_token
     if token is not None:

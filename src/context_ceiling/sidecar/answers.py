@@ -20,23 +20,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import orjson
 
 from context_ceiling.core.wire import Shape
+from context_ceiling.formats import format_of
+from context_ceiling.formats.base import Answer, Expect, json_events
 
 __all__ = [
     "PROBLEMS",
     "SIDES",
     "SIGNALS",
     "STOPS",
-    "Answer",
     "AnswerChecker",
     "Counted",
-    "Expect",
     "HeldBytes",
     "Job",
     "expectations",
@@ -90,419 +90,21 @@ _MIN_COPIES = 4
 _MANY_COPIES = 10
 
 
-# -- what the request asked for ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Expect:
-    """What a request asked the answer to be: JSON (with a schema or without), and the tools it
-    offered (name -> parameter schema, None when the tool takes any object; ``free``: tools
-    whose input is free text). ``tools`` None: the request offered no tools. References into the
-    client's parsed body: nothing is copied on the request path."""
-
-    json: bool = False
-    schema: Mapping[str, Any] | None = None
-    tools: Mapping[str, Mapping[str, Any] | None] | None = None
-    free: frozenset[str] = frozenset()
-
-
-NOTHING = Expect()
-
-
-def _openapi_to_json_schema(node: Any, depth: int = 0) -> Any:
-    """Gemini's ``responseSchema`` and function ``parameters`` are OpenAPI 3.0 schema objects
-    (upper-case ``type`` names, ``nullable``): the same schema in JSON Schema terms."""
-    if depth > 64:
-        return {}
-    if isinstance(node, list):
-        return [_openapi_to_json_schema(x, depth + 1) for x in node]
-    if not isinstance(node, Mapping):
-        return node
-    out: dict[str, Any] = {}
-    for k, v in node.items():
-        if k == "type" and isinstance(v, str):
-            out[k] = v.lower()
-        elif k == "nullable":
-            continue
-        elif k in ("properties",) and isinstance(v, Mapping):
-            out[k] = {p: _openapi_to_json_schema(s, depth + 1) for p, s in v.items()}
-        elif k in ("items", "anyOf", "oneOf", "allOf"):
-            out[k] = _openapi_to_json_schema(v, depth + 1)
-        else:
-            out[k] = v
-    if node.get("nullable") is True and isinstance(out.get("type"), str):
-        out["type"] = [out["type"], "null"]
-    return out
-
-
-def _mapping(v: Any) -> Mapping[str, Any] | None:
-    return v if isinstance(v, Mapping) else None
-
-
-def _openai_tools(tools: Any, functions: Any) -> tuple[dict[str, Any], set[str]] | None:
-    if not isinstance(tools, list) and not isinstance(functions, list):
-        return None
-    named: dict[str, Any] = {}
-    free: set[str] = set()
-    for t in tools if isinstance(tools, list) else []:
-        if not isinstance(t, Mapping):
-            continue
-        fn = t.get("function")
-        if (
-            t.get("type") == "function"
-            and isinstance(fn, Mapping)
-            and isinstance(fn.get("name"), str)
-        ):
-            named[fn["name"]] = _mapping(fn.get("parameters"))
-        elif t.get("type") == "function" and isinstance(t.get("name"), str):  # Responses API
-            named[t["name"]] = _mapping(t.get("parameters"))
-        elif t.get("type") == "custom":  # free-form input
-            custom = t.get("custom")
-            c: Mapping[str, Any] = custom if isinstance(custom, Mapping) else t
-            if isinstance(c.get("name"), str):
-                named[c["name"]] = None
-                free.add(c["name"])
-    for f in functions if isinstance(functions, list) else []:  # legacy ``functions``
-        if isinstance(f, Mapping) and isinstance(f.get("name"), str):
-            named[f["name"]] = _mapping(f.get("parameters"))
-    return named, free
-
-
-#: (JSON asked for, its schema, (tool name -> parameter schema, free-text tools) or None)
-_Asked = tuple[bool, Any, tuple[dict[str, Any], set[str]] | None]
-
-
-def _asked_openai(obj: Mapping[str, Any]) -> _Asked:
-    rf = obj.get("response_format")
-    json_, schema = False, None
-    if isinstance(rf, Mapping):
-        json_ = rf.get("type") in ("json_object", "json_schema")
-        js = rf.get("json_schema")
-        schema = js.get("schema") if isinstance(js, Mapping) else None
-    return json_, schema, _openai_tools(obj.get("tools"), obj.get("functions"))
-
-
-def _asked_responses(obj: Mapping[str, Any]) -> _Asked:
-    text = obj.get("text")
-    fmt = text.get("format") if isinstance(text, Mapping) else None
-    json_, schema = False, None
-    if isinstance(fmt, Mapping):
-        json_ = fmt.get("type") in ("json_object", "json_schema")
-        schema = fmt.get("schema")
-    return json_, schema, _openai_tools(obj.get("tools"), None)
-
-
-def _asked_anthropic(obj: Mapping[str, Any]) -> _Asked:
-    oc = obj.get("output_config")  # generally available; output_format: the beta
-    fmt = oc.get("format") if isinstance(oc, Mapping) else obj.get("output_format")
-    json_, schema = False, None
-    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
-        json_, schema = True, fmt.get("schema")
-    raw = obj.get("tools")
-    if not isinstance(raw, list):
-        return json_, schema, None
-    # client tools carry an input_schema; server tools (web search...) are answered by the
-    # provider as server_tool_use blocks, never as tool calls to check
-    named = {
-        t["name"]: _mapping(t.get("input_schema"))
-        for t in raw
-        if isinstance(t, Mapping) and isinstance(t.get("name"), str)
-    }
-    return json_, schema, (named, set())
-
-
-def _gemini_schema(node: Mapping[str, Any], json_key: str, openapi_key: str) -> Any:
-    """A JSON Schema as given (``*JsonSchema``), else the OpenAPI one converted, else None."""
-    js = node.get(json_key)
-    if isinstance(js, Mapping):
-        return js
-    api = node.get(openapi_key)
-    return _openapi_to_json_schema(api) if isinstance(api, Mapping) else None
-
-
-def _asked_gemini(obj: Mapping[str, Any]) -> _Asked:
-    gc = obj.get("generationConfig") or obj.get("generation_config")
-    json_, schema = False, None
-    if isinstance(gc, Mapping):
-        json_ = (gc.get("responseMimeType") or gc.get("response_mime_type")) == "application/json"
-        schema = _gemini_schema(gc, "responseJsonSchema", "responseSchema") or _gemini_schema(
-            gc, "response_json_schema", "response_schema"
-        )
-    named: dict[str, Any] = {}
-    for t in obj.get("tools") or () if isinstance(obj.get("tools"), list) else ():
-        decls = (
-            t.get("functionDeclarations") or t.get("function_declarations")
-            if isinstance(t, Mapping)
-            else None
-        )
-        for d in decls if isinstance(decls, list) else ():
-            if isinstance(d, Mapping) and isinstance(d.get("name"), str):
-                named[d["name"]] = _gemini_schema(
-                    d, "parametersJsonSchema", "parameters"
-                ) or _gemini_schema(d, "parameters_json_schema", "parameters")
-    return json_, schema, ((named, set()) if named else None)
-
-
-_ASKED = {
-    "openai": _asked_openai,
-    "responses": _asked_responses,
-    "anthropic": _asked_anthropic,
-    "gemini": _asked_gemini,
-}
-
-
 def expectations(shape: Shape, obj: Mapping[str, Any]) -> Expect:
     """What ``obj`` (a request body of ``shape``) asks the answer to be."""
-    json_, schema, tools = _ASKED[shape](obj)
-    return Expect(
-        json=json_ or isinstance(schema, Mapping),
-        schema=schema if isinstance(schema, Mapping) else None,
-        tools=tools[0] if tools is not None else None,
-        free=frozenset(tools[1]) if tools is not None else frozenset(),
-    )
-
-
-# -- what the answer was --------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Answer:
-    """One answer as the client received it: its text, whether the model refused, its tool calls
-    (name, arguments: JSON text, or an object the API already parsed), the provider's stop
-    reason, and the output and reasoning tokens it reported."""
-
-    text: str = ""
-    refusal: bool = False
-    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
-    finish: str | None = None
-    output_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    #: Gemini's MALFORMED_FUNCTION_CALL: a call so broken the API returned none
-    malformed_call: bool = False
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _tokens(a: Answer, usage: Any, key: str) -> None:
-    """Output tokens (``usage[key]``) and the reasoning tokens among them (``usage[key +
-    "_details"].reasoning_tokens``): OpenAI's chat and Responses usage objects."""
-    if isinstance(usage, Mapping):
-        a.output_tokens = _int(usage.get(key))
-        details = usage.get(key + "_details")
-        if isinstance(details, Mapping):
-            a.reasoning_tokens = _int(details.get("reasoning_tokens"))
-
-
-def _events(raw: bytes) -> Iterator[Any]:
-    """The JSON ``data:`` payloads of an SSE stream, in order (``[DONE]`` and junk skipped)."""
-    for line in raw.split(b"\n"):
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-            if data[:1] in (b"{", b"["):
-                try:
-                    yield orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-
-
-def _openai(objs: Iterable[Any], stream: bool) -> Answer:
-    a = Answer()
-    text: list[str] = []
-    calls: dict[int, list[Any]] = {}  # index -> [name, argument pieces...]
-    for o in objs:
-        if not isinstance(o, Mapping):
-            continue
-        _tokens(a, o.get("usage"), "completion_tokens")
-        for c in o.get("choices") or ():
-            if not isinstance(c, Mapping) or c.get("index", 0) != 0:
-                continue  # the first choice is the answer (n > 1: the others are alternatives)
-            if c.get("finish_reason"):
-                a.finish = str(c["finish_reason"])
-            msg = c.get("delta" if stream else "message")
-            if not isinstance(msg, Mapping):
-                continue
-            if isinstance(msg.get("content"), str):
-                text.append(msg["content"])
-            if msg.get("refusal"):
-                a.refusal = True
-            for i, tc in enumerate(msg.get("tool_calls") or ()):
-                if not isinstance(tc, Mapping):
-                    continue
-                fn = (
-                    tc.get("function")
-                    if isinstance(tc.get("function"), Mapping)
-                    else tc.get("custom")
-                )
-                if not isinstance(fn, Mapping):
-                    continue
-                # a stream's pieces join by index; a piece without one is a call of its own
-                at = _int(tc.get("index")) if stream else i
-                slot = calls.setdefault(at if at is not None else -2 - len(calls), [None])
-                if isinstance(fn.get("name"), str):
-                    slot[0] = fn["name"]
-                args = fn.get("arguments", fn.get("input"))
-                if isinstance(args, str):
-                    slot.append(args)
-            fc = msg.get("function_call")  # legacy
-            if isinstance(fc, Mapping):
-                slot = calls.setdefault(-1, [None])
-                if isinstance(fc.get("name"), str):
-                    slot[0] = fc["name"]
-                if isinstance(fc.get("arguments"), str):
-                    slot.append(fc["arguments"])
-    a.text = "".join(text)
-    a.tool_calls = [(s[0] or "", "".join(s[1:])) for _, s in sorted(calls.items())]
-    return a
-
-
-def _anthropic(objs: Iterable[Any], stream: bool) -> Answer:
-    a = Answer()
-    text: list[str] = []
-    blocks: dict[int, list[Any]] = {}  # index -> [name, partial json pieces...]
-    for o in objs:
-        if not isinstance(o, Mapping):
-            continue
-        if not stream:
-            for b in o.get("content") or ():
-                if not isinstance(b, Mapping):
-                    continue
-                if b.get("type") == "text" and isinstance(b.get("text"), str):
-                    text.append(b["text"])
-                elif b.get("type") == "tool_use":
-                    a.tool_calls.append((str(b.get("name") or ""), b.get("input")))
-            a.finish = o.get("stop_reason") if isinstance(o.get("stop_reason"), str) else None
-            usage = o.get("usage")
-            if isinstance(usage, Mapping):
-                a.output_tokens = _int(usage.get("output_tokens"))
-            continue
-        kind = o.get("type")
-        if kind == "content_block_start" and isinstance(o.get("content_block"), Mapping):
-            b = o["content_block"]
-            if b.get("type") == "tool_use":
-                blocks[_int(o.get("index")) or 0] = [str(b.get("name") or "")]
-            elif b.get("type") == "text" and isinstance(b.get("text"), str):
-                text.append(b["text"])
-        elif kind == "content_block_delta" and isinstance(o.get("delta"), Mapping):
-            d = o["delta"]
-            if d.get("type") == "text_delta" and isinstance(d.get("text"), str):
-                text.append(d["text"])
-            elif d.get("type") == "input_json_delta" and isinstance(d.get("partial_json"), str):
-                # a client tool's input; a server tool's (server_tool_use) is the provider's
-                block = blocks.get(_int(o.get("index")) or 0)
-                if block is not None:
-                    block.append(d["partial_json"])
-        elif kind == "message_delta":
-            d = o.get("delta")
-            if isinstance(d, Mapping) and isinstance(d.get("stop_reason"), str):
-                a.finish = d["stop_reason"]
-            usage = o.get("usage")
-            if isinstance(usage, Mapping) and _int(usage.get("output_tokens")) is not None:
-                a.output_tokens = _int(usage.get("output_tokens"))
-    a.text = "".join(text)
-    # a streamed tool_use with no input deltas has the empty object as its input
-    a.tool_calls += [(s[0], "".join(s[1:]) or "{}") for _, s in sorted(blocks.items())]
-    return a
-
-
-def _responses_object(a: Answer, r: Mapping[str, Any]) -> None:
-    text: list[str] = []
-    for item in r.get("output") or ():
-        if not isinstance(item, Mapping):
-            continue
-        if item.get("type") == "message":
-            for c in item.get("content") or ():
-                if not isinstance(c, Mapping):
-                    continue
-                if c.get("type") == "output_text" and isinstance(c.get("text"), str):
-                    text.append(c["text"])
-                elif c.get("type") == "refusal":
-                    a.refusal = True
-        elif item.get("type") in ("function_call", "custom_tool_call"):
-            args = item.get("arguments", item.get("input"))
-            a.tool_calls.append(
-                (str(item.get("name") or ""), args if isinstance(args, str) else "")
-            )
-    a.text = "".join(text)
-    _tokens(a, r.get("usage"), "output_tokens")
-    incomplete = r.get("incomplete_details")
-    if isinstance(incomplete, Mapping) and isinstance(incomplete.get("reason"), str):
-        a.finish = incomplete["reason"]
-    elif isinstance(r.get("status"), str):
-        a.finish = r["status"]
-
-
-def _responses(objs: Iterable[Any], stream: bool) -> Answer:
-    a = Answer()
-    deltas: list[str] = []
-    final = False
-    for o in objs:
-        if not isinstance(o, Mapping):
-            continue
-        if not stream:
-            _responses_object(a, o)
-            return a
-        kind = o.get("type")
-        if kind in ("response.completed", "response.incomplete") and isinstance(
-            o.get("response"), Mapping
-        ):
-            _responses_object(a, o["response"])  # the whole response, as the stream ends
-            final = True
-        elif kind == "response.output_text.delta" and isinstance(o.get("delta"), str):
-            deltas.append(o["delta"])
-        elif kind == "response.refusal.delta":
-            a.refusal = True
-    if not final or (not a.text and deltas):  # no final event, or one without its output
-        a.text = "".join(deltas)
-    return a
-
-
-def _gemini(objs: Iterable[Any], stream: bool) -> Answer:
-    a = Answer()
-    text: list[str] = []
-    for o in objs:
-        if not isinstance(o, Mapping):
-            continue
-        meta = o.get("usageMetadata")
-        if isinstance(meta, Mapping):
-            if _int(meta.get("candidatesTokenCount")) is not None:
-                a.output_tokens = _int(meta.get("candidatesTokenCount"))
-            if _int(meta.get("thoughtsTokenCount")) is not None:
-                a.reasoning_tokens = _int(meta.get("thoughtsTokenCount"))
-        cands = o.get("candidates")
-        if not isinstance(cands, list) or not cands or not isinstance(cands[0], Mapping):
-            continue
-        c = cands[0]
-        if isinstance(c.get("finishReason"), str):
-            a.finish = c["finishReason"]
-        content = c.get("content")
-        for p in content.get("parts") or () if isinstance(content, Mapping) else ():
-            if not isinstance(p, Mapping) or p.get("thought") is True:
-                continue
-            if isinstance(p.get("text"), str):
-                text.append(p["text"])
-            fc = p.get("functionCall") or p.get("function_call")
-            if isinstance(fc, Mapping):
-                a.tool_calls.append((str(fc.get("name") or ""), fc.get("args", {})))
-    a.text = "".join(text)
-    a.malformed_call = a.finish in ("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL")
-    return a
-
-
-_READERS = {"openai": _openai, "anthropic": _anthropic, "responses": _responses, "gemini": _gemini}
+    return format_of(shape).expect(obj)
 
 
 def read_answer(shape: Shape, raw: bytes, stream: bool) -> Answer:
     """The answer in a response body (``stream`` False) or a stream's events, of ``shape``."""
     if stream:
-        objs: Iterable[Any] = _events(raw)
+        objs: Iterable[Any] = json_events(raw)
     else:
         try:
             objs = [orjson.loads(raw)]
         except orjson.JSONDecodeError:
             objs = []
-    return _READERS[shape](objs, stream)
+    return format_of(shape).read_answer(objs, stream)
 
 
 _STOP_WORDS: dict[str, Stop] = {
@@ -650,6 +252,35 @@ def _json(text: str) -> tuple[bool, Any]:
         return False, None
 
 
+def _tool_problems(answer: Answer, expect: Expect, v: _Validators) -> list[str]:
+    """What is wrong with the answer's tool calls: a tool the request did not offer, arguments
+    that are not a JSON object, arguments the tool's schema refuses (each once)."""
+    bad_args, bad_schema, unknown = answer.malformed_call, False, False
+    for name, args in answer.tool_calls:
+        tools = expect.tools
+        if tools is None or name not in tools:
+            unknown = True
+            continue
+        if name in expect.free:
+            continue
+        value = args
+        if isinstance(args, str):
+            ok, value = _json(args)
+            if not ok:
+                bad_args = True
+                continue
+        if not isinstance(value, Mapping):
+            bad_args = True
+        elif not _valid(v, tools[name], value):
+            bad_schema = True
+    named = {
+        "unknown_tool": unknown,
+        "invalid_tool_arguments": bad_args,
+        "tool_schema_mismatch": bad_schema,
+    }
+    return [name for name, found in named.items() if found]
+
+
 def problems(answer: Answer, expect: Expect, validators: _Validators | None = None) -> list[str]:
     """What is wrong with ``answer`` given what the request asked for (each problem once)."""
     v = validators or _Validators()
@@ -664,29 +295,7 @@ def problems(answer: Answer, expect: Expect, validators: _Validators | None = No
             found.append("invalid_json")
         elif not _valid(v, expect.schema, value):
             found.append("schema_mismatch")
-    bad_args, bad_schema, unknown = answer.malformed_call, False, False
-    for name, args in answer.tool_calls:
-        tools = expect.tools
-        if tools is None or name not in tools:
-            unknown = True
-            continue
-        if name in expect.free:
-            continue
-        if isinstance(args, str):
-            ok, args = _json(args)
-            if not ok:
-                bad_args = True
-                continue
-        if not isinstance(args, Mapping):
-            bad_args = True
-        elif not _valid(v, tools[name], args):
-            bad_schema = True
-    if unknown:
-        found.append("unknown_tool")
-    if bad_args:
-        found.append("invalid_tool_arguments")
-    if bad_schema:
-        found.append("tool_schema_mismatch")
+    found += _tool_problems(answer, expect, v)
     if text and repetition(text):
         found.append("repetition")
     return found
@@ -732,9 +341,10 @@ class Job:
     #: the response body, or a stream's events as they were relayed (joined in the thread);
     #: None: over the size cap, only what the stream tap read is known
     raw: bytes | list[bytes] | None
-    #: what the relay's tap already read: the stop reason and output tokens
+    #: what the relay's usage reader or tap read: the stop reason, output and reasoning tokens
     finish: str | None = None
     output_tokens: int | None = None
+    reasoning_tokens: int | None = None
     #: the bytes of ``raw`` held against :class:`HeldBytes` while it waits (set by submit)
     size: int = 0
     #: why ``raw`` is None: ``too_large`` (over answers.max_bytes) or ``busy`` (over
@@ -818,13 +428,13 @@ class AnswerChecker:
         tokens)."""
         if job.raw is None:
             a = Answer(finish=job.finish)
-            return [stop_of(a)], job.output_tokens, None
+            return [stop_of(a)], job.output_tokens, job.reasoning_tokens
         raw = job.raw if isinstance(job.raw, bytes) else b"".join(job.raw)
         a = read_answer(job.shape, raw, job.stream)
         if a.finish is None:
             a.finish = job.finish
-        out = a.output_tokens if a.output_tokens is not None else job.output_tokens
-        return [stop_of(a), *problems(a, job.expect, self.validators)], out, a.reasoning_tokens
+        signals = [stop_of(a), *problems(a, job.expect, self.validators)]
+        return signals, job.output_tokens, job.reasoning_tokens
 
     def _one(self, job: Job) -> None:
         try:

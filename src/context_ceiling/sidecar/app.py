@@ -7,10 +7,9 @@ import contextlib
 import gc
 import logging
 import os
-import re
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import anyio
@@ -24,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from context_ceiling import __version__
 from context_ceiling.core.tokenizers import bpe_engine
-from context_ceiling.core.wire import Api
+from context_ceiling.formats import route_for
 from context_ceiling.sidecar.admin import Admin, budget_answer
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
@@ -79,6 +78,110 @@ class UpstreamProbe:
             await asyncio.sleep(PROBE_INTERVAL_S)
 
 
+class Ops:
+    """The sidecar's own endpoints: probes, status, the request builders' budget, metrics."""
+
+    def __init__(self, state: State, probe: UpstreamProbe, injected: bool) -> None:
+        self.state, self.probe, self.injected = state, probe, injected
+
+    async def healthz(self, _: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, _: Request) -> Response:
+        """The sidecar's own state: config validated and ceilings loaded (both happen before
+        the app exists, so a running app is ready), and not shutting down (unready from the
+        SIGTERM on, so no new stream starts in the grace); the provider is not asked."""
+        state = self.state
+        if state.drain.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok", "ceilings_version": state.ceilings.current.version})
+
+    async def budget(self, request: Request) -> Response:
+        """``GET /budget?model=M&workload=W&reservation=R``: the input budget a request builder
+        must fit, read-only (its own optional token, never the admin one)."""
+        return budget_answer(self.state, request)
+
+    async def status(self, _: Request) -> Response:
+        """Upstream reachability (what /readyz used to check), for people and dashboards."""
+        upstreams: dict[str, str]
+        if self.injected:  # injected upstreams have no address to probe
+            upstreams = dict.fromkeys(self.state.all_clients(), "injected")
+        else:
+            upstreams = await self.probe.check()
+        down = [name for name, state_ in upstreams.items() if state_ not in ("ok", "injected")]
+        return JSONResponse(
+            {
+                # the sidecar itself is fine (that is /readyz); an upstream it cannot reach is
+                # what an operator looking here needs to see first
+                "status": "degraded" if down else "ok",
+                "upstreams": upstreams,
+                "ceilings_version": self.state.ceilings.current.version,
+            }
+        )
+
+    async def metrics(self, _: Request) -> Response:
+        exposed = generate_latest(self.state.metrics.exposed)
+        return Response(exposed, media_type=CONTENT_TYPE_LATEST)
+
+
+def _lifespan(
+    state: State,
+    probe: UpstreamProbe,
+    group: WorkerGroup | None,
+    freeze_heap: bool,
+    probing: bool,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: SIGHUP reloads the ceilings, SIGTERM drains, the background tasks
+    (ceilings watch, upstream probe, the worker group's follower), the capture writer and the
+    answer checker run while the app serves; everything stops in reverse on the way out."""
+    settings = state.settings
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        hup = False
+        try:
+            loop.add_signal_handler(signal.SIGHUP, state.ceilings.reload_file, "sighup")
+            hup = True
+        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
+            pass
+        state.drain.grace = settings.limits.shutdown_grace_seconds
+        undo_drain = state.drain.install(loop)
+        log.info("sidecar started", extra={"fields": startup_fields(state)})
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
+        if state.capture is not None:
+            state.capture.start()
+        if state.answers is not None:
+            state.answers.start()
+        try:
+            async with anyio.create_task_group() as tg:
+                if settings.ceilings_watch:
+                    tg.start_soon(state.ceilings.watch)
+                if probing:
+                    tg.start_soon(probe.run)
+                if group is not None:
+                    tg.start_soon(group.follow)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            undo_drain()
+            if group is not None:
+                group.leave()
+            if hup:
+                loop.remove_signal_handler(signal.SIGHUP)
+            if state.capture is not None:
+                await anyio.to_thread.run_sync(state.capture.stop)
+            if state.answers is not None:
+                await anyio.to_thread.run_sync(state.answers.stop)
+            await state.aclose()
+
+    return lifespan
+
+
 def create_app(
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None = None,
@@ -105,107 +208,18 @@ def create_app(
     admin = Admin(state)
     probe = UpstreamProbe(state)
     passthrough = Passthrough(state)
-
-    async def healthz(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def readyz(_: Request) -> Response:
-        """The sidecar's own state: config validated and ceilings loaded (both happen before
-        the app exists, so a running app is ready), and not shutting down (unready from the
-        SIGTERM on, so no new stream starts in the grace); the provider is not asked."""
-        if state.drain.draining:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", "ceilings_version": state.ceilings.current.version})
-
-    async def budget(request: Request) -> Response:
-        """``GET /budget?model=M&workload=W&reservation=R``: the input budget a request builder
-        must fit, read-only (its own optional token, never the admin one)."""
-        return budget_answer(state, request)
-
-    async def status(_: Request) -> Response:
-        """Upstream reachability (what /readyz used to check), for people and dashboards."""
-        upstreams: dict[str, str]
-        if transport is not None:  # injected upstreams have no address to probe
-            upstreams = dict.fromkeys(state.all_clients(), "injected")
-        else:
-            upstreams = await probe.check()
-        down = [name for name, state_ in upstreams.items() if state_ not in ("ok", "injected")]
-        return JSONResponse(
-            {
-                # the sidecar itself is fine (that is /readyz); an upstream it cannot reach is
-                # what an operator looking here needs to see first
-                "status": "degraded" if down else "ok",
-                "upstreams": upstreams,
-                "ceilings_version": state.ceilings.current.version,
-            }
-        )
-
-    async def metrics_endpoint(_: Request) -> Response:
-        return Response(generate_latest(state.metrics.exposed), media_type=CONTENT_TYPE_LATEST)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        hup = False
-        try:
-            loop.add_signal_handler(signal.SIGHUP, state.ceilings.reload_file, "sighup")
-            hup = True
-        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
-            pass
-        state.drain.grace = settings.limits.shutdown_grace_seconds
-        undo_drain = state.drain.install(loop)
-        log.info("sidecar started", extra={"fields": startup_fields(state)})
-        if freeze_heap:
-            gc.collect()
-            gc.freeze()
-        if state.capture is not None:
-            state.capture.start()
-        if state.answers is not None:
-            state.answers.start()
-        try:
-            async with anyio.create_task_group() as tg:
-                if settings.ceilings_watch:
-                    tg.start_soon(state.ceilings.watch)
-                if transport is None:
-                    tg.start_soon(probe.run)
-                if group is not None:
-                    tg.start_soon(group.follow)
-                try:
-                    yield
-                finally:
-                    tg.cancel_scope.cancel()
-        finally:
-            undo_drain()
-            if group is not None:
-                group.leave()
-            if hup:
-                loop.remove_signal_handler(signal.SIGHUP)
-            if state.capture is not None:
-                await anyio.to_thread.run_sync(state.capture.stop)
-            if state.answers is not None:
-                await anyio.to_thread.run_sync(state.answers.stop)
-            await state.aclose()
-
-    hot: dict[str, Handler] = {
-        "/v1/chat/completions": proxy.openai_chat,
-        "/v1/responses": proxy.openai_responses,
-        "/v1/responses/input_tokens": proxy.openai_responses_input_tokens,
-        "/v1/messages": proxy.anthropic_messages,
-        "/v1/messages/count_tokens": proxy.anthropic_count_tokens,
-        "/openai/v1/chat/completions": proxy.azure_v1_chat,
-        "/openai/v1/responses": proxy.azure_responses,
-        "/openai/responses": proxy.azure_responses,
-    }
+    ops = Ops(state, probe, injected=transport is not None)
+    lifespan = _lifespan(state, probe, group, freeze_heap, probing=transport is None)
     app = Starlette(
         routes=[
             # HotPath answers the measured POSTs before Starlette; every other method and path
             # that is not the sidecar's own passes through to its upstream
             Route("/v1/models", proxy.models, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/status", status, methods=["GET"]),
-            Route("/budget", budget, methods=["GET"]),
-            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/healthz", ops.healthz, methods=["GET"]),
+            Route("/readyz", ops.readyz, methods=["GET"]),
+            Route("/status", ops.status, methods=["GET"]),
+            Route("/budget", ops.budget, methods=["GET"]),
+            Route("/metrics", ops.metrics, methods=["GET"]),
             Route("/admin/ceilings", admin.ceilings, methods=["GET", "PUT"]),
             Route("/admin/ceilings/validate", admin.validate, methods=["POST"]),
             Route("/{path:path}", passthrough.handle, methods=ALL_METHODS),
@@ -213,7 +227,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.sidecar = state
-    return HotPath(app, hot, proxy.azure_chat, proxy.gemini, settings.listen.admin_port)
+    return HotPath(app, proxy, settings.listen.admin_port)
 
 
 def startup_fields(state: State) -> dict[str, object]:
@@ -240,14 +254,6 @@ def startup_fields(state: State) -> dict[str, object]:
     }
 
 
-Handler = Callable[[Request], Awaitable[Response]]
-AZURE_PREFIX = "/openai/deployments/"
-#: Gemini API and Vertex AI model methods the sidecar measures
-GEMINI_PATH = re.compile(
-    r"^/v1(?:beta\d*|alpha)?/(?:projects/[^/]+/locations/[^/]+/publishers/google/)?"
-    r"models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)$"
-)
-AZURE_CHAT = "/chat/completions"
 #: answered on the traffic port and the admin port alike
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/status"})
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -263,15 +269,8 @@ class HotPath:
     becomes a 500 in that format rather than a bare text page.
     """
 
-    def __init__(
-        self,
-        app: Starlette,
-        routes: dict[str, Handler],
-        azure: Handler,
-        gemini: Handler,
-        admin_port: int | None = None,
-    ) -> None:
-        self.app, self.routes, self.azure, self.gemini = app, routes, azure, gemini
+    def __init__(self, app: Starlette, proxy: Proxy, admin_port: int | None = None) -> None:
+        self.app, self.proxy = app, proxy
         self.state = app.state
         self.admin_port = admin_port
 
@@ -293,28 +292,17 @@ class HotPath:
                 status_code=404,
             )(scope, receive, send)
             return
-        handler = None
+        route = None
         if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            handler = self.routes.get(path)
-            if handler is None and path.startswith(AZURE_PREFIX) and path.endswith(AZURE_CHAT):
-                handler = self.azure
-            elif handler is None and GEMINI_PATH.match(path):
-                handler = self.gemini
-
-        if handler is None:
+            route = route_for(scope["path"])
+        if route is None:
             await self.app(scope, receive, send)
             return
         try:
-            response = await handler(Request(scope, receive))
+            response = await self.proxy.handle(Request(scope, receive), route)
         except Exception:
             log.exception("unexpected error in the proxy path")
-            api: Api = (
-                "anthropic"
-                if scope["path"].startswith("/v1/messages")
-                else "gemini"
-                if GEMINI_PATH.match(scope["path"])
-                else "openai"
+            response = error_response(
+                route.api, 500, "internal error in the context-ceiling sidecar"
             )
-            response = error_response(api, 500, "internal error in the context-ceiling sidecar")
         await response(scope, receive, send)

@@ -28,9 +28,10 @@ from context_ceiling.core.models import UpstreamSpec
 from context_ceiling.core.shape import RequestShapeError
 from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.utilization import utilization
+from context_ceiling.formats.base import Route
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.enforce import Decision, budget_of, decide
-from context_ceiling.sidecar.exchange import Exchange, Route
+from context_ceiling.sidecar.exchange import Exchange
 from context_ceiling.sidecar.record import Recorder
 from context_ceiling.sidecar.state import State
 

@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from context_ceiling.core.counting import ANTHROPIC_TOOL_SYSTEM_TOKENS
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
 from context_ceiling.core.wire import Shape
+from context_ceiling.formats.anthropic import TOOL_SYSTEM_TOKENS
 from context_ceiling.sidecar.enforce import Decision
 
 #: what the strict bound adds for hidden prompt text a provider inserts
@@ -49,9 +49,7 @@ def strict(raw: bytes, shape: Shape, spec: ModelSpec | None) -> int | None:
         return None
     if _PRICED_APART.search(raw):
         return None
-    extra = SLACK + (
-        ANTHROPIC_TOOL_SYSTEM_TOKENS if shape == "anthropic" and b'"tools"' in raw else 0
-    )
+    extra = SLACK + (TOOL_SYSTEM_TOKENS if shape == "anthropic" and b'"tools"' in raw else 0)
     return math.ceil(len(raw) * factor) + extra
 
 

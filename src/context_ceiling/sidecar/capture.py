@@ -26,13 +26,13 @@ from typing import Any
 
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, CaptureStoreError, Chunk
 from context_ceiling.core.wire import Shape
+from context_ceiling.formats.base import Usage
 from context_ceiling.sidecar.answers import HeldBytes
 from context_ceiling.sidecar.capture_text import extract, response_text
 from context_ceiling.sidecar.config import Capture
 from context_ceiling.sidecar.metrics import Metrics
 from context_ceiling.sidecar.redact import Redactor
 from context_ceiling.sidecar.relay import Tap
-from context_ceiling.sidecar.usage import Usage
 
 log = logging.getLogger(__name__)
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument
 from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.tokenizers import TextCounter
-from context_ceiling.core.trim import FitReport, Policy, fit, input_budget, requested_output
+from context_ceiling.core.trim import FitReport, Policy, input_budget
 from context_ceiling.core.wire import Mode, Shape
+from context_ceiling.formats import fit, format_of
+from context_ceiling.formats.base import Format
 from context_ceiling.sidecar.config import Enforcement
 
 
@@ -65,7 +67,8 @@ def budget_of(
     d = Decision(mode=mode, entry=entry, policy=policy)
     if mode == "off" or spec is None:
         return d
-    asked = requested_output(obj, api)
+    fmt = format_of(api)
+    asked = fmt.requested_output(obj)
     d.reservation = (
         asked if asked is not None else cfg.default_output_reservation
     ) + spec.reasoning_reservation
@@ -74,44 +77,15 @@ def budget_of(
     if (
         mode == "enforce"
         and entry is not None
-        and api in ("anthropic", "responses")
+        and fmt.native is not None
         and (strategy == "native" or (strategy == "auto" and native_ok))
         and "context_management" not in obj  # the client's own is never overridden
     ):
-        d.native = native_context_management(api, entry.ceiling_tokens, policy)
+        d.native = fmt.native.build(entry.ceiling_tokens, policy)
         d.budget = input_budget(spec.window, d.reservation)  # the provider keeps the ceiling
         return d
     d.budget = input_budget(spec.window, d.reservation, entry.ceiling_tokens if entry else None)
     return d
-
-
-#: the beta that enables Anthropic's context editing
-ANTHROPIC_CONTEXT_BETA = "context-management-2025-06-27"
-
-
-def native_context_management(
-    api: Shape, ceiling: int, policy: Policy
-) -> dict[str, Any] | list[Any]:
-    """The provider's own context management with the measured ceiling as its trigger:
-    Anthropic's tool-result clearing (``keep``, ``exclude_tools``, ``clear_tool_inputs`` and
-    ``clear_at_least`` from the policy), or the Responses API's server-side compaction."""
-    if api == "responses":
-        return [{"type": "compaction", "compact_threshold": ceiling}]
-    v = policy.clear_at_least
-    edit: dict[str, Any] = {
-        "type": "clear_tool_uses_20250919",
-        "trigger": {"type": "input_tokens", "value": ceiling},
-        "keep": {"type": "tool_uses", "value": policy.keep},
-        "clear_at_least": {
-            "type": "input_tokens",
-            "value": max(1, int(v * ceiling) if v < 1 else int(v)),
-        },
-    }
-    if policy.exclude_tools:
-        edit["exclude_tools"] = list(policy.exclude_tools)
-    if policy.clear_tool_inputs:
-        edit["clear_tool_inputs"] = True
-    return {"edits": [edit]}
 
 
 def decide(
@@ -167,7 +141,7 @@ def decide(
 
 
 def context_error(
-    api: Literal["openai", "anthropic", "gemini"],
+    fmt: Format,
     label: str,
     workload: str,
     d: Decision,
@@ -185,14 +159,4 @@ def context_error(
         f"{ceiling}window {window}, output reservation {d.reservation}, so the input budget is "
         f"{d.budget} tokens; trimming (tool results, retrieved chunks, older turns) reached only {r.after} tokens"
     )
-    if api == "anthropic":
-        return f"prompt is too long: {r.before} tokens > {d.budget} maximum ({detail})"
-    if api == "gemini":
-        return (
-            f"The input token count ({r.before}) exceeds the maximum number of tokens allowed "
-            f"({d.budget}) ({detail})."
-        )
-    return (
-        f"This request has {r.before} input tokens, more than this model's usable context allows "
-        f"({detail}). Please reduce the length of the messages."
-    )
+    return fmt.too_long(r.before, d.budget, detail)

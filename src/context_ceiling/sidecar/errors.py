@@ -9,81 +9,10 @@ from __future__ import annotations
 
 import re
 
-import orjson
 from starlette.responses import Response
 
 from context_ceiling.core.wire import Api
-
-_OPENAI_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    500: "server_error",
-    502: "api_error",
-    503: "api_error",
-    504: "timeout",
-}
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    422: "invalid_request_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
-
-
-_GOOGLE_STATUS = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    408: "DEADLINE_EXCEEDED",
-    413: "INVALID_ARGUMENT",
-    429: "RESOURCE_EXHAUSTED",
-    431: "INVALID_ARGUMENT",
-    500: "INTERNAL",
-    502: "UNAVAILABLE",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
-
-
-def error_body(api: Api, status: int, message: str, code: str | None = None) -> bytes:
-    if api == "gemini":  # google.rpc.Status, as the Gemini API and the google-genai SDK use it
-        return orjson.dumps(
-            {
-                "error": {
-                    "code": status,
-                    "message": message,
-                    "status": _GOOGLE_STATUS.get(status, "UNKNOWN"),
-                }
-            }
-        )
-    if api == "anthropic":
-        return orjson.dumps(
-            {
-                "type": "error",
-                "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
-            }
-        )
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": _OPENAI_TYPES.get(status, "api_error"),
-                "param": None,
-                "code": code,
-            }
-        }
-    )
-
+from context_ceiling.formats import error_body
 
 #: credentials a message could carry from what the client sent (a Gemini ``?key=``, a key in a
 #: model name or a field's value): never echoed back

@@ -27,10 +27,9 @@ from context_ceiling.core.engine import EngineCountError, count_chat
 from context_ceiling.core.models import OTHER, UpstreamSpec
 from context_ceiling.core.shape import RequestShapeError
 from context_ceiling.core.tokenizers import RequestMemo, TextCounter
-from context_ceiling.core.trim import requested_output
 from context_ceiling.core.wire import Api
+from context_ceiling.formats.base import Route, Usage
 from context_ceiling.sidecar import beside
-from context_ceiling.sidecar.answers import expectations
 from context_ceiling.sidecar.bodies import (
     BodyTooLarge,
     ResponseTooLarge,
@@ -42,27 +41,9 @@ from context_ceiling.sidecar.bodies import (
 from context_ceiling.sidecar.bound import provably_within
 from context_ceiling.sidecar.capture import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import ANTHROPIC_CONTEXT_BETA, context_error
+from context_ceiling.sidecar.enforce import context_error
 from context_ceiling.sidecar.errors import error_response
-from context_ceiling.sidecar.exchange import (
-    ANTHROPIC_COUNT,
-    ANTHROPIC_MESSAGES,
-    AZURE_CHAT,
-    AZURE_RESPONSES,
-    AZURE_V1_CHAT,
-    GEMINI_COUNT,
-    GEMINI_GENERATE,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    RESPONSES_COUNT,
-    Exchange,
-    Route,
-    azure_deployment,
-    gemini_model,
-    operation_name,
-    provider_name,
-    request_id,
-)
+from context_ceiling.sidecar.exchange import Exchange, request_id
 from context_ceiling.sidecar.logs import bounded
 from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
 from context_ceiling.sidecar.record import Recorder
@@ -75,7 +56,6 @@ from context_ceiling.sidecar.upstream import (
     response_headers,
     with_beta,
 )
-from context_ceiling.sidecar.usage import Usage, ask_for_usage
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +73,28 @@ class Refused(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.outcome, self.code = status, message, outcome, code
+
+
+def _merged_models(answers: list[httpx.Response]) -> dict[str, Any] | None:
+    """The model lists of several upstreams as one (each model once, the first upstream's
+    entry winning); None when none of them is a model list."""
+    merged: dict[str, Any] | None = None
+    seen: set[str] = set()
+    for r in answers:
+        try:
+            body = orjson.loads(r.content)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+            continue
+        if merged is None:
+            merged = {**body, "data": []}
+        for m in body["data"]:
+            mid = m.get("id") if isinstance(m, dict) else None
+            if isinstance(mid, str) and mid not in seen:
+                seen.add(mid)
+                merged["data"].append(m)
+    return merged
 
 
 class Proxy:
@@ -120,7 +122,7 @@ class Proxy:
     async def _exact_count(
         self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
     ) -> RequestCount:
-        if route.shape != "openai":  # the engine's template counts chat only
+        if not route.format.chat_template:  # the engine's template counts chat only
             return est
         try:
             total = await count_chat(
@@ -133,48 +135,9 @@ class Proxy:
             return est
         return est.scaled_to(total, exact=True, counter=f"upstream:{spec.style}")
 
-    # -- handlers --------------------------------------------------------------------------
+    # -- the request path ------------------------------------------------------------------
 
-    async def openai_chat(self, request: Request) -> Response:
-        return await self._handle(request, OPENAI_CHAT)
-
-    async def openai_responses(self, request: Request) -> Response:
-        return await self._handle(request, OPENAI_RESPONSES)
-
-    async def openai_responses_input_tokens(self, request: Request) -> Response:
-        return await self._handle(request, RESPONSES_COUNT)
-
-    async def gemini(self, request: Request) -> Response:
-        """Gemini and Vertex AI: ``.../models/{model}:generateContent``,
-        ``:streamGenerateContent`` (measured and trimmed to the ceiling like the other APIs) and
-        ``:countTokens`` (passed through; feeds the estimate-error metric). The path and query
-        (``alt=sse``, ``key``) go as the client sent them."""
-        method = request.url.path.rsplit(":", 1)[-1]
-        return await self._handle(
-            request, GEMINI_COUNT if method == "countTokens" else GEMINI_GENERATE
-        )
-
-    async def azure_chat(self, request: Request) -> Response:
-        """Azure OpenAI's ``/openai/deployments/{deployment}/chat/completions``: measured like
-        chat completions, forwarded on the same path and query to an Azure upstream."""
-        return await self._handle(request, AZURE_CHAT)
-
-    async def azure_v1_chat(self, request: Request) -> Response:
-        """Azure OpenAI's v1 API, ``/openai/v1/chat/completions``."""
-        return await self._handle(request, AZURE_V1_CHAT)
-
-    async def azure_responses(self, request: Request) -> Response:
-        """The Responses API on Azure OpenAI: ``/openai/v1/responses`` and
-        ``/openai/responses`` (the ``AzureOpenAI`` client's)."""
-        return await self._handle(request, AZURE_RESPONSES)
-
-    async def anthropic_messages(self, request: Request) -> Response:
-        return await self._handle(request, ANTHROPIC_MESSAGES)
-
-    async def anthropic_count_tokens(self, request: Request) -> Response:
-        return await self._handle(request, ANTHROPIC_COUNT)
-
-    async def _handle(self, request: Request, route: Route) -> Response:
+    async def handle(self, request: Request, route: Route) -> Response:
         """The request path: parse -> measure -> decide -> forward, each step a function that
         either fills the exchange or refuses it; recording happens once, when it ends."""
         ex = Exchange(
@@ -254,11 +217,7 @@ class Proxy:
             raise Refused(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise Refused(400, "request body must be a JSON object")
-        model = obj.get("model")
-        if route.api == "gemini":  # the model is in the path: .../models/{model}:method
-            model = gemini_model(request.url.path)
-        if route is AZURE_CHAT and not (isinstance(model, str) and model):
-            model = azure_deployment(request.url.path)  # Azure names the model in the path
+        model = route.model(obj, request.url.path)
         if not isinstance(model, str) or not model:
             raise Refused(400, "'model' is required and must be a string")
         ex.model = model
@@ -272,15 +231,15 @@ class Proxy:
         (``counting.strategy: bounded``). Returns the counter the trimmer recounts with."""
         st = self.state
         ex.ceilings = st.ceilings.current
-        ex.max_tokens = requested_output(obj, route.shape)
+        ex.max_tokens = route.format.requested_output(obj)
         if not route.count_only:
-            ex.provider = provider_name(route, request.url.path)
-            ex.operation = operation_name(route)
+            ex.provider = route.provider(request.url.path)
+            ex.operation = route.format.operation
             ex.span = st.tracing.start(ex.operation, ex.model, ex.provider, request.headers)
         spec = st.registry.resolve(ex.model)
         if spec is not None:
-            if route.api == "anthropic":
-                spec = spec.for_betas(request.headers.get("anthropic-beta"))
+            if route.format.betas_header is not None:
+                spec = spec.for_betas(request.headers.get(route.format.betas_header))
             ex.spec, ex.label = spec, spec.metric_label
         counter = st.registry.counter(spec) if spec else st.default_counter
         ex.body_bytes = len(raw)
@@ -384,7 +343,7 @@ class Proxy:
         self.rec.record_decision(ex, d)
         if d.reject:
             assert spec is not None
-            message = context_error(route.api, ex.label, ex.workload, d, spec.window)
+            message = context_error(route.format, ex.label, ex.workload, d, spec.window)
             raise Refused(400, message, "rejected", "context_length_exceeded")
         beside.observe_counted(st, self.rec, ex)
         return client, upstream_cfg
@@ -411,7 +370,7 @@ class Proxy:
         ):
             ex.capture_body = obj  # the client's request, before any trimming
         if st.answers is not None and not route.count_only:
-            ex.answer_expect = expectations(route.shape, obj)
+            ex.answer_expect = route.format.expect(obj)
         d = ex.decision
         if d is not None and d.body is not None:
             obj = d.body
@@ -419,15 +378,13 @@ class Proxy:
         if d is not None and d.native is not None and not ex.bypass:
             obj = {**obj, "context_management": d.native}
             body = None  # serialized again, with the provider's context management
-            if route.shape == "anthropic":
-                extra_headers = [("anthropic-beta", ANTHROPIC_CONTEXT_BETA)]
-        ex.stream = not route.count_only and (
-            obj.get("stream") is True
-            or (route.api == "gemini" and request.url.path.endswith(":streamGenerateContent"))
-        )
+            native = route.format.native
+            if native is not None and native.beta is not None:
+                extra_headers = [(route.format.betas_header or "", native.beta)]
+        ex.stream = not route.count_only and route.format.streams(obj, request.url.path)
         injected = False
-        if ex.stream and route.shape == "openai":
-            body, injected = ask_for_usage(obj, body)
+        if ex.stream:
+            body, injected = route.format.prepare_stream(obj, body)
         content = body if body is not None else orjson.dumps(obj)
         headers = request_headers(request.headers.items())
         ex.accepts_gzip = accepts_gzip(request.headers.get("accept-encoding"))
@@ -445,7 +402,7 @@ class Proxy:
             )
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
-        if route.azure or route.api == "gemini":  # path and query as the client sent them
+        if route.path_as_sent:
             path, params = request.url.path, list(request.query_params.multi_items())
         else:
             path, params = route.path, None
@@ -594,22 +551,7 @@ class Proxy:
                 model=OTHER, workload="default", api="models", outcome=outcome
             ).inc()
             return resp_
-        merged: dict[str, Any] | None = None
-        seen: set[str] = set()
-        for r in ok:
-            try:
-                body = orjson.loads(r.content)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-                continue
-            if merged is None:
-                merged = {**body, "data": []}
-            for m in body["data"]:
-                mid = m.get("id") if isinstance(m, dict) else None
-                if isinstance(mid, str) and mid not in seen:
-                    seen.add(mid)
-                    merged["data"].append(m)
+        merged = _merged_models(ok)
         st.metrics.requests.labels(
             model=OTHER, workload="default", api="models", outcome="ok"
         ).inc()

@@ -111,6 +111,7 @@ class Recorder:
                 raw=ex.answer_raw,
                 finish=ex.usage.finish_reason,
                 output_tokens=ex.usage.output_tokens,
+                reasoning_tokens=ex.usage.reasoning_tokens,
                 unread=ex.answer_unread,
             )
         )

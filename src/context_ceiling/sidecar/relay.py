@@ -14,11 +14,11 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.errors import CeilingError
+from context_ceiling.formats.base import Usage
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.outcomes import Outcome, failure_of
 from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
 from context_ceiling.sidecar.upstream import body_chunks
-from context_ceiling.sidecar.usage import Usage
 
 
 class Tap(Protocol):

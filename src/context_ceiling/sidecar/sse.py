@@ -65,15 +65,3 @@ class EventSplitter:
         rest = b"".join(self._parts)
         self._parts, self._size = [], 0
         return rest
-
-
-def event_data(event: bytes) -> tuple[bytes | None, bytes]:
-    """The ``event:`` name (or None) and the joined ``data:`` payload of one event."""
-    name: bytes | None = None
-    data: list[bytes] = []
-    for line in event.splitlines():
-        if line.startswith(b"data:"):
-            data.append(line[6:] if line[5:6] == b" " else line[5:])
-        elif line.startswith(b"event:"):
-            name = line[6:].strip()
-    return name, b"\n".join(data)

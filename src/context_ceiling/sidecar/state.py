@@ -17,6 +17,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import ModelSpec, Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.wire import Api, Shape
+from context_ceiling.formats import format_of
 from context_ceiling.sidecar.answers import AnswerChecker, HeldBytes
 from context_ceiling.sidecar.bound import Calibration, Sampler
 from context_ceiling.sidecar.capture import Capturer
@@ -191,18 +192,15 @@ class State:
 
     def native_ok(self, shape: Shape, spec: ModelSpec | None) -> bool:
         """Whether the upstream this request goes to is the provider's own API, whose context
-        management ``strategy: auto`` may use: Anthropic's for messages, OpenAI's (or Azure
-        OpenAI's) for the Responses API."""
-        if shape not in ("anthropic", "responses"):
+        management ``strategy: auto`` may use (Anthropic's for messages, OpenAI's or Azure
+        OpenAI's for the Responses API)."""
+        fmt = format_of(shape)
+        if fmt.native is None:
             return False
-        api: Api = "anthropic" if shape == "anthropic" else "openai"
-        found = self.route(api, spec.upstream if spec is not None else None)
+        found = self.route(fmt.api, spec.upstream if spec is not None else None)
         if found is None:
             return False
-        host = (urlsplit(found[2].base_url).hostname or "").lower()
-        if shape == "anthropic":
-            return host == "api.anthropic.com"
-        return host == "api.openai.com" or host.endswith(".openai.azure.com")
+        return fmt.native.served_by(urlsplit(found[2].base_url).hostname or "")
 
     def azure_upstream(self) -> str | None:
         """The first named upstream that is an Azure OpenAI resource."""

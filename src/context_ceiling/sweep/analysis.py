@@ -340,6 +340,31 @@ def decided(s: LevelStats, tolerance: float) -> bool:
     return s.complete and (s.diff_ci[1] < -tolerance or s.half_width <= tolerance)
 
 
+def _judge_closed_book(
+    a: Analysis, ref: LevelStats, rows: list[dict[str, Any]], controls: dict[str, bool]
+) -> None:
+    """The reference must beat the closed-book control (the same items, no documents) on the
+    paired difference, or the answers do not come from the context."""
+    w, no = a.warnings, a.refusals
+    if controls:
+        ref_items: dict[str, list[int]] = defaultdict(list)
+        for r in rows:
+            if not r["control"] and float(r["level"]) == ref.level:
+                ref_items[r["item"]].append(int(r["correct"]))
+        diffs = [mean(v) - float(controls[k]) for k, v in ref_items.items() if k in controls]
+        a.closed_book_accuracy = round(mean(controls.values()), 4)
+        if diffs:
+            lo = difference_interval(diffs)[0]
+            if lo <= 0:
+                no.append(
+                    f"the reference {a.metric} is not clearly above the closed-book control "
+                    f"({a.closed_book_accuracy:.0%} with no documents; paired 95% lower bound "
+                    f"{lo:+.0%}): the answers do not come from the context"
+                )
+    else:
+        w.append("no closed-book control was run: answers known without documents are scored")
+
+
 def _judge(
     a: Analysis,
     ref: LevelStats | None,
@@ -370,23 +395,7 @@ def _judge(
             f"floor ({a.floor:.0%}): the model does not do this task even with little context, "
             "so no fill is safe (--min-accuracy sets the floor)"
         )
-    if controls:
-        ref_items: dict[str, list[int]] = defaultdict(list)
-        for r in rows:
-            if not r["control"] and float(r["level"]) == ref.level:
-                ref_items[r["item"]].append(int(r["correct"]))
-        diffs = [mean(v) - float(controls[k]) for k, v in ref_items.items() if k in controls]
-        a.closed_book_accuracy = round(mean(controls.values()), 4)
-        if diffs:
-            lo = difference_interval(diffs)[0]
-            if lo <= 0:
-                no.append(
-                    f"the reference {a.metric} is not clearly above the closed-book control "
-                    f"({a.closed_book_accuracy:.0%} with no documents; paired 95% lower bound "
-                    f"{lo:+.0%}): the answers do not come from the context"
-                )
-    else:
-        w.append("no closed-book control was run: answers known without documents are scored")
+    _judge_closed_book(a, ref, rows, controls)
     if a.closed_book_flagged:
         what = "left out of the decision" if a.closed_book_excluded else "scored"
         w.append(

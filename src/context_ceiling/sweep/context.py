@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_ceiling.core.counting import count_openai
 from context_ceiling.core.engine import SyncEngine
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import TextCounter
+from context_ceiling.formats import openai_chat
 from context_ceiling.sweep.taskset import Doc, Item, TaskSet
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -79,7 +79,7 @@ class Meter:
         ]
         if self.engine is not None:
             return self.engine.count_chat(msgs)
-        return count_openai({"messages": msgs}, self.counter, self.chat_format).total
+        return openai_chat.count({"messages": msgs}, self.counter, self.chat_format).total
 
 
 class ContextBuilder:

@@ -184,22 +184,17 @@ def _strata(cands: list[_Candidate]) -> dict[int, str]:
     return out
 
 
-def build(opts: BuildOptions) -> BuildReport:
-    """Build the task set into ``opts.out``; raises :class:`UserError` (nothing written) when the
-    captures yield fewer items than needed, saying how many more."""
-    records: list[CaptureRecord] = []
-    for path in store_paths(opts.captures):
-        store = CaptureStore.open(path)
-        try:
-            records += store.records()
-        finally:
-            store.close()
-    records.sort(key=lambda r: r.ts)
+def _candidates(
+    records: list[CaptureRecord], workloads: list[str] | None
+) -> tuple[dict[str, int], dict[str, dict[str, Any]], list[_Candidate]]:
+    """The captured requests that can be items (a question, retrieved chunks and an answer),
+    why the others were skipped, and the corpus their chunks make (each chunk once, by
+    content)."""
     skipped = {"other workloads": 0, "no question": 0, "no retrieved chunks": 0, "no answer": 0}
     docs: dict[str, dict[str, Any]] = {}
     cands: list[_Candidate] = []
     for r in records:
-        if opts.workloads and r.workload not in opts.workloads:
+        if workloads and r.workload not in workloads:
             skipped["other workloads"] += 1
             continue
         if not r.question.strip():
@@ -222,6 +217,56 @@ def build(opts: BuildOptions) -> BuildReport:
                 evidence.append(did)
         words = frozenset(_WORD.findall(r.question.lower()))
         cands.append(_Candidate(r, evidence, words, sum(len(c.text) for c in r.chunks)))
+    return skipped, docs, cands
+
+
+def _stratified(kept: list[_Candidate], size_of: dict[int, str], seed: int) -> list[_Candidate]:
+    """Round-robin over (workload, evidence size) strata, shuffled within each (seeded): any
+    prefix of the order is a balanced sample."""
+    strata: dict[tuple[str, str], list[_Candidate]] = defaultdict(list)
+    for i, cand in enumerate(kept):
+        strata[(cand.record.workload, size_of[i])].append(cand)
+    rng = random.Random(seed)
+    for members in strata.values():
+        rng.shuffle(members)
+    ordered: list[_Candidate] = []
+    queues = [strata[k] for k in sorted(strata)]
+    while any(queues):
+        for q in queues:
+            if q:
+                ordered.append(q.pop())
+    return ordered
+
+
+def _fingerprint(chosen: list[CaptureRecord]) -> dict[str, float]:
+    """What the prompts of the traffic look like on average, in o200k tokens: the system
+    prompt, the tool definitions, the retrieved chunks (how many, how long)."""
+    enc = load_encoding("o200k_base")
+    n = max(1, len(chosen))
+    chunk_counts = [len(r.chunks) for r in chosen]
+    chunk_tokens = [len(enc.encode_ordinary(ch.text)) for r in chosen for ch in r.chunks]
+    return {
+        "system_tokens": round(sum(len(enc.encode_ordinary(r.system)) for r in chosen) / n, 1),
+        "tool_definition_tokens": round(
+            sum(len(enc.encode_ordinary(r.tools)) for r in chosen) / n, 1
+        ),
+        "retrieved_chunks": round(sum(chunk_counts) / n, 2),
+        "retrieved_chunk_tokens": round(sum(chunk_tokens) / max(1, len(chunk_tokens)), 1),
+    }
+
+
+def build(opts: BuildOptions) -> BuildReport:
+    """Build the task set into ``opts.out``; raises :class:`UserError` (nothing written) when the
+    captures yield fewer items than needed, saying how many more."""
+    records: list[CaptureRecord] = []
+    for path in store_paths(opts.captures):
+        store = CaptureStore.open(path)
+        try:
+            records += store.records()
+        finally:
+            store.close()
+    records.sort(key=lambda r: r.ts)
+    skipped, docs, cands = _candidates(records, opts.workloads)
     kept, merged = _merge_near_duplicates(cands, opts.near_duplicate) if cands else ([], 0)
     needed = (
         opts.min_items if opts.min_items is not None else items_for(opts.tolerance, opts.repeats)
@@ -239,20 +284,8 @@ def build(opts: BuildOptions) -> BuildReport:
             + f": capture about {needed - len(kept)} more (a higher capture.sample_rate or a "
             "longer window), or sweep with a wider --tolerance"
         )
-    # stratified order: round-robin over (workload, size) strata, shuffled within each (seeded)
     size_of = _strata(kept)
-    strata: dict[tuple[str, str], list[_Candidate]] = defaultdict(list)
-    for i, cand in enumerate(kept):
-        strata[(cand.record.workload, size_of[i])].append(cand)
-    rng = random.Random(opts.seed)
-    for members in strata.values():
-        rng.shuffle(members)
-    ordered: list[_Candidate] = []
-    queues = [strata[k] for k in sorted(strata)]
-    while any(queues):
-        for q in queues:
-            if q:
-                ordered.append(q.pop())
+    ordered = _stratified(kept, size_of, opts.seed)
     if opts.max_items is not None:
         ordered = ordered[: opts.max_items]
     stratum_of = {id(k): size_of[i] for i, k in enumerate(kept)}
@@ -283,18 +316,7 @@ def build(opts: BuildOptions) -> BuildReport:
     systems = Counter(r.system for r in chosen)
     system = systems.most_common(1)[0][0] if systems else ""
     skeleton = f"{system}\n---\n{{documents}}\n\n{{question}}\n\n{ANSWER_FORMAT}"
-    enc = load_encoding("o200k_base")
-    n = max(1, len(chosen))
-    chunk_counts = [len(r.chunks) for r in chosen]
-    chunk_tokens = [len(enc.encode_ordinary(ch.text)) for r in chosen for ch in r.chunks]
-    fingerprint = {
-        "system_tokens": round(sum(len(enc.encode_ordinary(r.system)) for r in chosen) / n, 1),
-        "tool_definition_tokens": round(
-            sum(len(enc.encode_ordinary(r.tools)) for r in chosen) / n, 1
-        ),
-        "retrieved_chunks": round(sum(chunk_counts) / n, 2),
-        "retrieved_chunk_tokens": round(sum(chunk_tokens) / max(1, len(chunk_tokens)), 1),
-    }
+    fingerprint = _fingerprint(chosen)
     workloads = Counter(it["origin"]["workload"] for it in items)
     name = opts.name or Path(opts.out).name
     write_taskset(

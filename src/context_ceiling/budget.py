@@ -21,8 +21,9 @@ from typing import Any
 from context_ceiling.core.ceilings import CeilingsDocument
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec, build_counter
 from context_ceiling.core.tokenizers import CalibratedCounter, TextCounter, TiktokenCounter
-from context_ceiling.core.trim import MARKER, count, input_budget
+from context_ceiling.core.trim import MARKER, input_budget
 from context_ceiling.core.wire import Shape
+from context_ceiling.formats import count
 
 
 @dataclass

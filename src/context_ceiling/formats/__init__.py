@@ -1,0 +1,150 @@
+"""The wire formats, one module each, and the registry that the rest of the product reads.
+
+A format module fills in one :class:`~context_ceiling.formats.base.Format` (its shape checks
+and count, its trimming rules, usage readers and stream tap, answer reader, capture view and
+error body) and lists its :class:`~context_ceiling.formats.base.Route` s. Adding a provider is
+a module and a line in :data:`MODULES`; the sidecar's routes, the counter, the trimmer, the
+answer checker and the error renderer all come from here.
+
+:func:`count` and :func:`fit` are the public entry points an application uses to count and
+trim its own requests the way the sidecar does (re-exported from ``context_ceiling``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, RequestCount
+from context_ceiling.core.models import ChatFormat
+from context_ceiling.core.tokenizers import TextCounter, TiktokenCounter
+from context_ceiling.core.trim import FitReport, Policy, fit_with
+from context_ceiling.core.wire import Api, Shape
+from context_ceiling.formats import (
+    anthropic,
+    azure,
+    gemini,
+    openai_chat,
+    responses,
+    vertex_anthropic,
+)
+from context_ceiling.formats.base import Format, Route
+
+__all__ = [
+    "API_FORMATS",
+    "FORMATS",
+    "GENERATION_APIS",
+    "MODULES",
+    "ROUTES",
+    "count",
+    "error_body",
+    "fit",
+    "format_of",
+    "route_for",
+]
+
+#: every format module, in the order their routes are matched
+MODULES: tuple[ModuleType, ...] = (
+    openai_chat,
+    responses,
+    anthropic,
+    gemini,
+    azure,
+    vertex_anthropic,
+)
+
+#: every measured route
+ROUTES: tuple[Route, ...] = tuple(r for m in MODULES for r in m.ROUTES)
+
+#: each format by its shape
+FORMATS: Mapping[Shape, Format] = MappingProxyType({r.format.shape: r.format for r in ROUTES})
+
+#: the format that renders an API's errors (the first format of that API)
+API_FORMATS: Mapping[Api, Format] = MappingProxyType(
+    {f.api: f for f in reversed(tuple(FORMATS.values()))}
+)
+
+#: the ``api`` label values of requests that generate (a model call, not a token count): the
+#: denominator of every per-request share on the dashboard and in the rules
+GENERATION_APIS: tuple[str, ...] = tuple(
+    dict.fromkeys(r.metric_api for r in ROUTES if not r.count_only)
+)
+
+_EXACT: Mapping[str, Route] = MappingProxyType({p: r for r in ROUTES for p in r.paths})
+_PATTERNS: tuple[Route, ...] = tuple(r for r in ROUTES if r.pattern is not None)
+
+
+def route_for(path: str) -> Route | None:
+    """The measured route a POST to ``path`` is (None: not a measured route)."""
+    route = _EXACT.get(path)
+    if route is not None:
+        return route
+    return next((r for r in _PATTERNS if r.answers(path)), None)
+
+
+def format_of(shape: Shape) -> Format:
+    """The format of a body shape."""
+    return FORMATS[shape]
+
+
+def error_body(api: Api, status: int, message: str, code: str | None = None) -> bytes:
+    """An error response body in the format ``api``'s clients parse."""
+    return API_FORMATS[api].error_body(status, message, code)
+
+
+def _pattern(chunk_pattern: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
+    return re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
+
+
+def count(
+    body: Mapping[str, Any],
+    *,
+    api: Shape,
+    counter: TextCounter | None = None,
+    chat_format: ChatFormat | None = None,
+    chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+) -> RequestCount:
+    """Count a request body the way the sidecar does: its input tokens (``.total``) and their
+    breakdown by component, with ``counter`` (default: tiktoken's ``o200k_base``) and the
+    model's ``chat_format`` framing. Raises :class:`ValueError` for a body of the wrong shape."""
+    counter = counter or TiktokenCounter("o200k_base")
+    return FORMATS[api].count(body, counter, chat_format, _pattern(chunk_pattern))
+
+
+def fit(
+    body: Mapping[str, Any],
+    *,
+    api: Shape,
+    budget: int,
+    counter: TextCounter | None = None,
+    count: RequestCount | None = None,
+    policy: Policy | None = None,
+    chat_format: ChatFormat | None = None,
+    chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+) -> tuple[dict[str, Any], FitReport]:
+    """Fit an OpenAI chat, OpenAI Responses, Anthropic messages or Gemini body (any registered
+    format; ``api``: its shape) into ``budget`` input tokens.
+
+    Returns the fitted body (the input is never mutated; untouched messages are shared, not
+    copied) and a report whose ``after`` is a recount of that body. ``report.fits`` is False
+    when even the full policy cannot make it fit; the body returned then is the best effort. Pass
+    ``count`` to reuse an existing count (of ``body``, with ``counter``).
+    """
+    fmt = FORMATS[api]
+    counter = counter or TiktokenCounter("o200k_base")
+    pattern = _pattern(chunk_pattern)
+    if count is None:
+        count = fmt.count(body, counter, chat_format, pattern)
+    return fit_with(
+        body,
+        fmt.count,
+        fmt.trim,
+        budget=budget,
+        counter=counter,
+        count=count,
+        policy=policy,
+        chat_format=chat_format,
+        pattern=pattern,
+    )

@@ -1,0 +1,407 @@
+"""What one wire format is: the :class:`Format` every format module fills in, the
+:class:`Route` of each endpoint that speaks it, and the types their parts hand each other
+(:class:`Usage`, :class:`StreamTap`, :class:`Expect`, :class:`Answer`, :class:`Prompt`).
+
+Why one record of callables per format: the request path, the counter, the trimmer, the usage
+readers, the answer checker, the capture writer and the error renderer each need a format's
+knowledge, and kept in their own modules they each branched on the format's name. Here a
+format is one module that fills in one :class:`Format`; everything else reads the record it is
+handed, so a new provider is one module and one line in the registry.
+
+Nothing here does I/O: the parts are pure functions of a parsed body or of response bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from context_ceiling.core.counting import Prior, RequestCount
+from context_ceiling.core.models import ChatFormat
+from context_ceiling.core.tokenizers import CountCache, TextCounter
+from context_ceiling.core.trim import Policy, TrimRules
+from context_ceiling.core.wire import Api, Shape
+
+__all__ = [
+    "NOTHING",
+    "Answer",
+    "Count",
+    "Expect",
+    "Format",
+    "Native",
+    "Prompt",
+    "Route",
+    "StreamTap",
+    "Tools",
+    "Usage",
+    "as_mapping",
+    "event_data",
+    "expectation",
+    "int_of",
+    "json_events",
+    "latest",
+    "load_json",
+    "text_of",
+]
+
+
+def int_of(v: Any) -> int | None:
+    """``v`` when it is an integer (JSON's ``true`` is not), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+# -- what the upstream says it used ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the upstream reported for one answer, read from its body or tapped from its
+    stream. ``input_tokens`` counts every token in the window (Anthropic's cached and
+    cache-creation tokens included); ``reasoning_tokens`` are among ``output_tokens``."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    finish_reason: str | None = None
+    response_model: str | None = None
+    #: the provider's own context management, as it reported it: edits applied (Anthropic's
+    #: cleared tool uses, the Responses API's compaction items) and input tokens cleared
+    native_edits: int = 0
+    native_cleared_tokens: int | None = None
+
+
+def load_json(body: bytes) -> Any:
+    """A response body's JSON, None when it is not JSON (an upstream's HTML error page)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def event_data(event: bytes) -> tuple[bytes | None, bytes]:
+    """The ``event:`` name (or None) and the joined ``data:`` payload of one Server-Sent
+    Event."""
+    name: bytes | None = None
+    data: list[bytes] = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].strip()
+    return name, b"\n".join(data)
+
+
+def json_events(raw: bytes) -> Iterator[Any]:
+    """The JSON ``data:`` payloads of a whole relayed stream, in order (``[DONE]`` and anything
+    that is not JSON skipped)."""
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data[:1] in (b"{", b"["):
+                try:
+                    yield orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+
+
+class StreamTap:
+    """Reads one streamed answer as it is relayed: the usage read so far, whether the
+    protocol's last event arrived (``complete``), and whether the upstream reported its own
+    failure in the stream. A format's tap forwards every event unchanged unless it says
+    otherwise (OpenAI chat hides the usage chunk the sidecar asked for)."""
+
+    __slots__ = ("complete", "upstream_error", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.complete = False
+        self.upstream_error = False
+
+    @staticmethod
+    def error_event(message: str) -> bytes:
+        """The event that tells this format's SDK the stream failed (it raises on it)."""
+        raise NotImplementedError
+
+    def on_chunk(self, chunk: bytes) -> bytes | None:
+        """A whole upstream read of complete events, as one: the bytes to forward when no event
+        in it carries anything this tap reads (checked with byte scans), else None and each
+        event goes through :meth:`on_event`. Most reads of a stream are one plain content delta;
+        this skips splitting them into events. This base forwards nothing whole."""
+        return None
+
+    def on_event(self, event: bytes) -> bytes | None:
+        """The bytes to forward for this event (None: drop it)."""
+        return event
+
+
+# -- what the request asked of its answer, and what the answer was -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """What a request asked the answer to be: JSON (with a schema or without), and the tools it
+    offered (name -> parameter schema, None when the tool takes any object; ``free``: tools
+    whose input is free text). ``tools`` None: the request offered no tools. References into the
+    client's parsed body: nothing is copied on the request path."""
+
+    json: bool = False
+    schema: Mapping[str, Any] | None = None
+    tools: Mapping[str, Mapping[str, Any] | None] | None = None
+    free: frozenset[str] = frozenset()
+
+
+NOTHING = Expect()
+
+
+def as_mapping(v: Any) -> Mapping[str, Any] | None:
+    """``v`` when it is a JSON object, else None."""
+    return v if isinstance(v, Mapping) else None
+
+
+#: the tools a request offered: name -> parameter schema, and the names whose input is free text
+Tools = tuple[dict[str, Any], set[str]]
+
+
+def expectation(json_: bool, schema: Any, tools: Tools | None) -> Expect:
+    """What a request asks its answer to be, from what a format's reader found: JSON (any
+    schema asks for JSON), the schema when it is an object, the tools offered."""
+    return Expect(
+        json=json_ or isinstance(schema, Mapping),
+        schema=schema if isinstance(schema, Mapping) else None,
+        tools=tools[0] if tools is not None else None,
+        free=frozenset(tools[1]) if tools is not None else frozenset(),
+    )
+
+
+@dataclass(slots=True)
+class Answer:
+    """One answer as the client received it: its text, whether the model refused, its tool calls
+    (name, arguments: JSON text, or an object the API already parsed) and the provider's stop
+    reason. Its token counts are the usage readers' (:class:`Usage`)."""
+
+    text: str = ""
+    refusal: bool = False
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
+    finish: str | None = None
+    #: Gemini's MALFORMED_FUNCTION_CALL: a call so broken the API returned none
+    malformed_call: bool = False
+
+
+@dataclass(slots=True)
+class Prompt:
+    """What a request says, for the capture store: its system prompt, the latest user message's
+    text, its tool definitions (as sent) and the retrieved documents it carries as blocks of
+    their own (text, title), in rank order."""
+
+    system: str = ""
+    question: str = ""
+    tools: Any = None
+    documents: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+def latest(messages: Any, roles: tuple[str, ...]) -> Any:
+    """The content (or Gemini parts) of the latest message in one of ``roles``."""
+    if isinstance(messages, list):
+        for m in reversed(messages):
+            if isinstance(m, Mapping) and m.get("role") in roles:
+                return m.get("content") if "content" in m else m.get("parts")
+    return None
+
+
+def text_of(content: Any) -> str:
+    """The text of a message content: a string, or the text parts of a list of blocks (every
+    format names a text block's text ``text``)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for b in content:
+            if isinstance(b, str):
+                out.append(b)
+            elif isinstance(b, Mapping):
+                t = b.get("text")
+                if isinstance(t, str) and b.get("type") in (None, "text", "input_text"):
+                    out.append(t)
+        return "\n".join(out)
+    return ""
+
+
+# -- the record ------------------------------------------------------------------------------------
+
+
+class Count(Protocol):
+    """A format's count: the input tokens of a body, its shape checked first (``prior``: the
+    parts of a body this one was derived from, which need no check; ``memo``: the count
+    cache)."""
+
+    def __call__(
+        self,
+        body: Mapping[str, Any],
+        counter: TextCounter,
+        fmt: ChatFormat | None = None,
+        chunks: re.Pattern[str] | None = None,
+        prior: Prior | None = None,
+        memo: CountCache | None = None,
+    ) -> RequestCount: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Native:
+    """A provider's own context management, given the measured ceiling as its threshold
+    (``strategy: native``, or ``auto`` on the provider's own API)."""
+
+    #: what goes in the request's ``context_management``: (the ceiling, the trimming policy)
+    build: Callable[[int, Policy], Any]
+    #: the hosts of the provider's own API (a leading dot: any subdomain)
+    hosts: tuple[str, ...]
+    #: the beta that turns it on, sent in the format's :attr:`Format.betas_header`
+    beta: str | None = None
+
+    def served_by(self, host: str) -> bool:
+        """Whether an upstream at ``host`` is the provider's own API."""
+        host = host.lower()
+        return any(host.endswith(h) if h.startswith(".") else host == h for h in self.hosts)
+
+
+def _no_preparation(_obj: dict[str, Any], body: bytes | None) -> tuple[bytes | None, bool]:
+    return body, False
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    """Everything the product knows about one wire format. Each field is the format's answer to
+    one question another part asks; the docstrings of the fields say which part asks."""
+
+    #: the body's shape (the trimmer's and the counter's name for it)
+    shape: Shape
+    #: whose client sends it: the error body's format and the SDK that must parse it
+    api: Api
+    #: the counter: shape checks, then tokens by component (``core.counting``'s walk)
+    count: Count
+    #: the trimmer's rules: what a turn is, which blocks are tool calls and results, what may
+    #: never be edited (``core.trim``)
+    trim: TrimRules
+    #: the output tokens the request asks for at most (None: not said)
+    requested_output: Callable[[Mapping[str, Any]], int | None]
+    #: the upstream's usage in a whole response body
+    body_usage: Callable[[bytes], Usage]
+    #: a stream's tap (given whether :attr:`prepare_stream` changed the request)
+    tap: Callable[[bool], StreamTap]
+    #: what the request asks the answer to be (answer signals)
+    expect: Callable[[Mapping[str, Any]], Expect]
+    #: the answer in a response body's JSON (one object) or a stream's events (``stream``)
+    read_answer: Callable[[Iterable[Any], bool], Answer]
+    #: what the request says, for the capture store
+    prompt: Callable[[Mapping[str, Any]], Prompt]
+    #: an error response body in this API's own shape: (status, message, code)
+    error_body: Callable[[int, str, str | None], bytes]
+    #: a rejection's message in the words the provider uses for a prompt over the window:
+    #: (input tokens, the budget, what the sidecar did)
+    too_long: Callable[[int, int, str], str]
+    #: a streamed request's body made ready to send: (the bytes, None to serialize the object;
+    #: whether it was changed, which the tap then hides from the client)
+    prepare_stream: Callable[[dict[str, Any], bytes | None], tuple[bytes | None, bool]] = (
+        _no_preparation
+    )
+    #: the GenAI semantic conventions' ``gen_ai.operation.name``
+    operation: str = "chat"
+    #: ``gen_ai.provider.name`` for a request path of this format
+    provider: Callable[[str], str] = lambda _path: ""
+    #: a path suffix that asks for a stream whatever the body says (Gemini's
+    #: ``:streamGenerateContent``); None: only ``"stream": true`` does
+    stream_suffix: str | None = None
+    #: the header that names beta features changing the window (Anthropic's ``anthropic-beta``)
+    betas_header: str | None = None
+    #: the provider's own context management (None: the format has none)
+    native: Native | None = None
+    #: the upstream gets the path and query as the client sent them (the model is in the path)
+    path_as_sent: bool = False
+    #: a serving engine's chat template renders this body (its tokenize endpoint counts it
+    #: exactly: ``tokenizer: upstream``)
+    chat_template: bool = False
+
+    def streams(self, obj: Mapping[str, Any], path: str) -> bool:
+        """Whether a request asks for a streamed answer."""
+        return obj.get("stream") is True or (
+            self.stream_suffix is not None and path.endswith(self.stream_suffix)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One measured endpoint: the format it speaks and what is particular to the endpoint."""
+
+    format: Format
+    #: the ``api`` label of its metrics and log lines
+    metric_api: str
+    #: the path as documented (the sidecar's own paths are :attr:`paths` and :attr:`pattern`)
+    path: str
+    #: the request paths the sidecar answers for it exactly
+    paths: tuple[str, ...] = ()
+    #: request paths it answers by pattern (a deployment or model in the path)
+    pattern: re.Pattern[str] | None = None
+    #: a token-counting endpoint: measured and compared with the provider's count, never
+    #: trimmed, traced or streamed
+    count_only: bool = False
+    #: an Azure OpenAI route: path and query go upstream as the client sent them, to the Azure
+    #: resource the model (or deployment) belongs to
+    azure: bool = False
+    #: the upstream gets the path and query as the client sent them (a project or a
+    #: deployment in the path)
+    as_sent: bool = False
+    #: the model named in the path (Gemini's ``models/{model}``, Azure's deployment)
+    path_model: Callable[[str], str] | None = None
+    #: the path's model wins over the body's (else it is only the fallback)
+    path_model_first: bool = False
+    #: the usage in a response body, where the endpoint answers otherwise than the format's
+    #: generation endpoint (a token count)
+    usage: Callable[[bytes], Usage] | None = None
+    #: ``gen_ai.provider.name`` where the endpoint says it better than the format
+    provider_name: str | None = None
+
+    @property
+    def api(self) -> Api:
+        return self.format.api
+
+    @property
+    def path_as_sent(self) -> bool:
+        """The upstream gets the path and query as the client sent them."""
+        return self.azure or self.as_sent or self.format.path_as_sent
+
+    @property
+    def shape(self) -> Shape:
+        return self.format.shape
+
+    @property
+    def count(self) -> Count:
+        return self.format.count
+
+    @property
+    def tap(self) -> Callable[[bool], StreamTap]:
+        return self.format.tap
+
+    @property
+    def body_usage(self) -> Callable[[bytes], Usage]:
+        return self.usage or self.format.body_usage
+
+    def model(self, obj: Mapping[str, Any], path: str) -> Any:
+        """The model a request names: the body's ``model``, or the path's."""
+        model = obj.get("model")
+        if self.path_model is not None and (
+            self.path_model_first or not (isinstance(model, str) and model)
+        ):
+            model = self.path_model(path)
+        return model
+
+    def provider(self, path: str) -> str:
+        """``gen_ai.provider.name`` of a request on this route."""
+        return self.provider_name or self.format.provider(path) or self.api
+
+    def answers(self, path: str) -> bool:
+        """Whether a request path is this route's."""
+        return path in self.paths or (self.pattern is not None and bool(self.pattern.match(path)))
