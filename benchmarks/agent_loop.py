@@ -53,7 +53,7 @@ from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT
 from context_ceiling import count
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import CountCache, RequestMemo, TiktokenCounter
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import FORMATS
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings

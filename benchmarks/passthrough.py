@@ -3,7 +3,7 @@
 Pure ASGI on uvicorn (uvloop + httptools), one pooled keep-alive httpx client, bytes forwarded
 both ways with no parsing, no counting, no metrics. Whatever the sidecar costs beyond this is the
 price of measuring. ``aiohttp`` as the third argument sends through the sidecar's own upstream
-transport (``sidecar/aio.py``) instead of httpx's default one (httpcore): the ``bare-aiohttp``
+transport (``sidecar/upstream/transport.py``) instead of httpx's default one (httpcore): the ``bare-aiohttp``
 target, the floor on the sidecar's stack. Run:
 ``python -m benchmarks.passthrough PORT UPSTREAM_BASE_URL [aiohttp]``.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from context_ceiling.sidecar.aio import AiohttpTransport
+from context_ceiling.sidecar.upstream.transport import AiohttpTransport
 from testkit.asgi import lifespan, read_body, run
 
 UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"

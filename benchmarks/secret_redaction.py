@@ -12,8 +12,8 @@ import collections
 import time
 from pathlib import Path
 
-from context_ceiling.sidecar.redact import Redactor
-from context_ceiling.sidecar.secret_rules import default_rules
+from context_ceiling.sidecar.capture.redact import Redactor
+from context_ceiling.sidecar.capture.secret_rules import default_rules
 from testkit.traffic.secret_corpus import FAMILIES, corpus, leaked, rule_examples
 
 ROOT = Path(__file__).resolve().parent.parent

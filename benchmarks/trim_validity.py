@@ -30,7 +30,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, Part
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.trim import Policy
 from context_ceiling.core.utilization import Component
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import fit
 from context_ceiling.formats.anthropic import count as count_anthropic
 from context_ceiling.formats.openai_chat import count as count_openai

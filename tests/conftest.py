@@ -11,8 +11,8 @@ import pytest
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.metrics import Metrics
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.state import SidecarState
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import serve
 
@@ -45,7 +45,7 @@ needs_promtool = pytest.mark.skipif(
 def request_log_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
     """The request's JSON log line (its fields), once it is written: a sampled request's comes
     when its count lands, after its answer."""
-    from context_ceiling.sidecar.logs import REQUEST_LOGGER
+    from context_ceiling.sidecar.observability.logs import REQUEST_LOGGER
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -60,7 +60,7 @@ def request_log_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[
 @dataclass
 class Running:
     url: str
-    state: State
+    state: SidecarState
     double: HostedProviderDouble
     double_url: str
 

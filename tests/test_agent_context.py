@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from context_ceiling import Policy, count, fit
 from context_ceiling.core.trim import CLEARED_RE, MARKER_RE
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import FORMATS
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
@@ -479,7 +479,7 @@ def test_native_strategy_sets_responses_compaction_from_the_ceiling(
 
 
 def test_auto_uses_native_only_on_the_providers_own_api() -> None:
-    from context_ceiling.sidecar.state import State
+    from context_ceiling.sidecar.state import SidecarState
 
     official = Settings(
         upstreams={
@@ -488,7 +488,7 @@ def test_auto_uses_native_only_on_the_providers_own_api() -> None:
         }
     )
     local = Settings(upstreams={"openai": {"base_url": "http://127.0.0.1:8080/v1"}})
-    s1, s2 = State.build(official), State.build(local)
+    s1, s2 = SidecarState.build(official), SidecarState.build(local)
     assert s1.native_ok("anthropic", None) and s1.native_ok("responses", None)
     assert not s1.native_ok("openai", None) and not s1.native_ok("gemini", None)
     assert not s2.native_ok("responses", None)
@@ -674,7 +674,7 @@ def _walked(api: Shape, body: dict[str, Any], cache: Any) -> tuple[set[int], Any
 def test_the_message_cache_keys_on_what_a_count_depends_on() -> None:
     """The same message bytes under another counter, component or API are counted again; a
     message whose shape is wrong is refused with or without the cache, and never remembered."""
-    from context_ceiling.core.shape import RequestShapeError
+    from context_ceiling.core.shape_checks import RequestShapeError
     from context_ceiling.core.tokenizers import CountCache, TiktokenCounter
 
     cache = CountCache(64 * 2**20)

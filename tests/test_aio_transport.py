@@ -1,4 +1,4 @@
-"""The upstream transport (httpx over aiohttp, ``sidecar/aio.py``) against raw loopback servers:
+"""The upstream transport (httpx over aiohttp, ``sidecar/upstream/transport.py``) against raw loopback servers:
 the bytes a proxy must forward as they are, and every way a connection fails arriving as the
 httpx error the request path tells apart. Each server here is a real TCP listener that writes
 exactly the bytes (and the timing) the case needs."""
@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trustme
 
-from context_ceiling.sidecar.aio import AiohttpTransport
+from context_ceiling.sidecar.upstream.transport import AiohttpTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 KEEP = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

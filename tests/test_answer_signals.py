@@ -22,7 +22,9 @@ from google.genai import types
 from context_ceiling.core.prices import lookup
 from context_ceiling.core.utilization import FILL_BUCKETS
 from context_ceiling.formats.base import Answer, Expect
-from context_ceiling.sidecar.answers import (
+from context_ceiling.sidecar.app import create_app
+from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.observability.answers import (
     SIDES,
     SIGNALS,
     expectations,
@@ -31,9 +33,7 @@ from context_ceiling.sidecar.answers import (
     repetition,
     stop_of,
 )
-from context_ceiling.sidecar.app import create_app
-from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.state import SidecarState
 from testkit.doubles.answer_provider import AnswerProviderDouble, Script
 from testkit.serving import serve, upstreams_at
 from testkit.traffic.ceiling_docs import doc, entry
@@ -64,7 +64,7 @@ LABEL = {
 @dataclass
 class Sidecar:
     url: str
-    state: State
+    state: SidecarState
     double: AnswerProviderDouble
 
     def count(self, name: str, **labels: str) -> float:
@@ -504,7 +504,7 @@ def test_answers_off_counts_nothing() -> None:
     with serve(d.app()) as durl:
         app = create_app(_settings(durl, answers={"enabled": False}))
         with serve(app) as url:
-            state: State = app.state.sidecar
+            state: SidecarState = app.state.sidecar
             assert state.answers is None
             openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0).chat.completions.create(
                 model="gpt-4o", messages=[{"role": "user", "content": "hi"}]

@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from context_ceiling.core.models import ModelSpec
-from context_ceiling.sidecar.bound import strict
-from context_ceiling.sidecar.logs import REQUEST_LOGGER
+from context_ceiling.sidecar.bounded_count import strict
+from context_ceiling.sidecar.observability.logs import REQUEST_LOGGER
 from testkit.traffic.ceiling_docs import doc, entry
 from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running, request_log_line
@@ -172,7 +172,7 @@ def test_sampled_requests_are_counted_and_observe_calibrates(
 def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
     """Every ``every``-th request a bound let through is due, but only while the sampled counts
     have used at most ``share`` of a core: a count's CPU is paid back before the next one."""
-    from context_ceiling.sidecar.bound import Sampler
+    from context_ceiling.sidecar.bounded_count import Sampler
 
     now = [0.0]
     s = Sampler(every=4, share=0.05, clock=lambda: now[0])  # saves up 10 s: 0.5 s of CPU
@@ -200,7 +200,7 @@ def test_the_sampler_holds_samples_in_flight_to_its_cap() -> None:
     holding a body, while the credit has not noticed them)."""
     import asyncio
 
-    from context_ceiling.sidecar.bound import Sampler
+    from context_ceiling.sidecar.bounded_count import Sampler
 
     loop = asyncio.new_event_loop()
     try:

@@ -306,7 +306,7 @@ def test_extract_every_wire_format(
     import re as _re
 
     from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
-    from context_ceiling.sidecar.capture_text import extract
+    from context_ceiling.sidecar.capture.extract import extract
 
     ex = extract(shape, body, _re.compile(DEFAULT_CHUNK_PATTERN))  # type: ignore[arg-type]
     assert (ex.system, ex.question) == (system, question)
@@ -353,7 +353,7 @@ def test_extract_every_wire_format(
 def test_response_text_every_wire_format(
     shape: str, raw: bytes, stream: bool, text: str, finish: str
 ) -> None:
-    from context_ceiling.sidecar.capture_text import response_text
+    from context_ceiling.sidecar.capture.extract import response_text
 
     assert response_text(shape, raw, stream) == (text, finish)  # type: ignore[arg-type]
 

@@ -16,8 +16,8 @@ import pytest
 from context_ceiling.core.prices import lookup
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.logs import REQUEST_LOGGER
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.observability.logs import REQUEST_LOGGER
+from context_ceiling.sidecar.state import SidecarState
 from testkit.doubles.answer_provider import AnswerProviderDouble
 from testkit.serving import serve
 from testkit.traffic.ceiling_docs import doc, entry
@@ -30,7 +30,7 @@ M = 1_000_000
 
 
 @pytest.fixture
-def priced() -> Iterator[tuple[str, State, AnswerProviderDouble]]:
+def priced() -> Iterator[tuple[str, SidecarState, AnswerProviderDouble]]:
     d = AnswerProviderDouble()
     with serve(d.app()) as durl:
         settings = Settings(
@@ -82,7 +82,7 @@ def priced() -> Iterator[tuple[str, State, AnswerProviderDouble]]:
             yield url, app.state.sidecar, d
 
 
-def cost(state: State, model: str, workload: str, part: str, cache: str) -> float:
+def cost(state: SidecarState, model: str, workload: str, part: str, cache: str) -> float:
     labels = {"model": model, "workload": workload, "part": part, "cache": cache}
     return (
         state.metrics.registry.get_sample_value("llm_context_input_cost_usd_total", labels) or 0.0
@@ -90,7 +90,7 @@ def cost(state: State, model: str, workload: str, part: str, cache: str) -> floa
 
 
 def test_input_is_priced_within_and_above_the_ceiling_cached_first(
-    priced: tuple[str, State, AnswerProviderDouble], caplog: pytest.LogCaptureFixture
+    priced: tuple[str, SidecarState, AnswerProviderDouble], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, state, d = priced
     d.prompt_tokens, d.cached_tokens = 1000, 900  # the first 900 tokens from the prompt cache
@@ -111,7 +111,7 @@ def test_input_is_priced_within_and_above_the_ceiling_cached_first(
 
 
 def test_the_list_price_comes_from_genai_prices(
-    priced: tuple[str, State, AnswerProviderDouble],
+    priced: tuple[str, SidecarState, AnswerProviderDouble],
 ) -> None:
     url, state, d = priced
     d.prompt_tokens, d.cached_tokens = 1000, 0
@@ -130,7 +130,7 @@ def test_the_list_price_comes_from_genai_prices(
 
 
 def test_a_model_without_a_price_is_not_priced(
-    priced: tuple[str, State, AnswerProviderDouble], caplog: pytest.LogCaptureFixture
+    priced: tuple[str, SidecarState, AnswerProviderDouble], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, state, _ = priced
     c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
@@ -159,7 +159,7 @@ def _rag(n: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(("workload", "action"), [("default", "would_trim"), ("rag", "trimmed")])
 def test_what_trimming_saved_or_would_have_saved(
-    priced: tuple[str, State, AnswerProviderDouble], workload: str, action: str
+    priced: tuple[str, SidecarState, AnswerProviderDouble], workload: str, action: str
 ) -> None:
     url, state, d = priced
     d.prompt_tokens, d.cached_tokens = 700, 0

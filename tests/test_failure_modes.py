@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.logs import (
+from context_ceiling.sidecar.observability.logs import (
     OURS,
     REQUEST_LOGGER,
     JsonFormatter,
@@ -32,7 +32,7 @@ from context_ceiling.sidecar.logs import (
     log_request,
 )
 from context_ceiling.sidecar.server import uvicorn_options
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.state import SidecarState
 from testkit.doubles.fault_provider import FaultyProviderDouble
 from testkit.serving import serve
 from testkit.traffic.fuzz_bodies import (
@@ -50,7 +50,7 @@ MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 class Sidecar:
-    def __init__(self, url: str, state: State, double: FaultyProviderDouble) -> None:
+    def __init__(self, url: str, state: SidecarState, double: FaultyProviderDouble) -> None:
         self.url, self.state, self.double = url, state, double
 
     def outcome(self, api: str, outcome: str, model: str = "gpt-4o") -> float:
@@ -262,12 +262,12 @@ def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
 def test_an_internal_error_is_logged_counted_and_findable(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import context_ceiling.sidecar.beside as beside
+    from context_ceiling.sidecar import schedule
 
     def boom(*a: Any, **k: Any) -> Any:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(beside, "decide", boom)  # the ceiling's verdict, mid-request
+    monkeypatch.setattr(schedule, "trim_to", boom)  # the ceiling's verdict, mid-request
     before = sidecar.outcome("openai_chat", "internal_error")
     with caplog.at_level(logging.ERROR, logger="context_ceiling.sidecar.proxy"):
         r = httpx.post(
@@ -320,7 +320,7 @@ def test_oversized_headers_are_a_431(sidecar: Sidecar) -> None:
 
 
 def test_hop_by_hop_headers_do_not_cross() -> None:
-    from context_ceiling.sidecar.upstream import request_headers, response_headers
+    from context_ceiling.sidecar.upstream.client import request_headers, response_headers
 
     sent = dict(
         request_headers(

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from context_ceiling.core.trim import Policy
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import (
     API_FORMATS,
     FORMATS,
@@ -98,7 +98,7 @@ def test_every_format_counts_fits_and_stays_valid(shape: Shape) -> None:
         assert provider_valid(shape, out), f"turn {n}"
         assert pairs(shape, body)[0][-2:] == pairs(shape, out)[0][-2:]
     fmt = FORMATS[shape]
-    asked = {
+    asked: dict[str, dict[str, Any]] = {
         "openai": {"max_completion_tokens": 77},
         "responses": {"max_output_tokens": 77},
         "anthropic": {"max_tokens": 77},
@@ -143,16 +143,11 @@ def test_anthropic_on_vertex_is_measured_through_its_sdk(sidecar: Running) -> No
     )
     assert got.headers["authorization"] == "Bearer ya29.SECRET-token"
     assert got.json["anthropic_version"] and "model" not in got.json
-    assert (
-        int(raw.headers["x-ceiling-input-tokens"])
-        == count(
-            {"messages": MESSAGES},
-            api="anthropic",
-            counter=sidecar.state.registry.counter(
-                sidecar.state.registry.resolve("claude-sonnet-4@20250514")
-            ),
-        ).total
-    )
+    spec = sidecar.state.registry.resolve("claude-sonnet-4@20250514")
+    assert spec is not None
+    counter = sidecar.state.registry.counter(spec)
+    expected = count({"messages": MESSAGES}, api="anthropic", counter=counter).total
+    assert int(raw.headers["x-ceiling-input-tokens"]) == expected
     labels = {"model": "claude", "workload": "default", "outcome": "ok"}
     assert (
         sidecar.sample("llm_context_requests_total", api="vertex_anthropic_messages", **labels) == 1

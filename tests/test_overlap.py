@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from context_ceiling.core.tokenizers import TiktokenCounter
-from context_ceiling.sidecar.logs import REQUEST_LOGGER
+from context_ceiling.sidecar.observability.logs import REQUEST_LOGGER
 from testkit.traffic.ceiling_docs import doc, entry
 from testkit.traffic.rag_bodies import CHUNK
 from testkit.traffic.rag_bodies import rag_messages as _rag

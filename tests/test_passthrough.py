@@ -17,7 +17,7 @@ import pytest
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.state import SidecarState
 from testkit.asgi import lifespan, read_body
 from testkit.serving import serve
 from tests.conftest import MODELS
@@ -74,7 +74,7 @@ class EchoProviderDouble:
 
 
 class Running:
-    def __init__(self, url: str, state: State, double: EchoProviderDouble) -> None:
+    def __init__(self, url: str, state: SidecarState, double: EchoProviderDouble) -> None:
         self.url, self.state, self.double = url, state, double
 
     def count(self, upstream: str, route: str, outcome: str = "ok") -> float:
@@ -211,7 +211,7 @@ def test_an_upstream_redirect_has_one_outcome_on_every_route() -> None:
     with serve(double) as durl:
         app = start(durl, ("openai",))
         with serve(app) as url:
-            state: State = app.state.sidecar
+            state: SidecarState = app.state.sidecar
             body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
             r = httpx.post(url + "/v1/chat/completions", json=body)
             assert r.status_code == 307 and r.headers["location"].startswith("https://elsewhere")

@@ -17,8 +17,8 @@ from context_ceiling.formats.anthropic import MessagesStreamTap as AnthropicStre
 from context_ceiling.formats.gemini import GenerateStreamTap as GeminiStreamTap
 from context_ceiling.formats.openai_chat import ChatStreamTap as OpenAIStreamTap
 from context_ceiling.formats.responses import ResponsesStreamTap
-from context_ceiling.sidecar.relay import Tap, forward_read
-from context_ceiling.sidecar.sse import EventSplitter
+from context_ceiling.sidecar.upstream.relay import Tap, forward_read
+from context_ceiling.sidecar.upstream.sse import EventSplitter
 
 TEXTS = st.sampled_from(["hel", "lo", " usage", "error: none", "[DONE] is text", 'a "quote"', ""])
 

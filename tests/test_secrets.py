@@ -11,8 +11,13 @@ from pathlib import Path
 
 import openai
 
-from context_ceiling.sidecar.redact import Redactor
-from context_ceiling.sidecar.secret_rules import SecretRules, default_rules, go_to_python, merge
+from context_ceiling.sidecar.capture.redact import Redactor
+from context_ceiling.sidecar.capture.secret_rules import (
+    SecretRules,
+    default_rules,
+    go_to_python,
+    merge,
+)
 from testkit.traffic.secret_corpus import FAMILIES, corpus, leaked
 from tests.conftest import Running
 

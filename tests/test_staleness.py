@@ -104,7 +104,7 @@ def test_matching_traffic_is_not_stale(sc: Running) -> None:
 def test_shape_drift_fires_and_clears(
     sc: Running, reason: str, drift: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="context_ceiling.sidecar.staleness")
+    caplog.set_level(logging.WARNING, logger="context_ceiling.sidecar.observability.staleness")
     send(sc)
     assert stale(sc, reason) == 0
     send(sc, **drift)

@@ -539,7 +539,7 @@ def test_replay_asks_held_out_items_evidence_first_and_reports_both_sides(
 ) -> None:
     from context_ceiling.core.tokenizers import TiktokenCounter
     from context_ceiling.sweep import replay
-    from context_ceiling.sweep.context import ContextBuilder, Meter
+    from context_ceiling.sweep.prompts import ContextBuilder, Meter
     from context_ceiling.sweep.report import _replay_html, replay_line
 
     ts = load_taskset("records")

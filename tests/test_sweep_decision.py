@@ -16,7 +16,7 @@ import pytest
 
 from context_ceiling.core.ceilings import load_document
 from context_ceiling.sweep.analysis import Design, analyse_graded
-from context_ceiling.sweep.context import Prompt
+from context_ceiling.sweep.prompts import Prompt
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.solver import Endpoint, request_of
 from context_ceiling.sweep.statistics import (

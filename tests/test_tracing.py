@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.tracing import Tracing, exporter_configured
+from context_ceiling.sidecar.observability.tracing import Tracing, exporter_configured
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import serve
 from tests.conftest import MODELS

@@ -191,11 +191,11 @@ def test_a_worker_running_a_newer_document_leaves_an_older_push_unconfirmed(
 
     from context_ceiling.core.ceilings import parse_document
     from context_ceiling.core.models import Registry
-    from context_ceiling.sidecar.ceilings_store import CeilingStore
+    from context_ceiling.sidecar.ceilings.store import CeilingStore
     from context_ceiling.sidecar.config import Settings
-    from context_ceiling.sidecar.group import WorkerGroup
-    from context_ceiling.sidecar.metrics import Metrics
-    from context_ceiling.sidecar.staleness import StalenessTracker
+    from context_ceiling.sidecar.observability.metrics import Metrics
+    from context_ceiling.sidecar.observability.staleness import StalenessTracker
+    from context_ceiling.sidecar.workers.group import WorkerGroup
 
     settings = Settings(models=[{"match": "gpt-4o", "window": 128000}])
     registry = Registry(settings.models, None)
@@ -225,7 +225,7 @@ def test_a_worker_running_a_newer_document_leaves_an_older_push_unconfirmed(
 
 
 async def _wait(group: object, digest: str) -> tuple[int, int]:
-    import context_ceiling.sidecar.group as g
+    import context_ceiling.sidecar.workers.group as g
 
     g.PUSH_WAIT_S, old = 0.3, g.PUSH_WAIT_S
     try:

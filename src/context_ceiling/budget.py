@@ -22,7 +22,7 @@ from context_ceiling.core.ceilings import CeilingsDocument
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec, build_counter
 from context_ceiling.core.tokenizers import CalibratedCounter, TextCounter, TiktokenCounter
 from context_ceiling.core.trim import MARKER, input_budget
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import count
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 
 WORDS = [
     "def",

@@ -106,7 +106,7 @@ def rule_examples(per_rule: int = 10) -> list[tuple[str, str]]:
     """(rule id, example) for every rule of the vendored gitleaks set: strings its regular
     expression generates (hypothesis, derandomized: the same every run), kept when the rule
     itself reports them (the secret passes the rule's entropy floor and allowlists)."""
-    from context_ceiling.sidecar.secret_rules import default_rules
+    from context_ceiling.sidecar.capture.secret_rules import default_rules
 
     rules = default_rules()
     out: list[tuple[str, str]] = []

@@ -44,7 +44,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     from context_ceiling.sidecar.app import create_app
     from context_ceiling.sidecar.config import load_settings
-    from context_ceiling.sidecar.logs import configure
+    from context_ceiling.sidecar.observability.logs import configure
     from context_ceiling.sidecar.server import uvicorn_options
 
     settings = load_settings(args.config)
@@ -64,7 +64,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         loop = "asyncio"
     if settings.workers > 1:
-        from context_ceiling.sidecar.workers import serve_workers
+        from context_ceiling.sidecar.workers.supervisor import serve_workers
 
         return serve_workers(settings, loop)
     app = create_app(settings, freeze_heap=True)
@@ -111,7 +111,7 @@ def _check(settings: Any, as_json: bool = False) -> int:
     store = None
     if settings.capture.enabled:
         from context_ceiling.core.capture import CaptureStore
-        from context_ceiling.sidecar.capture import hostname_path
+        from context_ceiling.sidecar.capture.writer import hostname_path
 
         path = hostname_path(settings.capture.store)
         CaptureStore.open(path, create=True).close()

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from context_ceiling.cli import Parser, add_json, options
-from context_ceiling.core.wire import MODES
+from context_ceiling.core.vocabulary import MODES
 from context_ceiling.sweep.derive import DeriveOptions, derive
 from context_ceiling.sweep.job import JobOptions, run_job
 from context_ceiling.sweep.merge import merge

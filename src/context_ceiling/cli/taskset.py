@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from context_ceiling.cli import add_json, options, print_json
-from context_ceiling.sweep.labels import export, import_labels
+from context_ceiling.sweep.labelling import export, import_labels
 from context_ceiling.sweep.traffic import BuildOptions, build, reference
 
 

@@ -29,7 +29,7 @@ from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import Component
-from context_ceiling.core.wire import ModeValue
+from context_ceiling.core.vocabulary import ModeValue
 
 SCHEMA_VERSION: Literal[1] = 1
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from context_ceiling.core.models import ChatFormat
-from context_ceiling.core.shape import RequestShapeError, check_item_depth
+from context_ceiling.core.shape_checks import RequestShapeError, check_item_depth
 from context_ceiling.core.tokenizers import CountCache, TextCounter
 from context_ceiling.core.utilization import COMPONENTS, Component
 

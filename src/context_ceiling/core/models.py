@@ -22,7 +22,7 @@ from context_ceiling.core.tokenizers import (
     TextCounter,
     TiktokenCounter,
 )
-from context_ceiling.core.wire import Strategy
+from context_ceiling.core.vocabulary import Strategy
 
 OTHER = "other"
 

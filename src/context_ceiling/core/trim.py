@@ -54,7 +54,7 @@ from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.utilization import Component
-from context_ceiling.core.wire import STAGES, Stage
+from context_ceiling.core.vocabulary import STAGES, Stage
 
 MARKER = "\n[... {n} tokens removed by context-ceiling ...]\n"
 MARKER_RE = re.compile(r"\n?\[\.\.\. (\d+) tokens removed by context-ceiling \.\.\.\]\n?")

@@ -21,7 +21,7 @@ from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, RequestCount
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import TextCounter, TiktokenCounter
 from context_ceiling.core.trim import FitReport, Policy, fit_with
-from context_ceiling.core.wire import Api, Shape
+from context_ceiling.core.vocabulary import Api, Shape
 from context_ceiling.formats import (
     anthropic,
     azure,

@@ -24,7 +24,7 @@ from context_ceiling.core.counting import (
 )
 from context_ceiling.core.images import anthropic_image_tokens, size_from_base64
 from context_ceiling.core.models import ChatFormat
-from context_ceiling.core.shape import (
+from context_ceiling.core.shape_checks import (
     RequestShapeError,
     check_depth_around,
     messages_of,
@@ -49,6 +49,7 @@ from context_ceiling.formats.base import (
     int_of,
     latest,
     load_json,
+    output_cap,
     text_of,
 )
 
@@ -369,8 +370,7 @@ def _message(
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
     """``max_tokens`` (required by the API)."""
-    v = body.get("max_tokens")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return output_cap(body.get("max_tokens"))
 
 
 # -- usage ---------------------------------------------------------------------------------------

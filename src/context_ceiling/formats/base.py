@@ -24,7 +24,7 @@ from context_ceiling.core.counting import Prior, RequestCount
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import CountCache, TextCounter
 from context_ceiling.core.trim import Policy, TrimRules
-from context_ceiling.core.wire import Api, Shape
+from context_ceiling.core.vocabulary import Api, Shape
 
 __all__ = [
     "NOTHING",
@@ -45,6 +45,7 @@ __all__ = [
     "json_events",
     "latest",
     "load_json",
+    "output_cap",
     "text_of",
 ]
 
@@ -52,6 +53,12 @@ __all__ = [
 def int_of(v: Any) -> int | None:
     """``v`` when it is an integer (JSON's ``true`` is not), else None."""
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def output_cap(v: Any) -> int | None:
+    """A requested output limit: a positive integer, else None (not said)."""
+    n = int_of(v)
+    return n if n is not None and n > 0 else None
 
 
 # -- what the upstream says it used ----------------------------------------------------------------

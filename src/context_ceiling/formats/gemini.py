@@ -20,7 +20,7 @@ from context_ceiling.core.counting import (
     walk_items,
 )
 from context_ceiling.core.models import ChatFormat
-from context_ceiling.core.shape import (
+from context_ceiling.core.shape_checks import (
     RequestShapeError,
     check_depth_around,
     optional_type,
@@ -42,6 +42,7 @@ from context_ceiling.formats.base import (
     int_of,
     latest,
     load_json,
+    output_cap,
     text_of,
 )
 
@@ -191,8 +192,7 @@ def _content(
 def requested_output(body: Mapping[str, Any]) -> int | None:
     """``generationConfig.maxOutputTokens``."""
     cfg = body.get("generationConfig")
-    v = cfg.get("maxOutputTokens") if isinstance(cfg, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return output_cap(cfg.get("maxOutputTokens")) if isinstance(cfg, dict) else None
 
 
 def model_in_path(path: str) -> str:

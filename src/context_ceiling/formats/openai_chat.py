@@ -23,7 +23,7 @@ from context_ceiling.core.counting import (
 )
 from context_ceiling.core.images import openai_image_tokens, size_from_data_url
 from context_ceiling.core.models import ChatFormat
-from context_ceiling.core.shape import (
+from context_ceiling.core.shape_checks import (
     RequestShapeError,
     check_depth_around,
     messages_of,
@@ -48,6 +48,7 @@ from context_ceiling.formats.base import (
     int_of,
     latest,
     load_json,
+    output_cap,
     text_of,
 )
 
@@ -239,11 +240,7 @@ def _message(
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
     """``max_completion_tokens`` (or the older ``max_tokens``)."""
-    for k in ("max_completion_tokens", "max_tokens"):
-        v = body.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
+    return output_cap(body.get("max_completion_tokens")) or output_cap(body.get("max_tokens"))
 
 
 # -- usage ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from context_ceiling.core.counting import (
 )
 from context_ceiling.core.images import openai_image_tokens, size_from_data_url
 from context_ceiling.core.models import ChatFormat
-from context_ceiling.core.shape import (
+from context_ceiling.core.shape_checks import (
     RequestShapeError,
     check_depth_around,
     optional_type,
@@ -44,6 +44,7 @@ from context_ceiling.formats.base import (
     int_of,
     latest,
     load_json,
+    output_cap,
     text_of,
 )
 from context_ceiling.formats.openai_chat import (
@@ -242,8 +243,7 @@ def _item(
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
     """``max_output_tokens``."""
-    v = body.get("max_output_tokens")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return output_cap(body.get("max_output_tokens"))
 
 
 # -- usage ---------------------------------------------------------------------------------------

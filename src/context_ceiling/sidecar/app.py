@@ -24,15 +24,15 @@ from starlette.types import Receive, Scope, Send
 from context_ceiling import __version__
 from context_ceiling.core.tokenizers import bpe_engine
 from context_ceiling.formats import route_for
-from context_ceiling.sidecar.admin import Admin, budget_answer
+from context_ceiling.sidecar.ceilings.admin import Admin, budget_answer
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
-from context_ceiling.sidecar.group import GroupCollector, WorkerGroup
-from context_ceiling.sidecar.metrics import Metrics
-from context_ceiling.sidecar.passthrough import Passthrough
+from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.observability.tracing import Tracing
 from context_ceiling.sidecar.proxy import Proxy
-from context_ceiling.sidecar.state import State
-from context_ceiling.sidecar.tracing import Tracing
+from context_ceiling.sidecar.state import SidecarState
+from context_ceiling.sidecar.upstream.passthrough import Passthrough
+from context_ceiling.sidecar.workers.group import GroupCollector, WorkerGroup
 
 READY_CACHE_S = 5.0
 PROBE_INTERVAL_S = 15.0
@@ -47,7 +47,7 @@ class UpstreamProbe:
 
     The check is cached for a few seconds so a tight poll does not hammer the provider."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: SidecarState) -> None:
         self.state = state
         self._checked = 0.0
         self._result: dict[str, str] = {}
@@ -81,7 +81,7 @@ class UpstreamProbe:
 class Ops:
     """The sidecar's own endpoints: probes, status, the request builders' budget, metrics."""
 
-    def __init__(self, state: State, probe: UpstreamProbe, injected: bool) -> None:
+    def __init__(self, state: SidecarState, probe: UpstreamProbe, injected: bool) -> None:
         self.state, self.probe, self.injected = state, probe, injected
 
     async def healthz(self, _: Request) -> Response:
@@ -125,7 +125,7 @@ class Ops:
 
 
 def _lifespan(
-    state: State,
+    state: SidecarState,
     probe: UpstreamProbe,
     group: WorkerGroup | None,
     freeze_heap: bool,
@@ -191,13 +191,13 @@ def create_app(
     freeze_heap: bool = False,
 ) -> HotPath:
     """Build the sidecar. ``transport`` replaces the network to the upstreams (tests, benchmarks);
-    ``group``: this process is one of several workers (``sidecar/workers.py``); ``freeze_heap``:
+    ``group``: this process is one of several workers (``sidecar/workers/supervisor.py``); ``freeze_heap``:
     this process is a server that lives as long as this app (``ceiling serve``), so once started
     its heap is moved out of the collector's generations (``gc.freeze``). Without that every
     full collection walked the modules, settings and tokenizer tables loaded at startup: a long
     stall of the event loop every few thousand requests, an order of magnitude shorter after.
     In a process that builds many apps (tests) frozen garbage would never be freed."""
-    state = State.build(settings, transport, metrics, tracing)
+    state = SidecarState.build(settings, transport, metrics, tracing)
     state.ceilings.reload_file("startup")  # a bad file at startup raises CeilingsError
     if group is not None:
         state.group = group
@@ -230,7 +230,7 @@ def create_app(
     return HotPath(app, proxy, settings.listen.admin_port)
 
 
-def startup_fields(state: State) -> dict[str, object]:
+def startup_fields(state: SidecarState) -> dict[str, object]:
     """The startup line: what this process runs with (names and numbers, never URLs or
     tokens)."""
     s = state.settings

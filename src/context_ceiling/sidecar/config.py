@@ -35,7 +35,7 @@ from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import Bpe
 from context_ceiling.core.trim import Policy
-from context_ceiling.core.wire import Mode, ModeValue, Strategy
+from context_ceiling.core.vocabulary import Mode, ModeValue, Strategy
 
 ENV_PREFIX = "CEILING_"
 #: ``CEILING_*`` variables that are not sidecar settings: the config file's path, the cache of

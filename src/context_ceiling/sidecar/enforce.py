@@ -7,6 +7,7 @@ caps the input, the reservation sits on top. Without a ceiling the window still 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.trim import FitReport, Policy, input_budget
-from context_ceiling.core.wire import Mode, Shape
+from context_ceiling.core.vocabulary import Mode, Shape
 from context_ceiling.formats import fit, format_of
 from context_ceiling.formats.base import Format
 from context_ceiling.sidecar.config import Enforcement
@@ -88,21 +89,18 @@ def budget_of(
     return d
 
 
-def decide(
+def trim_to(
+    base: Decision,
     obj: dict[str, Any],
     api: Shape,
     count: RequestCount,
     spec: ModelSpec | None,
-    label: str,
-    workload: str,
-    doc: CeilingsDocument,
-    cfg: Enforcement,
     counter: TextCounter,
     chunk_pattern: re.Pattern[str] | None,
-    bypass: bool = False,
-    native_ok: bool = False,
 ) -> Decision:
-    d = budget_of(obj, api, spec, label, workload, doc, cfg, bypass, native_ok)
+    """The verdict on a counted request under ``base`` (its mode and budget, from
+    :func:`budget_of`): forward, trim or reject. A new decision; ``base`` is not changed."""
+    d = dataclasses.replace(base)
     if d.mode == "off" or spec is None or d.budget is None:
         return d
     if count.total <= d.budget:

@@ -11,7 +11,7 @@ import re
 
 from starlette.responses import Response
 
-from context_ceiling.core.wire import Api
+from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import error_body
 
 #: credentials a message could carry from what the client sent (a Gemini ``?key=``, a key in a

@@ -1,10 +1,11 @@
 """One :class:`Exchange`: everything known about a proxied request (its route, from
-:mod:`context_ceiling.formats`), which :mod:`context_ceiling.sidecar.record` turns into headers,
+:mod:`context_ceiling.formats`), which :mod:`context_ceiling.sidecar.observability.record` turns into headers,
 a log line, metrics, staleness and a span."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +19,25 @@ from context_ceiling.core.models import OTHER, ModelSpec
 from context_ceiling.formats.base import Expect, Route, Usage
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.outcomes import Outcome
+
+
+class Schedule(enum.Enum):
+    """When a request is counted: one decision per request, taken before anything is counted."""
+
+    #: before forwarding, on the event loop (a short body)
+    FIRST = "first"
+    #: before forwarding, on a counting thread (a long body its forwarding depends on)
+    ON_THREAD = "on_thread"
+    #: on a counting thread beside the upstream call, settled before the answer goes back (a
+    #: long body its forwarding cannot depend on)
+    BESIDE = "beside"
+    #: not counted: a bound proved it within its budget (``counting.strategy: bounded``)
+    UNCOUNTED = "uncounted"
+    #: a bound let it through, counted anyway as a sample, first (a short body)
+    SAMPLE_FIRST = "sample_first"
+    #: a bound let it through, counted anyway as a sample beside the upstream call, recorded
+    #: after its answer (a long body)
+    SAMPLE_BESIDE = "sample_beside"
 
 
 @dataclass(slots=True)
@@ -65,20 +85,24 @@ class Exchange:
     answer_raw: bytes | list[bytes] | None = None
     #: why ``answer_raw`` is None: too_large or busy (answers.max_held_mib)
     answer_unread: str = "too_large"
-    #: the request body's size, and whether counting was skipped because a bound proved the
-    #: request within its budget (counting.strategy: bounded)
+    #: the request body's size
     body_bytes: int = 0
-    bounded: bool = False
-    #: a bound let it through, and it is counted anyway (counting.sample_every): its count's CPU
-    #: seconds are spent from the sampler's credit
-    sampled: bool = False
-    #: counted on a worker thread while the upstream call runs (counting.overlap_bytes): the
-    #: count and the decision on it, settled into ``count`` and ``decision``
-    beside: bool = False
+    #: when it is counted (:func:`context_ceiling.sidecar.schedule.plan`)
+    schedule: Schedule = Schedule.FIRST
+    #: a count running on a counting thread: the count and the decision on it, settled into
+    #: ``count`` and ``decision``
     pending: asyncio.Future[tuple[RequestCount, Decision, float]] | None = None
-    #: a long body that must be counted before it is forwarded, counted (and trimmed) on a
-    #: counting thread while the event loop serves other requests (``_decide`` awaits it)
-    off_loop: bool = False
+
+    @property
+    def bounded(self) -> bool:
+        """A bound proved it within its budget: forwarded before (or without) a count."""
+        return self.schedule in (Schedule.UNCOUNTED, Schedule.SAMPLE_BESIDE)
+
+    @property
+    def sampled(self) -> bool:
+        """A bound let it through and it is counted anyway (``counting.sample_every``): its
+        count's CPU seconds are spent from the sampler's credit."""
+        return self.schedule in (Schedule.SAMPLE_FIRST, Schedule.SAMPLE_BESIDE)
 
     @property
     def forwarded_tokens(self) -> int:

@@ -9,7 +9,6 @@ by event as they arrive, errors with the upstream's own status and body.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import logging
 import time
@@ -23,14 +22,23 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from context_ceiling.core.counting import RequestCount
-from context_ceiling.core.engine import EngineCountError, count_chat
+from context_ceiling.core.engine_tokenize import EngineCountError, count_chat
 from context_ceiling.core.models import OTHER, UpstreamSpec
-from context_ceiling.core.shape import RequestShapeError
+from context_ceiling.core.shape_checks import RequestShapeError
 from context_ceiling.core.tokenizers import RequestMemo, TextCounter
-from context_ceiling.core.wire import Api
+from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats.base import Route, Usage
-from context_ceiling.sidecar import beside
-from context_ceiling.sidecar.bodies import (
+from context_ceiling.sidecar import schedule
+from context_ceiling.sidecar.capture.writer import CollectingTap
+from context_ceiling.sidecar.config import Upstream
+from context_ceiling.sidecar.enforce import context_error
+from context_ceiling.sidecar.errors import error_response
+from context_ceiling.sidecar.exchange import Exchange, Schedule, request_id
+from context_ceiling.sidecar.observability.logs import bounded
+from context_ceiling.sidecar.observability.record import Recorder
+from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
+from context_ceiling.sidecar.state import SidecarState
+from context_ceiling.sidecar.upstream.bodies import (
     BodyTooLarge,
     ResponseTooLarge,
     gzipped,
@@ -38,24 +46,14 @@ from context_ceiling.sidecar.bodies import (
     read_capped,
     read_capped_raw,
 )
-from context_ceiling.sidecar.bound import provably_within
-from context_ceiling.sidecar.capture import CollectingTap
-from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import context_error
-from context_ceiling.sidecar.errors import error_response
-from context_ceiling.sidecar.exchange import Exchange, request_id
-from context_ceiling.sidecar.logs import bounded
-from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
-from context_ceiling.sidecar.record import Recorder
-from context_ceiling.sidecar.relay import SSERelay, Tap
-from context_ceiling.sidecar.state import State
-from context_ceiling.sidecar.upstream import (
+from context_ceiling.sidecar.upstream.client import (
     UpstreamClient,
     accepts_gzip,
     request_headers,
     response_headers,
     with_beta,
 )
+from context_ceiling.sidecar.upstream.relay import SSERelay, Tap
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +98,7 @@ def _merged_models(answers: list[httpx.Response]) -> dict[str, Any] | None:
 class Proxy:
     """Request handlers bound to the sidecar's live state."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: SidecarState) -> None:
         #: an answer longer than this is not read for answer signals (answers.max_bytes)
         self._answer_bytes = state.settings.answers.max_bytes
         self.state = state
@@ -154,17 +152,17 @@ class Proxy:
             return await self._forward(request, route, ex, obj, body, target)
         except Refused as r:
             if ex.upstream_started is None:
-                beside.drop(ex)
+                schedule.drop(ex)
             else:  # forwarded, then failed: its count is still this request's
-                await beside.settle(self.state, self.rec, ex)
+                await schedule.settle(self.state, self.rec, ex)
             return self._fail(ex, r.status, r.outcome, r.message, r.code)
         except ClientDisconnect:
-            beside.drop(ex)
+            schedule.drop(ex)
             ex.outcome = "cancelled"
             self.rec.finish(ex)
             return Response(status_code=499)
         except Exception:
-            beside.drop(ex)
+            schedule.drop(ex)
             # a bug, not bad input (bad input is a 4xx before this): logged with its type and
             # traceback, counted as internal_error, its span ended, answered in the client's
             # error shape with the request id, so it can be found
@@ -243,21 +241,17 @@ class Proxy:
             ex.spec, ex.label = spec, spec.metric_label
         counter = st.registry.counter(spec) if spec else st.default_counter
         ex.body_bytes = len(raw)
-        if st.settings.counting.strategy == "bounded" and self._within_bound(route, ex, obj, raw):
-            ex.bounded = True  # a sampled one is counted beside the call (_decide), after it
-            return RequestMemo(counter) if ex.sampled else counter
+        ex.schedule = schedule.plan(st, route, ex, obj, raw)
+        if ex.schedule is Schedule.UNCOUNTED:
+            return counter
         # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
         counter = RequestMemo(counter)
-        if beside.on_threads(st, route, ex, raw):
-            # a long body, counted on the counting threads from _decide on: beside the upstream
-            # call when its forwarding cannot depend on the count, else before forwarding
-            ex.beside = beside.overlaps(st, route, ex, obj, raw)
-            ex.off_loop = not ex.beside
-            return counter
+        if ex.schedule not in (Schedule.FIRST, Schedule.SAMPLE_FIRST):
+            return counter  # counted on the counting threads from _decide on
         cpu = time.thread_time()
         try:
             # Counted first, on the event loop: the forwarding waits on this count, and a short
-            # body's count costs less than a worker thread's GIL hand-offs (see beside.on_threads)
+            # body's count costs less than a worker thread's GIL hand-offs (schedule.on_threads)
             ex.count = route.count(
                 obj,
                 counter,
@@ -272,25 +266,6 @@ class Proxy:
         if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
             ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
         return counter
-
-    def _within_bound(self, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes) -> bool:
-        """Whether the request provably needs no count before forwarding: its mode decides
-        nothing, or a bound on its tokens is within its budget. Some of these are counted
-        anyway (``State.sampler``)."""
-        st = self.state
-        if route.count_only:
-            return False
-        d = beside.budget(st, route, ex, obj)
-        ex.decision = d  # kept when the bound holds: the decision is "forward as it is"
-        if not provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label):
-            return False
-        ex.sampled = st.sampler.due()
-        # a sampled long body is counted beside the call and recorded after its answer
-        # (beside.after): its count costs the request no latency. A short one is counted first,
-        # on the event loop: below counting.overlap_bytes a thread's GIL hand-offs cost more
-        # than the count (measured: c=16 throughput 0.79-0.90x of counting it on the loop at
-        # 1k and 8k tokens, and no better p50 at c=1)
-        return not ex.sampled or beside.on_threads(st, route, ex, raw)
 
     async def _decide(
         self,
@@ -325,27 +300,28 @@ class Proxy:
             ex.bypass = True
         if route.count_only:
             return client, upstream_cfg
-        if ex.bounded or ex.beside:  # nothing to trim: forwarded before (or without) a count
-            if ex.bypass and ex.decision is not None:
-                ex.decision = dataclasses.replace(ex.decision, mode="off", budget=None)
-            if ex.beside or ex.sampled:
-                beside.start(st, route, ex, obj, counter)
+        if ex.bypass:
+            schedule.without_trimming(ex)
+        if ex.schedule in (Schedule.UNCOUNTED, Schedule.SAMPLE_BESIDE, Schedule.BESIDE):
+            # nothing to trim: forwarded before (or without) a count
+            if ex.schedule is not Schedule.UNCOUNTED:
+                schedule.start(st, route, ex, obj, counter)
             return client, upstream_cfg
-        if ex.off_loop:
+        if ex.schedule is Schedule.ON_THREAD:
             try:
-                d = await beside.first(st, route, ex, obj, counter)
+                d = await schedule.first(st, route, ex, obj, counter)
             except RequestShapeError as exc:
                 raise Refused(400, str(exc)) from None
         else:
             assert ex.count is not None
-            d = beside.verdict(st, route, ex, obj, ex.count, counter)
+            d = schedule.verdict(st, route, ex, obj, ex.count, counter)
         ex.decision = d
         self.rec.record_decision(ex, d)
         if d.reject:
             assert spec is not None
             message = context_error(route.format, ex.label, ex.workload, d, spec.window)
             raise Refused(400, message, "rejected", "context_length_exceeded")
-        beside.observe_counted(st, self.rec, ex)
+        schedule.observe_counted(st, self.rec, ex)
         return client, upstream_cfg
 
     async def _forward(
@@ -417,7 +393,7 @@ class Proxy:
         ex.status = resp.status_code
         if ex.pending is not None and not ex.bounded:  # the answer goes back with its count
             try:
-                await beside.settle(self.state, self.rec, ex)
+                await schedule.settle(self.state, self.rec, ex)
             except BaseException:
                 await resp.aclose()
                 raise
@@ -454,7 +430,7 @@ class Proxy:
                 ex.capture_response = plain
             if ex.answer_expect is not None and len(plain) <= self._answer_bytes:
                 ex.answer_raw = plain
-        beside.after(self.state, self.rec, ex)
+        schedule.after(self.state, self.rec, ex)
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         if content is not plain:
             headers["content-encoding"] = "gzip"
@@ -483,7 +459,7 @@ class Proxy:
                         ex.answer_raw = collecting.events  # joined on the checker thread
                     elif collecting.size < self._answer_bytes:
                         ex.answer_unread = "busy"  # other answers held the bytes
-            beside.after(self.state, self.rec, ex)
+            schedule.after(self.state, self.rec, ex)
 
         def first() -> None:
             ex.first_chunk_at = time.perf_counter()

@@ -37,7 +37,7 @@ async def _busy(scope: Any, receive: Any, send: Any) -> None:
     from starlette.requests import Request
 
     from context_ceiling.sidecar.errors import error_response
-    from context_ceiling.sidecar.passthrough import client_api
+    from context_ceiling.sidecar.upstream.passthrough import client_api
 
     response = error_response(
         client_api(Request(scope)), 503, "the sidecar is at its connection limit; retry"

@@ -16,20 +16,20 @@ import httpx
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.models import ModelSpec, Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
-from context_ceiling.core.wire import Api, Shape
+from context_ceiling.core.vocabulary import Api, Shape
 from context_ceiling.formats import format_of
-from context_ceiling.sidecar.answers import AnswerChecker, HeldBytes
-from context_ceiling.sidecar.bound import Calibration, Sampler
-from context_ceiling.sidecar.capture import Capturer
-from context_ceiling.sidecar.ceilings_store import CeilingStore
+from context_ceiling.sidecar.bounded_count import Calibration, Sampler
+from context_ceiling.sidecar.capture.writer import Capturer
+from context_ceiling.sidecar.ceilings.store import CeilingStore
 from context_ceiling.sidecar.config import Settings, Upstream, admin_token, budget_token
-from context_ceiling.sidecar.costs import Pricing
 from context_ceiling.sidecar.drain import Drain
-from context_ceiling.sidecar.group import WorkerGroup
-from context_ceiling.sidecar.metrics import Metrics
-from context_ceiling.sidecar.staleness import StalenessTracker
-from context_ceiling.sidecar.tracing import Tracing
-from context_ceiling.sidecar.upstream import UpstreamClient
+from context_ceiling.sidecar.observability.answers import AnswerChecker, HeldBytes
+from context_ceiling.sidecar.observability.costs import Pricing
+from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.observability.staleness import StalenessTracker
+from context_ceiling.sidecar.observability.tracing import Tracing
+from context_ceiling.sidecar.upstream.client import UpstreamClient
+from context_ceiling.sidecar.workers.group import WorkerGroup
 
 #: how many distinct request model names the GenAI metrics label by before they fall back to
 #: the registry label (clients choose the names: a glob entry matches any of them)
@@ -57,7 +57,7 @@ class RequestModels:
 
 
 @dataclass
-class State:
+class SidecarState:
     settings: Settings
     registry: Registry
     metrics: Metrics
@@ -84,7 +84,7 @@ class State:
     sampler: Sampler = field(default_factory=lambda: Sampler(16, 0.02))
     #: the count cache (None: counting.cache_mib is 0)
     count_cache: CountCache | None = None
-    #: this worker's siblings (None: one process; see sidecar/group.py)
+    #: this worker's siblings (None: one process; see sidecar/workers/group.py)
     group: WorkerGroup | None = None
     #: the request model names the GenAI metrics keep (bounded)
     request_models: RequestModels = field(default_factory=lambda: RequestModels(GENAI_MODELS))
@@ -103,7 +103,7 @@ class State:
         transport: httpx.AsyncBaseTransport | None = None,
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
-    ) -> State:
+    ) -> SidecarState:
         cache = (
             CountCache(int(settings.counting.cache_mib * 2**20))
             if settings.counting.cache_mib

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
-from context_ceiling.core.wire import SweepApi
+from context_ceiling.core.vocabulary import SweepApi
 
 
 def sample_key(item_id: str, level: float | None, repeat: int) -> str:

@@ -22,7 +22,7 @@ from context_ceiling.core.ceilings import (
     write_atomically,
 )
 from context_ceiling.core.errors import CeilingError, UserError
-from context_ceiling.core.wire import Mode
+from context_ceiling.core.vocabulary import Mode
 from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.plan import Plan
 

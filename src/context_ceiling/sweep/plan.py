@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
-from context_ceiling.core.wire import SweepApi
+from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep.taskset import Item
 
 PLAN_FILE = "plan.json"

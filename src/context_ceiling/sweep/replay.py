@@ -22,7 +22,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from context_ceiling.sweep.context import ContextBuilder, render_doc
+from context_ceiling.sweep.prompts import ContextBuilder, render_doc
 from context_ceiling.sweep.scorer import BUCKETS, grade
 from context_ceiling.sweep.statistics import accuracy_interval, difference_interval
 from context_ceiling.sweep.taskset import Item, TaskSet

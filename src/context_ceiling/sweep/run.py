@@ -20,15 +20,14 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from context_ceiling.core.engine import SyncEngine
+from context_ceiling.core.engine_tokenize import SyncEngine
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ChatFormat, UpstreamSpec
 from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
-from context_ceiling.core.wire import SweepApi
+from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import CallLog
-from context_ceiling.sweep.context import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.design import Step, batch_size, next_step
 from context_ceiling.sweep.plan import (
     EndpointRef,
@@ -41,6 +40,7 @@ from context_ceiling.sweep.plan import (
     parse_shard,
     window_of,
 )
+from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
 from context_ceiling.sweep.solver import Budget, Endpoint, Runner, Sample

@@ -2,7 +2,7 @@
 appended to the call log (:mod:`context_ceiling.sweep.calllog`) as soon as it completes.
 
 One worker per haystack group keeps a group's questions in order, so an engine's prefix cache
-serves them; the prompt is built and measured by :mod:`context_ceiling.sweep.context`.
+serves them; the prompt is built and measured by :mod:`context_ceiling.sweep.prompts`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from context_ceiling.core.prices import Price
-from context_ceiling.core.wire import SweepApi
+from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
-from context_ceiling.sweep.context import ContextBuilder, Prompt
+from context_ceiling.sweep.prompts import ContextBuilder, Prompt
 from context_ceiling.sweep.taskset import Item
 
 RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504, 529}

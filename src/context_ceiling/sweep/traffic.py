@@ -39,7 +39,7 @@ import httpx
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, store_paths
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.tokenizers import load_encoding
-from context_ceiling.sweep.context import Prompt, render_doc
+from context_ceiling.sweep.prompts import Prompt, render_doc
 from context_ceiling.sweep.scorer import parse_reply
 from context_ceiling.sweep.solver import Endpoint, call_model
 from context_ceiling.sweep.statistics import items_for

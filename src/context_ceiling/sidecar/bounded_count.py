@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats.anthropic import TOOL_SYSTEM_TOKENS
 from context_ceiling.sidecar.enforce import Decision
 

@@ -269,7 +269,7 @@ class Metrics:
             registry=r,
         )
 
-        # answer signals by fill (sidecar/answers.py): counted on the checker thread after the
+        # answer signals by fill (sidecar/observability/answers.py): counted on the checker thread after the
         # answer was relayed; ``fill`` is one of core.utilization.FILL_BUCKETS or unknown,
         # ``side`` below/above the running ceiling or none
         answer_labels = ["model", "workload", "fill", "side"]
@@ -305,7 +305,7 @@ class Metrics:
             registry=r,
         )
 
-        # what the context costs (sidecar/costs.py), in US dollars at list or configured prices
+        # what the context costs (sidecar/observability/costs.py), in US dollars at list or configured prices
         self.input_cost = Counter(
             "llm_context_input_cost_usd",
             "Price of the input of priced requests: the part within the running ceiling and "

@@ -9,14 +9,14 @@ from typing import Any
 
 from context_ceiling.core.ceilings import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
-from context_ceiling.core.wire import STAGE_COMPONENT
-from context_ceiling.sidecar.answers import Job
-from context_ceiling.sidecar.capture import Pending
-from context_ceiling.sidecar.costs import InputCost, input_cost
+from context_ceiling.core.vocabulary import STAGE_COMPONENT
+from context_ceiling.sidecar.capture.writer import Pending
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
-from context_ceiling.sidecar.logs import bounded, log_request
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.observability.answers import Job
+from context_ceiling.sidecar.observability.costs import InputCost, input_cost
+from context_ceiling.sidecar.observability.logs import bounded, log_request
+from context_ceiling.sidecar.state import SidecarState
 
 
 class Recorder:
@@ -24,7 +24,7 @@ class Recorder:
     (:meth:`finish`): metrics, staleness, the GenAI metrics and span, the log line; and the
     response headers and the decision's metrics while the request is still running."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: SidecarState) -> None:
         self.state = state
 
     def headers(self, ex: Exchange) -> dict[str, str]:

@@ -52,8 +52,8 @@ from context_ceiling.core.ceilings import (
     write_atomically,
 )
 from context_ceiling.core.tokenizers import CountCache
-from context_ceiling.sidecar.ceilings_store import CeilingStore
-from context_ceiling.sidecar.metrics import count_cache_families
+from context_ceiling.sidecar.ceilings.store import CeilingStore
+from context_ceiling.sidecar.observability.metrics import count_cache_families
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from context_ceiling.core.ceilings import (
     write_atomically,
 )
 from context_ceiling.core.models import Registry
-from context_ceiling.sidecar.metrics import Metrics
-from context_ceiling.sidecar.staleness import StalenessTracker
+from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.observability.staleness import StalenessTracker
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: is tried before giving up until its next change
 SETTLE_S = 0.25
 SETTLE_TRIES = 40
-#: worker: a push taken by another worker of this pod (``workers`` > 1), see sidecar/group.py
+#: worker: a push taken by another worker of this pod (``workers`` > 1), see sidecar/workers/group.py
 Source = Literal["startup", "file", "sighup", "api", "worker"]
 
 

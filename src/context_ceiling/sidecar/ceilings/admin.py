@@ -25,8 +25,8 @@ from context_ceiling.core.ceilings import (
     CeilingsPersistError,
     parse_document,
 )
-from context_ceiling.sidecar.logs import bounded
-from context_ceiling.sidecar.state import State
+from context_ceiling.sidecar.observability.logs import bounded
+from context_ceiling.sidecar.state import SidecarState
 
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 
@@ -38,7 +38,7 @@ def _error(status: int, kind: str, message: str, reasons: list[str] | None = Non
     return JSONResponse({"error": body}, status_code=status)
 
 
-def check_token(state: State, header: str | None) -> Response | None:
+def check_token(state: SidecarState, header: str | None) -> Response | None:
     """None when authorized, else the response to send."""
     if state.admin_token is None:
         return _error(404, "not_found", "the admin API is off: no admin token is configured")
@@ -53,7 +53,7 @@ def check_token(state: State, header: str | None) -> Response | None:
 
 
 class Admin:
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: SidecarState) -> None:
         self.state = state
 
     async def ceilings(self, request: Request) -> Response:
@@ -147,7 +147,7 @@ class Admin:
             )
 
 
-def budget_answer(state: State, request: Request) -> Response:
+def budget_answer(state: SidecarState, request: Request) -> Response:
     """The read-only budget: the input budget for a model, workload and output reservation, with
     the ceiling's version and provenance and how to count against it (``context_ceiling/budget.py``)."""
     from context_ceiling.budget import answer_for

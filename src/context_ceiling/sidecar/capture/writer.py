@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, CaptureStoreError, Chunk
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats.base import Usage
-from context_ceiling.sidecar.answers import HeldBytes
-from context_ceiling.sidecar.capture_text import extract, response_text
+from context_ceiling.sidecar.capture.extract import extract, response_text
+from context_ceiling.sidecar.capture.redact import Redactor
 from context_ceiling.sidecar.config import Capture
-from context_ceiling.sidecar.metrics import Metrics
-from context_ceiling.sidecar.redact import Redactor
-from context_ceiling.sidecar.relay import Tap
+from context_ceiling.sidecar.observability.answers import HeldBytes
+from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.upstream.relay import Tap
 
 log = logging.getLogger(__name__)
 

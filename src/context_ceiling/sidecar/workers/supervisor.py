@@ -6,7 +6,7 @@ encode; gigatoken never does). With ``workers: N`` the command is a supervisor: 
 and shared, the kernel spreading connections over the workers, a dead or hung worker replaced,
 SIGTERM drained in every worker), with two changes: SIGHUP reloads the ceilings in every worker
 instead of restarting them, and a dead worker's live gauges are dropped from the shared metrics.
-Each worker is the whole sidecar; what they share is one directory (``sidecar/group.py``).
+Each worker is the whole sidecar; what they share is one directory (``sidecar/workers/group.py``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 def worker_app(settings: Settings, directory: Path, supervisor: int) -> Any:
     """The app of one worker (called in the worker process, by uvicorn's factory support)."""
     from context_ceiling.sidecar.app import create_app
-    from context_ceiling.sidecar.group import WorkerGroup
-    from context_ceiling.sidecar.logs import configure
+    from context_ceiling.sidecar.observability.logs import configure
+    from context_ceiling.sidecar.workers.group import WorkerGroup
 
     configure(settings.log_level)
     # uvicorn configured its loggers before this ran (one process: after); no access log either way

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import format_of
-from context_ceiling.sidecar.answers import read_answer
+from context_ceiling.sidecar.observability.answers import read_answer
 
 _DOC_ID = re.compile(r"""<document\b[^>]*\bid=["']([^"']+)["']""")
 _DOC_BODY = re.compile(r"^<document\b[^>]*>(.*)</document>$", re.S)

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from context_ceiling.sidecar.aio import AiohttpTransport
 from context_ceiling.sidecar.config import Upstream
+from context_ceiling.sidecar.upstream.transport import AiohttpTransport
 
 #: Never forwarded upstream: hop-by-hop, recomputed, or ours.
 _DROP_REQUEST = frozenset(

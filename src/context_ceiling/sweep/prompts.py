@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_ceiling.core.engine import SyncEngine
+from context_ceiling.core.engine_tokenize import SyncEngine
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.formats import openai_chat

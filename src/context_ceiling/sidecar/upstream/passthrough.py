@@ -37,14 +37,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from context_ceiling.core.wire import Api
-from context_ceiling.sidecar.bodies import BodyTooLarge, capped, check_declared, read_body
+from context_ceiling.core.vocabulary import Api
 from context_ceiling.sidecar.errors import error_response
-from context_ceiling.sidecar.logs import log_request
-from context_ceiling.sidecar.metrics import OTHER_ROUTE
+from context_ceiling.sidecar.observability.logs import log_request
+from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE
 from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
-from context_ceiling.sidecar.state import State
-from context_ceiling.sidecar.upstream import request_headers, response_headers
+from context_ceiling.sidecar.state import SidecarState
+from context_ceiling.sidecar.upstream.bodies import BodyTooLarge, capped, check_declared, read_body
+from context_ceiling.sidecar.upstream.client import request_headers, response_headers
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def body_model(body: bytes | None) -> str | None:
 
 
 def pick_upstream(
-    state: State, request: Request, model: str | None = None
+    state: SidecarState, request: Request, model: str | None = None
 ) -> tuple[Api, str] | None:
     """(API, upstream name) the request belongs to (see the module's docstring): the model's
     upstream, the named one, the Azure resource, else the API's default (an Anthropic client's
@@ -183,7 +183,7 @@ def upstream_path(api: Api, base_url: httpx.URL, path: str) -> str:
 
 
 class Passthrough:
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: SidecarState) -> None:
         self.state = state
 
     async def handle(self, request: Request) -> Response:

@@ -17,8 +17,8 @@ from context_ceiling.core.errors import CeilingError
 from context_ceiling.formats.base import Usage
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.outcomes import Outcome, failure_of
-from context_ceiling.sidecar.sse import EventSplitter, EventTooLarge
-from context_ceiling.sidecar.upstream import body_chunks
+from context_ceiling.sidecar.upstream.client import body_chunks
+from context_ceiling.sidecar.upstream.sse import EventSplitter, EventTooLarge
 
 
 class Tap(Protocol):

@@ -1,5 +1,5 @@
 """Redaction before anything captured is written: a maintained secret rule set (gitleaks'
-default rules, vendored: :mod:`context_ceiling.sidecar.secret_rules`) and built-in patterns for
+default rules, vendored: :mod:`context_ceiling.sidecar.capture.secret_rules`) and built-in patterns for
 what it leaves to context (always on), then the configured patterns and JSON fields; each
 replaced value is counted by the kind of rule that found it."""
 
@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from context_ceiling.sidecar.secret_rules import SecretRules, default_rules, entropy, merge
+from context_ceiling.sidecar.capture.secret_rules import SecretRules, default_rules, entropy, merge
 
 REDACTED = "[REDACTED]"
 #: secrets that must never be stored, whatever the configuration says

@@ -11,7 +11,7 @@ import httpx
 from starlette.requests import Request
 
 from context_ceiling.core.errors import CeilingError
-from context_ceiling.sidecar.upstream import body_chunks
+from context_ceiling.sidecar.upstream.client import body_chunks
 
 
 class TooLarge(CeilingError):

@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from context_ceiling.core.wire import Shape
+from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import format_of
 from context_ceiling.formats.base import Answer, Expect, json_events
 
@@ -353,7 +353,7 @@ class Job:
 
 
 class Counted(Protocol):
-    """Where the checker counts (the sidecar's :class:`~context_ceiling.sidecar.metrics.Metrics`)."""
+    """Where the checker counts (the sidecar's :class:`~context_ceiling.sidecar.observability.metrics.Metrics`)."""
 
     def answer(
         self, job: Job, signals: list[str], output: int | None, reasoning: int | None
