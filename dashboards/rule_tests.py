@@ -3,7 +3,7 @@ that must not, such as a short burst, one over-long request, another scrape job)
 ``generated/rules_test.yaml`` so plain ``promtool test rules rules_test.yaml`` runs them.
 
 The same cases run against the chart's rendered PrometheusRule with the labels the chart's own
-ServiceMonitor gives its series (``tests/test_helm.py``): :func:`promtool_tests` takes the scrape
+ServiceMonitor gives its series (``tests/deploy/test_helm.py``): :func:`promtool_tests` takes the scrape
 target's labels and the rules' selector."""
 
 from __future__ import annotations

@@ -42,11 +42,11 @@ import openai
 import yaml
 from rich.console import Console
 
+from context_ceiling.ceilings.document import dump_document, load_document
+from context_ceiling.ceilings.push import push
 from context_ceiling.cli import main as ceiling_cli
-from context_ceiling.core.ceilings import dump_document, load_document
 from context_ceiling.core.engine_tokenize import SyncEngine
 from context_ceiling.core.models import UpstreamSpec
-from context_ceiling.core.push import push
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.sweep import replay as replays
 from context_ceiling.sweep.prompts import ContextBuilder, Meter

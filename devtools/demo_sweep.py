@@ -1,5 +1,5 @@
 """The demo's sweep on the embedded defaults, shared by ``make demo`` and the test that keeps it
-true (``tests/test_real_model.py``: derive must accept it without ``--force``)."""
+true (``tests/sweep/test_real_model.py``: derive must accept it without ``--force``)."""
 
 from __future__ import annotations
 

@@ -5,3 +5,10 @@ servers on them (``serving``), and the ``ceiling`` command as a child process (`
 
 It is not part of the installed package; both ``pytest`` (``pythonpath``) and
 ``python -m benchmarks.<name>`` from the repository root import it as ``testkit``."""
+
+from pathlib import Path
+
+#: the repository's root (the tests and the benchmarks read its docs, charts and generated files)
+REPO = Path(__file__).resolve().parents[1]
+
+__all__ = ["REPO"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from context_ceiling.core.ceilings import parse_document
+from context_ceiling.ceilings.document import parse_document
 from context_ceiling.sidecar.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ sending and the sidecar that enforces after agree on every count.
 from __future__ import annotations
 
 from context_ceiling.budget import Budget
-from context_ceiling.core.ceilings import (
+from context_ceiling.ceilings.document import (
     CeilingEntry,
     CeilingsDocument,
     CeilingsError,

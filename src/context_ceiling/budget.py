@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_ceiling.core.ceilings import CeilingsDocument
+from context_ceiling.ceilings.document import CeilingsDocument
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec, build_counter
 from context_ceiling.core.tokenizers import CalibratedCounter, TextCounter, TiktokenCounter
 from context_ceiling.core.trim import MARKER, input_budget

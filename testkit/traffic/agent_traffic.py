@@ -1,6 +1,6 @@
 """Generated agent traffic in both APIs, and validators of the providers' published rules.
 
-Shared by the property tests (``tests/test_trim_agents.py``) and the trimming benchmark
+Shared by the property tests (``tests/core/test_trim_agents.py``) and the trimming benchmark
 (``benchmarks/trim_validity.py``), so both judge the trimmer by the same rules. Each generator
 takes a ``random.Random``: a seed is a conversation.
 

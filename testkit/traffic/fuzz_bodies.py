@@ -1,6 +1,6 @@
 """Request bodies for fuzzing: valid templates of both APIs touching every field the sidecar
 reads, a list of every path into them, and a mutation that puts another JSON value at one path.
-Shared by the property test (``tests/test_failure_modes.py``) and ``benchmarks/fuzz.py``."""
+Shared by the property test (``tests/sidecar/test_failure_modes.py``) and ``benchmarks/fuzz.py``."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
 
 
 def ceilings_command(args: argparse.Namespace) -> int:
-    from context_ceiling.core.ceilings import (
+    from context_ceiling.ceilings.document import (
         CeilingsError,
         fit_problems,
         json_schema,

@@ -39,14 +39,14 @@ def add_parser(sub: Any) -> None:
 
 
 def push_command(args: argparse.Namespace) -> int:
-    from context_ceiling.core.push import PushError, push
+    from context_ceiling.ceilings.push import PushError, push
 
     if not args.to and not args.file and not args.to_configmap:
         raise UserError(
             "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
         )
     if args.config:
-        from context_ceiling.core.ceilings import CeilingsError, fit_problems, load_document
+        from context_ceiling.ceilings.document import CeilingsError, fit_problems, load_document
         from context_ceiling.sidecar.config import load_settings
 
         settings = load_settings(args.config)

@@ -89,7 +89,7 @@ def serve_command(args: argparse.Namespace) -> int:
 def _check(settings: Any, as_json: bool = False) -> int:
     """What startup would load, without listening: the registry (tokenizer files), the
     ceilings file against that registry, the admin token file."""
-    from context_ceiling.core.ceilings import CeilingsError, fit_problems, load_document
+    from context_ceiling.ceilings.document import CeilingsError, fit_problems, load_document
     from context_ceiling.core.models import Registry
     from context_ceiling.core.tokenizers import TiktokenCounter
     from context_ceiling.sidecar.config import admin_token

@@ -12,7 +12,7 @@ The same vocabularies can also drive a faster reimplementation of tiktoken's enc
 through a bounded cache of pieces it has encoded; docs/counting.md has the measured figures). Either is used only where it agrees with
 tiktoken token for token on the packaged check text (``data/bpe_check.txt``, many scripts and
 edge cases), and tiktoken stays the fallback: without them, when they disagree, and for text they
-cannot take (lone surrogates, which tiktoken repairs itself). ``tests/test_bpe_engines.py``
+cannot take (lone surrogates, which tiktoken repairs itself). ``tests/core/test_bpe_engines.py``
 proves identical counts on a large multilingual corpus, for each.
 """
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument
+from context_ceiling.ceilings.document import CeilingEntry, CeilingsDocument
 from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.tokenizers import TextCounter

@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from context_ceiling.core.ceilings import EMPTY, CeilingsDocument
+from context_ceiling.ceilings.document import EMPTY, CeilingsDocument
 from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.models import OTHER, ModelSpec
 from context_ceiling.formats.base import Expect, Route, Usage

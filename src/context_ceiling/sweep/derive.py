@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from context_ceiling.core.ceilings import (
+from context_ceiling.ceilings.document import (
     CeilingEntry,
     CeilingsDocument,
     Provenance,

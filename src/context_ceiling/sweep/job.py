@@ -17,9 +17,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from context_ceiling.ceilings.kube import Cluster, ConfigMaps, split_target
+from context_ceiling.ceilings.push import push
 from context_ceiling.core.errors import UserError
-from context_ceiling.core.kube import Cluster, ConfigMaps, split_target
-from context_ceiling.core.push import push
 from context_ceiling.core.vocabulary import Mode
 from context_ceiling.sweep.derive import DeriveOptions, derive
 from context_ceiling.sweep.merge import merge

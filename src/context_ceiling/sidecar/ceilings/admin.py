@@ -18,7 +18,7 @@ import hmac
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from context_ceiling.core.ceilings import (
+from context_ceiling.ceilings.document import (
     EMPTY,
     CeilingsDocument,
     CeilingsError,

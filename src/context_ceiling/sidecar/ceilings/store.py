@@ -20,7 +20,7 @@ from typing import Literal
 
 import anyio
 
-from context_ceiling.core.ceilings import (
+from context_ceiling.ceilings.document import (
     EMPTY,
     CeilingsDocument,
     CeilingsError,

@@ -25,7 +25,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from context_ceiling.core.ceilings import CeilingsDocument
+from context_ceiling.ceilings.document import CeilingsDocument
 from context_ceiling.core.tokenizers import CountCache
 from context_ceiling.core.utilization import COMPONENTS, Component
 

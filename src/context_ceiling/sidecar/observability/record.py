@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from context_ceiling.core.ceilings import CeilingEntry
+from context_ceiling.ceilings.document import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
 from context_ceiling.core.vocabulary import STAGE_COMPONENT
 from context_ceiling.sidecar.capture.writer import Pending

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from context_ceiling.core.ceilings import CeilingEntry, CeilingsDocument, traffic_shape
+from context_ceiling.ceilings.document import CeilingEntry, CeilingsDocument, traffic_shape
 from context_ceiling.core.counting import RequestCount
 
 log = logging.getLogger(__name__)

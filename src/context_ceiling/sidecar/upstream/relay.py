@@ -118,7 +118,7 @@ class SSERelay(Response):
             # The hang-up is delivered through an anyio cancel scope around the pump: anyio never
             # lands a scope's cancellation inside a transport's shielded clean-up; a bare
             # task.cancel() of the pump can, and under load that leaked upstream pool slots
-            # (seen with httpcore's pool; tests/test_serve_process.py, streams
+            # (seen with httpcore's pool; tests/sidecar/test_serve_process.py, streams
             # cut at any moment, holds every transport to it). The watcher is a plain
             # task (it only waits on receive(), safe to cancel outright): a task group for it
             # costs more per stream than the whole watcher.

@@ -44,7 +44,7 @@ from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from context_ceiling.core.ceilings import (
+from context_ceiling.ceilings.document import (
     CeilingsDocument,
     CeilingsError,
     dump_document,

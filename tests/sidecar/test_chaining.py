@@ -17,13 +17,13 @@ import pytest
 from benchmarks import targets
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
+from testkit import REPO
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import serve
-from tests.test_ceilings import wait_for
+from tests.ceilings.test_ceilings import wait_for
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 MSG: list[Any] = [{"role": "user", "content": "What is the answer?"}]
 MODELS = [{"match": "gpt-4o", "window": 128000, "max_output_tokens": 16384}]
 
@@ -32,7 +32,7 @@ MODELS = [{"match": "gpt-4o", "window": 128000, "max_output_tokens": 16384}]
 def litellm_proxy(up: str, workdir: Path) -> Iterator[str]:
     """LiteLLM's proxy (installed once, cached, by the project's own script, as ``make test``
     does) serving gpt-4o from the OpenAI-style API at ``up``; yields its base URL."""
-    subprocess.run(["bash", str(ROOT / "scripts" / "litellm.sh")], capture_output=True, check=True)
+    subprocess.run(["bash", str(REPO / "scripts" / "litellm.sh")], capture_output=True, check=True)
     target = targets.litellm(up, workdir, models=["gpt-4o"])
     assert target is not None
     try:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import httpx
 
-from context_ceiling.core.ceilings import (
+from context_ceiling.ceilings.document import (
     EMPTY,
     CeilingsDocument,
     CeilingsError,
@@ -26,8 +26,8 @@ from context_ceiling.core.ceilings import (
     parse_document,
     write_atomically,
 )
+from context_ceiling.ceilings.kube import Cluster, ConfigMaps, KubeError, split_target
 from context_ceiling.core.errors import CeilingError
-from context_ceiling.core.kube import Cluster, ConfigMaps, KubeError, split_target
 
 
 class PushError(CeilingError):

@@ -18,6 +18,7 @@ from context_ceiling.sidecar.capture.secret_rules import (
     go_to_python,
     merge,
 )
+from testkit import REPO
 from testkit.traffic.secret_corpus import FAMILIES, corpus, leaked
 from tests.conftest import Running
 
@@ -76,7 +77,7 @@ def test_every_family_of_the_corpus_is_redacted() -> None:
 
 
 def test_no_false_positives_on_the_bundled_task_sets() -> None:
-    root = Path(__file__).resolve().parent.parent / "src" / "context_ceiling" / "sweep" / "tasksets"
+    root = REPO / "src" / "context_ceiling" / "sweep" / "tasksets"
     r = Redactor([], [], lambda kind, n: None)
     lines = [
         line

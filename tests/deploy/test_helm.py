@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from context_ceiling.core.ceilings import parse_document
+from context_ceiling.ceilings.document import parse_document
 from context_ceiling.sidecar.config import load_settings
+from testkit import REPO
 from tests.conftest import PROMTOOL, needs_promtool
 
 pytestmark = [pytest.mark.helm]
 
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "context-ceiling"
+CHART = REPO / "helm" / "context-ceiling"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 MONITORING = [
     "--api-versions",
@@ -35,7 +35,7 @@ MONITORING = [
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     binary = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "helm.sh")], capture_output=True, text=True, check=True
+        ["bash", str(REPO / "scripts" / "helm.sh")], capture_output=True, text=True, check=True
     ).stdout.strip()
     home = tmp_path_factory.mktemp("helm")
     os.environ.update(
@@ -48,7 +48,7 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def crd_validator() -> list[str]:
     """The Prometheus Operator's own CRD schemas (npm), to validate ServiceMonitor/PrometheusRule."""
     script = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "crd_validator.sh")],
+        ["bash", str(REPO / "scripts" / "crd_validator.sh")],
         capture_output=True,
         text=True,
         check=True,
@@ -263,7 +263,7 @@ def test_sidecar_in_your_own_pod(helm: list[str], tmp_path: Path) -> None:
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
     assert {k for k, _ in docs} == {"ConfigMap", "Secret"}
-    example = yaml.safe_load((ROOT / "examples" / "sidecar-in-pod.yaml").read_text())
+    example = yaml.safe_load((REPO / "examples" / "sidecar-in-pod.yaml").read_text())
     pod = example["spec"]["template"]["spec"]
     configmaps = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
     assert configmaps == {name for kind, name in docs if kind == "ConfigMap"}
@@ -276,7 +276,7 @@ def test_sidecar_in_your_own_pod(helm: list[str], tmp_path: Path) -> None:
         Path(sys.executable).parent / "kubernetes-validate"
     )
     r = subprocess.run(
-        [kv, "-k", "1.30.0", "--strict", str(ROOT / "examples" / "sidecar-in-pod.yaml")],
+        [kv, "-k", "1.30.0", "--strict", str(REPO / "examples" / "sidecar-in-pod.yaml")],
         capture_output=True,
         text=True,
     )

@@ -16,13 +16,18 @@ import httpx
 import pytest
 import yaml
 
-from context_ceiling.core.ceilings import CeilingsError, json_schema, load_document, parse_document
+from context_ceiling.ceilings.document import (
+    CeilingsError,
+    json_schema,
+    load_document,
+    parse_document,
+)
+from testkit import REPO
 from testkit.cli import ceiling
 from testkit.serving import ceiling_serve, free_port
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "admin-token-Z9"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 MSG: list[Any] = [{"role": "user", "content": "hello"}]
@@ -45,7 +50,7 @@ def running_version(sc: Running) -> int:
 
 
 def test_committed_json_schema_is_current() -> None:
-    committed = json.loads((ROOT / "schemas" / "ceilings.schema.json").read_text())
+    committed = json.loads((REPO / "schemas" / "ceilings.schema.json").read_text())
     assert committed == json_schema(), "run: ceiling ceilings schema > schemas/ceilings.schema.json"
 
 

@@ -17,6 +17,7 @@ import pytest
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from devtools.llamacpp import RunningServer, llama_server
+from testkit import REPO
 from testkit.serving import serve
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
@@ -159,9 +160,9 @@ def test_sweep_derive_push_enforce_on_the_real_model(
     """The whole loop on the real model: a small sweep through the sidecar's bypass, a derived
     ceiling pushed to the running sidecar, and enforced requests that fit it. Asserts the
     pipeline's contracts, not the model's accuracy."""
+    from context_ceiling.ceilings.document import load_document
+    from context_ceiling.ceilings.push import push
     from context_ceiling.cli import main as cli_main
-    from context_ceiling.core.ceilings import load_document
-    from context_ceiling.core.push import push
 
     token = "e2e-admin-token"
     monkeypatch.setenv("CEILING_ADMIN_TOKEN", token)
@@ -314,7 +315,7 @@ def test_the_server_never_outlives_its_parent(tmp_path: Any) -> None:
         [sys.executable, str(script)],
         stdout=subprocess.PIPE,
         text=True,
-        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env=os.environ | {"PYTHONPATH": str(REPO)},
     )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
@@ -335,8 +336,8 @@ def test_the_demo_sweep_is_accepted_without_force(tmp_path: Path) -> None:
     """``make demo``'s sweep, as it runs (its task set, window, levels, items, tolerance), on the
     real model: ``derive`` accepts it by the product's own rule, with no ``--force``. Fails the
     day the demo would end in a number it says not to enforce."""
+    from context_ceiling.ceilings.document import load_document
     from context_ceiling.cli import main as cli_main
-    from context_ceiling.core.ceilings import load_document
     from devtools.demo_sweep import DEMO
 
     run = tmp_path / "sweep"

@@ -10,8 +10,9 @@ import httpx
 import pytest
 import yaml
 
-from context_ceiling.core.ceilings import parse_document
+from context_ceiling.ceilings.document import parse_document
 from context_ceiling.sidecar.config import ConfigError, Settings, load_settings
+from testkit import REPO
 from testkit.traffic.ceiling_docs import doc, entry
 
 GOOD = """
@@ -224,7 +225,7 @@ def test_the_docs_config_example_loads(tmp_path: Path) -> None:
     (`mode: off` unquoted included)."""
     import re
 
-    page = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    page = (REPO / "docs" / "configuration.md").read_text()
     found = re.search(r"```yaml\n(listen:.*?)```", page, re.S)
     assert found is not None
     s = load_settings(write(tmp_path, found.group(1)))

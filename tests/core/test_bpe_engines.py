@@ -42,13 +42,13 @@ from context_ceiling.core.tokenizers import (
     load_encoding,
     pieces_are_short,
 )
+from testkit import REPO
 
 riptoken = pytest.importorskip("riptoken", reason="the fast extra (riptoken) is not installed")
 gigatoken_rs = pytest.importorskip(
     "gigatoken.gigatoken_rs", reason="the gigatoken extra is not installed"
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 ENCODINGS = sorted(ENCODING_SHA256)
 
 #: Unicode blocks the generated corpus draws words from: every major script, cased and uncased,
@@ -154,9 +154,9 @@ def repository_texts() -> Iterator[str]:
     """The repository's own texts: the README, the bundled task sets' corpora and questions,
     the dashboards, the chart, the sources and tests (code, prose, JSON, YAML)."""
     for pattern in ("*.md", "src/**/*.py", "src/**/*.jsonl", "src/**/*.txt", "tests/*.py"):
-        for path in sorted(ROOT.glob(pattern)):
+        for path in sorted(REPO.glob(pattern)):
             yield path.read_text(encoding="utf-8")
-    for path in sorted((ROOT / "dashboards" / "generated").glob("*")):
+    for path in sorted((REPO / "dashboards" / "generated").glob("*")):
         if path.is_file():
             yield path.read_text(encoding="utf-8")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import httpx
 
@@ -15,9 +14,8 @@ from dashboards.config import ALERTS, RUNBOOK
 from dashboards.panels import dashboard
 from dashboards.rule_tests import STANDALONE_TARGET, cases
 from dashboards.rules import alerts, rules_file
+from testkit import REPO
 from tests.conftest import PROMTOOL, Running, needs_promtool
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_generated_files_are_current() -> None:
@@ -29,7 +27,7 @@ def test_generated_files_are_current() -> None:
 def test_every_alert_has_a_case_and_a_runbook_entry() -> None:
     names = [a["alert"] for a in alerts()]
     assert sorted(names) == sorted(c[0] for c in cases(STANDALONE_TARGET, {})) == sorted(ALERTS)
-    runbook = (ROOT / "dashboards" / "runbook.md").read_text()
+    runbook = (REPO / "dashboards" / "runbook.md").read_text()
     for a in alerts():
         anchor = a["annotations"]["runbook_url"].split("#")[1]
         assert f"## {a['alert']}" in runbook and anchor == a["alert"].lower()
@@ -38,7 +36,7 @@ def test_every_alert_has_a_case_and_a_runbook_entry() -> None:
 @needs_promtool
 def test_promtool_check_and_test_rules() -> None:
     """The committed files, as an operator would run them."""
-    generated = ROOT / "dashboards" / "generated"
+    generated = REPO / "dashboards" / "generated"
     for args in (["check", "rules", "rules.yaml"], ["test", "rules", "rules_test.yaml"]):
         r = subprocess.run(
             [PROMTOOL or "promtool", *args], capture_output=True, text=True, cwd=generated
@@ -92,7 +90,7 @@ def test_dashboard_imports_and_explains_itself() -> None:
     required = {(r["type"], r["id"]) for r in d["__requires"]}
     assert {("grafana", "grafana"), ("datasource", "prometheus")} <= required
     assert {("panel", p["type"]) for p in d["panels"]} <= required
-    runbook = (ROOT / "dashboards" / "runbook.md").read_text()
+    runbook = (REPO / "dashboards" / "runbook.md").read_text()
     linked = set()
     for p in d["panels"]:
         assert len(p["description"]) > 30, p["title"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from context_ceiling.core.ceilings import load_document
+from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.analysis import Design, analyse_graded
 from context_ceiling.sweep.prompts import Prompt
 from context_ceiling.sweep.scorer import grade
@@ -26,11 +26,10 @@ from context_ceiling.sweep.statistics import (
     items_for,
 )
 from context_ceiling.sweep.taskset import ExactAnswer, Item
+from testkit import REPO
 from testkit.doubles.scripted_model import ScriptedModelDouble
 from testkit.serving import serve
-from tests.test_sweep import TS, WINDOW, common, run_cli
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.sweep.test_sweep import TS, WINDOW, common, run_cli
 
 
 @pytest.fixture
@@ -284,7 +283,7 @@ def test_the_counter_is_reconciled_with_the_reported_prompt_tokens(
 def test_validity_benchmark_runs_the_real_code() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "benchmarks.validity", "--runs", "2"],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,

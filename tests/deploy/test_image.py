@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from context_ceiling import __version__
+from testkit import REPO
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import free_port, serve, wait_healthy
 
@@ -37,7 +38,6 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/context-ceiling:test"
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
 
@@ -53,7 +53,7 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def container() -> Iterator[tuple[str, Path, dict[str, str]]]:
     """(container id, its filesystem mounted on the host, the image's environment)."""
     r = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "image.sh")],
+        ["bash", str(REPO / "scripts" / "image.sh")],
         capture_output=True,
         text=True,
         timeout=1200,

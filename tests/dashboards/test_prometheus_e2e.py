@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from dashboards.panels import dashboard, with_all
+from testkit import REPO
 from testkit.serving import free_port
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
 
 PROMETHEUS = shutil.which("prometheus")
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "prom-admin"
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus comes from the Debian package (.ci/run installs it)"
@@ -40,7 +40,7 @@ def prometheus(
     target = sc.url.removeprefix("http://")
     rules = tmp_path / "rules.yaml"
     # the generated rules, evaluated every second for the test
-    data = yaml.safe_load((ROOT / "dashboards" / "generated" / "rules.yaml").read_text())
+    data = yaml.safe_load((REPO / "dashboards" / "generated" / "rules.yaml").read_text())
     for g in data["groups"]:
         g["interval"] = "1s"
     rules.write_text(yaml.safe_dump(data))

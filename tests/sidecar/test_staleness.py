@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from context_ceiling.core.ceilings import traffic_shape as shape
+from context_ceiling.ceilings.document import traffic_shape as shape
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.formats.openai_chat import count as count_openai

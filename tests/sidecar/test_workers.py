@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import ceiling_serve, free_port, serve
 from testkit.traffic.ceiling_docs import doc, entry
-from tests.test_serve_process import observing
+from tests.sidecar.test_serve_process import observing
 
 TOKEN = "admin-token-for-workers"
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello there"}]}
@@ -189,7 +189,7 @@ def test_a_worker_running_a_newer_document_leaves_an_older_push_unconfirmed(
     the push that lost says so (workers_applied < workers) instead of claiming the pod."""
     import asyncio
 
-    from context_ceiling.core.ceilings import parse_document
+    from context_ceiling.ceilings.document import parse_document
     from context_ceiling.core.models import Registry
     from context_ceiling.sidecar.ceilings.store import CeilingStore
     from context_ceiling.sidecar.config import Settings
@@ -235,7 +235,7 @@ async def _wait(group: object, digest: str) -> tuple[int, int]:
 
 
 def test_a_push_that_missed_a_worker_is_a_failed_push() -> None:
-    from context_ceiling.core.push import PushError, _workers
+    from context_ceiling.ceilings.push import PushError, _workers
 
     full = httpx.Response(
         200, json={"applied": True, "version": 4, "workers": 3, "workers_applied": 3}

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from context_ceiling.ceilings.document import load_document
 from context_ceiling.cli import main as cli_main
-from context_ceiling.core.ceilings import load_document
 from context_ceiling.core.utilization import FILL_BUCKETS, fill_bucket
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.taskset import TaskSetError, bundled_path, load_taskset
