@@ -32,6 +32,8 @@ def _cell(text: str) -> str:
 
 def _default(action: argparse.Action) -> str:
     d = action.default
+    if action.nargs == 0:  # a flag: its name says what it does
+        return ""
     if d is None or d is False or d == [] or d is argparse.SUPPRESS:
         return ""
     return f"`{d}`"

@@ -424,7 +424,7 @@ def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
         assert verdict["holds"] and verdict["verdict"].startswith("ceiling holds")
         plan = json.loads((tmp_path / "same" / "plan.json").read_text())
         # as many of the baseline's items as a difference in differences at 0.15 needs: all 20
-        assert plan["repeats"] == 3 and len(plan["item_ids"]) == 20
+        assert plan["spec"]["repeats"] == 3 and len(plan["item_ids"]) == 20
         # the reference, the baseline's ceiling level and the first level above it
         baseline = json.loads((base / "summary.json").read_text())["analysis"]
         assert plan["levels"][0] == 0.2 and baseline["ceiling_level"] in plan["levels"]

@@ -121,7 +121,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="many items' evidence in one haystack per level",
     )
-    p.add_argument("--no-control", action="store_true", help="skip the closed-book control calls")
+    p.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="skip the closed-book control calls",
+    )
     p.add_argument("--max-calls", type=int, help="stop starting calls after this many")
     p.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
     p.add_argument(
@@ -181,7 +186,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="going through a sidecar: send x-ceiling-bypass (CEILING_ADMIN_TOKEN)",
     )
     p.add_argument(
-        "--no-json-mode", action="store_true", help="do not ask for response_format json_object"
+        "--no-json-mode",
+        dest="json_mode",
+        action="store_false",
+        help="do not ask for response_format json_object",
     )
     p.add_argument("--out", help="run directory (default runs/<run id>)")
     p.add_argument(

@@ -436,8 +436,8 @@ def design_of(plan: Plan) -> Design:
     ids = plan.item_ids
     per = {lv: ids[: plan.items_at(lv)] for lv in plan.levels}
     n_control = plan.n_control if plan.n_control is not None else len(ids)
-    control = ids[:n_control] if plan.control else []
-    return Design(per, plan.repeats, control, plan.chain_reference)
+    control = ids[:n_control] if plan.spec.control else []
+    return Design(per, plan.spec.repeats, control, plan.chain_reference)
 
 
 @dataclass(frozen=True)
@@ -460,7 +460,7 @@ def analysis_of(
     """Read ``out`` (plan, call log, task set) and analyse it; the tolerance, margin and floor
     default to the plan's."""
     plan = Plan.load(out)
-    ts = load_taskset(plan.taskset_arg)
+    ts = load_taskset(plan.spec.taskset)
     wanted = set(plan.item_ids)
     items = {i.id: i for i in ts.items if i.id in wanted}
     rows = [r.row() for r in CallLog(out / "calls.jsonl").records().values()]
@@ -469,8 +469,8 @@ def analysis_of(
         rows,
         items,
         plan.window,
-        tolerance if tolerance is not None else plan.tolerance,
-        margin if margin is not None else plan.margin,
+        tolerance if tolerance is not None else plan.spec.tolerance,
+        margin if margin is not None else plan.spec.margin,
         design=design_of(plan),
         docs={d.id: d.text for d in ts.docs.values()},
         floor=floor if floor is not None else (plan.min_accuracy or DEFAULT_FLOOR),

@@ -60,7 +60,7 @@ def entry_from(
         ceiling_tokens=analysis.ceiling_tokens,
         ceiling_utilization=round(analysis.ceiling_tokens / analysis.window, 6),
         window=analysis.window,
-        output_reservation=plan.max_tokens,
+        output_reservation=plan.spec.max_tokens,
         metric=ts.metric,
         tolerance=analysis.tolerance,
         margin=analysis.margin,
@@ -73,7 +73,7 @@ def entry_from(
             corpus_hash=ts.corpus_hash,
             retrieval={
                 "documents_per_prompt": round(docs, 1),
-                "shared_haystack": plan.shared_haystack,
+                "shared_haystack": plan.spec.shared_haystack,
             },
             model_version=versions.most_common(1)[0][0] if versions else None,
             note=f"level {analysis.ceiling_level} measured at utilization "

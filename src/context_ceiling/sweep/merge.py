@@ -17,15 +17,20 @@ from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.report import report
 
 #: what every shard of one sweep must share
-SAME = ("taskset", "model", "window", "levels", "repeats", "seed", "max_tokens", "shared_haystack")
+#: what every shard of one sweep shares: the resolved task set, window and levels, and the spec's
+#: model, repeats, seed, output cap and haystacks
+SAME = ("taskset", "window", "levels")
+SAME_SPEC = ("model", "repeats", "seed", "max_tokens", "shared_haystack")
 
 
 def merge(out: Path, shards: list[Path], console: Console) -> int:
     plans = [Plan.load(d) for d in shards]
     first = plans[0]
     for p in plans[1:]:
-        for k in SAME:
-            if getattr(p, k) != getattr(first, k):
+        pairs = [(k, getattr(p, k), getattr(first, k)) for k in SAME]
+        pairs += [(k, getattr(p.spec, k), getattr(first.spec, k)) for k in SAME_SPEC]
+        for k, mine, theirs in pairs:
+            if mine != theirs:
                 raise UserError(f"the shards disagree on {k}: they are not parts of one sweep")
     parts = [p.shard for p in plans if p.shard]
     if parts:

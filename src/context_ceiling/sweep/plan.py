@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import httpx
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
 from context_ceiling.core.vocabulary import SweepApi
+from context_ceiling.sweep.spec import Spec
 from context_ceiling.sweep.taskset import Item
+
+#: the spec's field names (a plan written before the spec had a model names them at the top)
+SPEC = frozenset(Spec.model_fields)
 
 PLAN_FILE = "plan.json"
 
@@ -51,31 +55,12 @@ class Plan(Strict):
 
     run_id: str
     created_at: str = ""
-    base_url: str
-    api: SweepApi = "openai"
-    model: str
-    taskset_arg: str
-    items: int | None = None  # a fixed number of items asked for (None: by the tolerance)
-    levels_arg: str = "0.2,0.5,0.8,max"
-    repeats: int = 3
-    window_arg: str = "auto"
-    tokenizer: str = "auto"
-    tokenize_url: str | None = None
-    max_tokens: int = 100
-    shared_haystack: bool = False
-    control: bool = True
-    seed: int = 0
-    json_mode: bool = True
-    tolerance: float = 0.05
-    margin: float = 0.1
-    resolution: float = 0.05
+    #: what the sweep measures, as asked for
+    spec: Spec
     min_accuracy: float | None = None
     shard: tuple[int, int] | None = None
     refine: bool = False
     adaptive: bool = False
-    low_fill: float = 0.0
-    reasoning: Literal["auto", "off", "openai", "anthropic"] = "auto"
-    reasoning_tokens: int = 0
     baseline: str | None = None  # the run a --reduced regression check is paired against
     merged_from: list[str] | None = None
     # resolved before the first call
@@ -95,6 +80,21 @@ class Plan(Strict):
     n_control: int | None = None
     planned_items: int | None = None
     item_cap: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        """A plan written before the spec had a model of its own: its fields at the top level,
+        three of them named after their arguments."""
+        if not isinstance(data, dict) or "spec" in data:
+            return data
+        renamed = {"taskset_arg": "taskset", "levels_arg": "levels", "window_arg": "window"}
+        resolved = {"taskset", "levels", "window"}  # the plan's own, resolved, of those names
+        data = dict(data)
+        moved = [k for k in data if k in renamed or (k in SPEC and k not in resolved)]
+        spec = {renamed.get(k, k): data.pop(k) for k in moved}
+        spec.setdefault("low_fill", 0.0)
+        return {**data, "spec": spec}
 
     @classmethod
     def load(cls, run_dir: Path) -> Plan:
@@ -121,7 +121,7 @@ class Plan(Strict):
         below it and is not in the chain)."""
         if self.reference is not None:
             return self.reference
-        chain = [lv for lv in self.levels if lv != self.low_fill] or self.levels
+        chain = [lv for lv in self.levels if lv != self.spec.low_fill] or self.levels
         return min(chain)
 
 

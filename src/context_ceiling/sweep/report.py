@@ -182,16 +182,14 @@ def ceiling_line(a: Analysis) -> str:
 
 
 #: what the report shows of the plan
-PROVENANCE = {
-    "run_id",
-    "created_at",
-    "taskset",
-    "endpoint",
-    "levels",
-    "repeats",
-    "seed",
-    "counter",
-    "shared_haystack",
+PROVENANCE: dict[str, Any] = {
+    "run_id": True,
+    "created_at": True,
+    "taskset": True,
+    "endpoint": True,
+    "levels": True,
+    "counter": True,
+    "spec": {"repeats", "seed", "shared_haystack"},
 }
 
 
@@ -298,13 +296,13 @@ def write(
 ) -> dict[str, Path]:
     ts = plan.taskset.model_dump() if plan.taskset else {}
     metric = plan.taskset.metric if plan.taskset else "accuracy"
-    title = f"{plan.model} on {ts.get('name', plan.taskset_arg)} (window {a.window:,})"
+    title = f"{plan.spec.model} on {ts.get('name', plan.spec.taskset)} (window {a.window:,})"
     rep = replay.load(out)
     png = plot(a, title, metric, rep)
     (out / "curve.png").write_bytes(png)
     summary = {
         "run_id": plan.run_id,
-        "model": plan.model,
+        "model": plan.spec.model,
         "taskset": ts,
         "analysis": a.to_json(),
         # each level's fill bucket, as the sidecar's answer signals and the dashboard name it

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 
@@ -30,6 +30,7 @@ from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.design import Step, batch_size, next_step
 from context_ceiling.sweep.plan import (
+    SPEC,
     EndpointRef,
     Plan,
     TaskSetRef,
@@ -44,6 +45,7 @@ from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
 from context_ceiling.sweep.solver import Budget, Endpoint, Runner, Sample
+from context_ceiling.sweep.spec import Reasoning, Spec
 from context_ceiling.sweep.statistics import MIN_ITEMS, expected_half_width, items_for
 from context_ceiling.sweep.taskset import Item, load_taskset
 
@@ -66,7 +68,7 @@ class RunOptions:
     max_tokens: int = 100
     concurrency: int = 1
     shared_haystack: bool = False
-    no_control: bool = False
+    control: bool = True
     max_calls: int | None = None
     max_input_tokens: int | None = None
     #: what a million tokens cost, IN,OUT[,CACHED] dollars (0: self-hosted); default: the model's
@@ -77,14 +79,14 @@ class RunOptions:
     refine: bool | None = None  # None: on, except per shard
     adaptive: bool | None = None  # None: on, except per shard
     low_fill: float = 0.1
-    reasoning: Literal["auto", "off", "openai", "anthropic"] = "auto"
+    reasoning: Reasoning = "auto"
     reasoning_tokens: int = 0
     tolerance: float = 0.05
     margin: float = 0.1
     resolution: float = 0.05
     seed: int = 0
     bypass: bool = False
-    no_json_mode: bool = False
+    json_mode: bool = True
     out: str | None = None
     resume: bool = False
     dry_run: bool = False
@@ -105,10 +107,10 @@ def run(opts: RunOptions, console: Console) -> int:
     console.print(
         f"[bold]run[/] {plan.run_id} -> {out}  (window {sweep.window:,}, counter "
         f"{sweep.meter.name}, {len(plan.item_ids)} items, expected CI "
-        f"±{expected_half_width(len(plan.item_ids), plan.repeats):.1%})"
+        f"±{expected_half_width(len(plan.item_ids), plan.spec.repeats):.1%})"
     )
     opening = sweep.runner.estimate(sweep.samples_for(plan.levels, plan.n_control or 0))
-    console.print(cost_line(sweep.costs(*opening), plan.model))
+    console.print(cost_line(sweep.costs(*opening), plan.spec.model))
     try:
         sweep.run()
     except KeyboardInterrupt:
@@ -144,8 +146,8 @@ def _planned(opts: RunOptions) -> tuple[Path, Plan]:
         if not opts.baseline or not (Path(opts.baseline) / "plan.json").exists():
             raise UserError("--reduced needs --baseline pointing at a finished run directory")
         baseline = analysis_of(Path(opts.baseline))
-        base_url = base_url or baseline.plan.base_url
-        model = model or baseline.plan.model
+        base_url = base_url or baseline.plan.spec.base_url
+        model = model or baseline.plan.spec.model
     if not base_url or not model:
         raise UserError("--base-url and --model are required")
     out = Path(opts.out) if opts.out else None
@@ -158,61 +160,51 @@ def _planned(opts: RunOptions) -> tuple[Path, Plan]:
     shard = parse_shard(opts.shard)
     if opts.refine and shard:
         raise UserError("--refine needs the whole curve: refine after 'sweep merge', not per shard")
+    asked = {f: getattr(opts, f) for f in SPEC if f not in ("base_url", "model")}
     plan = Plan(
         run_id=run_id,
         created_at=datetime.now(UTC).isoformat(),
-        base_url=base_url,
-        api=opts.api,
-        model=model,
-        taskset_arg=opts.taskset,
-        items=opts.items,
-        levels_arg=opts.levels,
-        repeats=opts.repeats,
-        window_arg=opts.window,
-        tokenizer=opts.tokenizer,
-        tokenize_url=opts.tokenize_url,
-        max_tokens=opts.max_tokens,
-        shared_haystack=opts.shared_haystack,
-        control=not opts.no_control,
-        seed=opts.seed,
-        json_mode=not opts.no_json_mode,
-        tolerance=opts.tolerance,
-        margin=opts.margin,
-        resolution=opts.resolution,
+        spec=Spec(base_url=base_url, model=model, **asked),
         shard=shard,
         refine=not shard if opts.refine is None else opts.refine,
         adaptive=not shard if opts.adaptive is None else opts.adaptive,
-        low_fill=opts.low_fill,
-        reasoning=opts.reasoning,
-        reasoning_tokens=opts.reasoning_tokens,
     )
     if baseline is not None:
         b = baseline.plan
-        keep = {
-            "taskset_arg",
-            "window",
-            "tokenizer",
-            "max_tokens",
-            "shared_haystack",
-            "seed",
-            "json_mode",
-            "tolerance",
-            "margin",
-            "reasoning",
-            "reasoning_tokens",
-        }
-        plan = plan.model_copy(
-            update=b.model_dump(include=keep)
+        # the baseline's material, counter, calls and decision; three repeats, no control
+        kept = b.spec.model_dump(
+            include={
+                "taskset",
+                "window",
+                "tokenizer",
+                "max_tokens",
+                "shared_haystack",
+                "seed",
+                "json_mode",
+                "tolerance",
+                "margin",
+                "reasoning",
+                "reasoning_tokens",
+            }
+        )
+        spec = plan.spec.model_copy(
+            update=kept
             | {
-                "levels": reduced_levels(baseline.analysis),
-                "reference": baseline.analysis.reference_level,
                 "repeats": 3,
                 "control": False,
+                "tokenize_url": opts.tokenize_url or b.spec.tokenize_url,
+            }
+        )
+        plan = plan.model_copy(
+            update={
+                "spec": spec,
+                "window": b.window,
+                "levels": reduced_levels(baseline.analysis),
+                "reference": baseline.analysis.reference_level,
                 "refine": False,
                 "adaptive": False,
-                "item_ids": _reduced_items(b, opts.items, b.tolerance),
+                "item_ids": _reduced_items(b, opts.items, b.spec.tolerance),
                 "baseline": str(Path(opts.baseline or "").resolve()),
-                "tokenize_url": opts.tokenize_url or b.tokenize_url,
             }
         )
     return out, plan
@@ -224,25 +216,29 @@ class _Sweep:
 
     def __init__(self, plan: Plan, opts: RunOptions, out: Path, console: Console) -> None:
         self.plan, self.opts, self.out, self.console = plan, opts, out, console
-        self.ts = load_taskset(plan.taskset_arg)
-        self.window = plan.window or window_of(plan.window_arg, plan.base_url)
+        self.ts = load_taskset(plan.spec.taskset)
+        self.window = plan.window or window_of(plan.spec.window, plan.spec.base_url)
         if not plan.levels:
-            plan.levels = levels_for(plan.levels_arg, self.window, plan.max_tokens, plan.low_fill)
+            plan.levels = levels_for(
+                plan.spec.levels, self.window, plan.spec.max_tokens, plan.spec.low_fill
+            )
         self.reference = plan.chain_reference
-        self.meter = _meter(plan.tokenizer, plan.tokenize_url or plan.base_url, console)
-        self.builder = ContextBuilder(self.ts, self.meter, plan.seed)
+        self.meter = _meter(
+            plan.spec.tokenizer, plan.spec.tokenize_url or plan.spec.base_url, console
+        )
+        self.builder = ContextBuilder(self.ts, self.meter, plan.spec.seed)
         self.by_id = {it.id: it for it in self.ts.items}
-        self.order = [it.id for it in item_order(self.ts.items, plan.seed)]
-        self.planned = min(len(self.order), items_for(plan.tolerance, plan.repeats))
-        if plan.items:
-            self.target_items = min(len(self.order), plan.items)  # a fixed design
+        self.order = [it.id for it in item_order(self.ts.items, plan.spec.seed)]
+        self.planned = min(len(self.order), items_for(plan.spec.tolerance, plan.spec.repeats))
+        if plan.spec.items:
+            self.target_items = min(len(self.order), plan.spec.items)  # a fixed design
         elif plan.adaptive:
             self.target_items = len(self.order)  # up to every item, where the decision is open
         else:
             self.target_items = self.planned
         if plan.item_ids:
             plan.item_ids = [i for i in plan.item_ids if i in self.by_id]
-        elif plan.adaptive and not plan.items:
+        elif plan.adaptive and not plan.spec.items:
             start = max(MIN_ITEMS, -(-self.planned // 2))
             plan.item_ids = self.order[: min(self.target_items, start)]
         else:
@@ -251,21 +247,23 @@ class _Sweep:
         plan.batches = plan.batches or [drawn]
         plan.n_at = plan.n_at or {level_key(lv): drawn for lv in plan.levels}
         if plan.n_control is None:
-            plan.n_control = drawn if plan.control else 0
+            plan.n_control = drawn if plan.spec.control else 0
         self.smallest = round(min(plan.levels) * self.window)
-        self.price = parse_price(opts.price) if opts.price else lookup(plan.model)
+        self.price = parse_price(opts.price) if opts.price else lookup(plan.spec.model)
         #: what each call may write: the answer and the reasoning reserved beside it
-        self.output_reservation = plan.max_tokens + (plan.reasoning_tokens or 0)
+        self.output_reservation = plan.spec.max_tokens + (plan.spec.reasoning_tokens or 0)
         if opts.budget_usd is not None and self.price is None:
             raise UserError(
-                f"--budget-usd: the price data set has no price for {plan.model}; say what it "
+                f"--budget-usd: the price data set has no price for {plan.spec.model}; say what it "
                 "costs with --price IN,OUT (dollars per million tokens)"
             )
         docs = [self.builder.doc_tokens(d) for d in self.ts.docs]
         self._check_reach(sum(docs))
         plan.window = self.window
         plan.counter = self.meter.name
-        plan.endpoint = EndpointRef(base_url=plan.base_url, api=plan.api, model=plan.model)
+        plan.endpoint = EndpointRef(
+            base_url=plan.spec.base_url, api=plan.spec.api, model=plan.spec.model
+        )
         plan.taskset = TaskSetRef(
             name=self.ts.meta.name,
             hash=self.ts.hash,
@@ -327,7 +325,7 @@ class _Sweep:
             if hi > n:
                 break
             items = [self.by_id[i] for i in ids[lo:hi]]
-            out += group_items(self.builder, items, self.smallest, self.plan.shared_haystack)
+            out += group_items(self.builder, items, self.smallest, self.plan.spec.shared_haystack)
             lo = hi
         if self.plan.shard:
             shard_i, shard_n = self.plan.shard
@@ -335,7 +333,7 @@ class _Sweep:
         return out
 
     def samples_for(self, levels: list[float], control_n: int = 0) -> list[Sample]:
-        runner, repeats = self.runner, self.plan.repeats
+        runner, repeats = self.runner, self.plan.spec.repeats
         got = runner.plan(self.groups_upto(control_n), [], 0, controls=True) if control_n else []
         for lv in sorted(levels):
             got += runner.plan(self.groups_upto(self.plan.items_at(lv)), [lv], repeats, False)
@@ -345,11 +343,11 @@ class _Sweep:
         plan = self.plan
         calls, tokens = self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0))
         drawn = len(plan.item_ids)
-        hw = expected_half_width(drawn, plan.repeats)
+        hw = expected_half_width(drawn, plan.spec.repeats)
         more = (
             f"; {self.planned} items are planned for "
-            f"±{expected_half_width(self.planned, plan.repeats):.1%}: adaptive, up to "
-            f"{self.target_items} items (±{expected_half_width(self.target_items, plan.repeats):.1%})"
+            f"±{expected_half_width(self.planned, plan.spec.repeats):.1%}: adaptive, up to "
+            f"{self.target_items} items (±{expected_half_width(self.target_items, plan.spec.repeats):.1%})"
             " where the decision is still open"
             if plan.adaptive and self.target_items > drawn
             else ""
@@ -357,12 +355,12 @@ class _Sweep:
         cost = self.costs(calls, tokens)
         self.console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens (window {self.window:,}, levels "
-            f"{', '.join(f'{lv:g}' for lv in plan.levels)}, {plan.repeats} repeats, {drawn} items, "
+            f"{', '.join(f'{lv:g}' for lv in plan.levels)}, {plan.spec.repeats} repeats, {drawn} items, "
             f"{plan.groups} haystack group(s)); expected paired-difference 95% CI "
-            f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.tolerance:.0%}{more}; "
+            f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.spec.tolerance:.0%}{more}; "
             "nothing was sent"
         )
-        self.console.print(cost_line(cost, plan.model))
+        self.console.print(cost_line(cost, plan.spec.model))
         if self.opts.json:
             estimate = {
                 "dry_run": True,
@@ -370,13 +368,13 @@ class _Sweep:
                 "input_tokens": tokens,
                 "window": self.window,
                 "levels": list(plan.levels),
-                "repeats": plan.repeats,
+                "repeats": plan.spec.repeats,
                 "items": drawn,
                 "items_planned": self.planned,
                 "items_max": self.target_items if plan.adaptive else drawn,
                 "haystack_groups": plan.groups,
                 "expected_half_width": hw,
-                "tolerance": plan.tolerance,
+                "tolerance": plan.spec.tolerance,
                 "cost_usd": cost,
             }
             print(json.dumps(estimate, indent=2))
@@ -391,13 +389,15 @@ class _Sweep:
             return None
         plan, drawn = self.plan, max(1, len(self.plan.item_ids))
         out = self.output_reservation
-        grow = plan.adaptive and not plan.items
+        grow = plan.adaptive and not plan.spec.items
         factors = {
             "min": 1.0,
             "expected": max(1.0, self.planned / drawn) if grow else 1.0,
             "max": max(1.0, self.target_items / drawn) if grow else 1.0,
         }
-        inp = max(0, tokens - calls * plan.max_tokens)  # the estimate holds the reservation too
+        inp = max(
+            0, tokens - calls * plan.spec.max_tokens
+        )  # the estimate holds the reservation too
         got: dict[str, Any] = {
             k: round(self.price.cost(inp * f, calls * f * out), 2) for k, f in factors.items()
         }
@@ -421,7 +421,7 @@ class _Sweep:
                 target_items=self.target_items,
                 refine=self.plan.refine,
                 adaptive=self.plan.adaptive,
-                resolution=self.plan.resolution,
+                resolution=self.plan.spec.resolution,
                 batch=batch_size(self.planned),
             )
             todo = self.grow(step) if step is not None else None
@@ -443,13 +443,15 @@ class _Sweep:
             drawn = len(plan.item_ids)
             plan.batches = [*plan.batches, drawn]
             plan.n_at = plan.n_at | {level_key(lv): drawn for lv in step.levels}
-            if plan.control:
+            if plan.spec.control:
                 plan.n_control = drawn
             self.console.print(
                 f"adding {len(new_ids)} items at {where} where the decision is open "
                 f"(now {drawn} items)"
             )
-            return self.samples_for(list(step.levels), (plan.n_control or 0) if plan.control else 0)
+            return self.samples_for(
+                list(step.levels), (plan.n_control or 0) if plan.spec.control else 0
+            )
         self.console.print(f"refining: measuring {where} where accuracy drops")
         ref_n = plan.items_at(self.reference)
         plan.n_at = plan.n_at | {level_key(lv): ref_n for lv in step.levels}
@@ -459,7 +461,7 @@ class _Sweep:
 
 def _endpoint(plan: Plan, opts: RunOptions) -> Endpoint:
     key_env = opts.api_key_env or (
-        "ANTHROPIC_API_KEY" if plan.api == "anthropic" else "OPENAI_API_KEY"
+        "ANTHROPIC_API_KEY" if plan.spec.api == "anthropic" else "OPENAI_API_KEY"
     )
     headers = {}
     if opts.bypass:
@@ -467,17 +469,7 @@ def _endpoint(plan: Plan, opts: RunOptions) -> Endpoint:
         if not token:
             raise UserError("--bypass needs CEILING_ADMIN_TOKEN (the sidecar's admin token)")
         headers["x-ceiling-bypass"] = token
-    return Endpoint(
-        base_url=plan.base_url,
-        api=plan.api,
-        model=plan.model,
-        api_key=os.environ.get(key_env),
-        headers=headers,
-        max_tokens=plan.max_tokens,
-        json_mode=plan.json_mode,
-        reasoning=plan.reasoning,
-        reasoning_tokens=plan.reasoning_tokens,
-    )
+    return Endpoint.for_spec(plan.spec, os.environ.get(key_env), headers)
 
 
 def _meter(kind: str, base_url: str, console: Console) -> Meter:

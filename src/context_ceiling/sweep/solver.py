@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -24,6 +24,7 @@ from context_ceiling.core.prices import Price
 from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
 from context_ceiling.sweep.prompts import ContextBuilder, Prompt
+from context_ceiling.sweep.spec import Reasoning, Spec
 from context_ceiling.sweep.taskset import Item
 
 RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504, 529}
@@ -41,12 +42,30 @@ class Endpoint:
     max_tokens: int = 100
     temperature: float = 0.0
     json_mode: bool = True
-    reasoning: Literal["auto", "off", "openai", "anthropic"] = "auto"
+    reasoning: Reasoning = "auto"
     reasoning_tokens: int = 0
     timeout_s: float = 900.0
     max_attempts: int = 5
     backoff_s: float = 1.0
     backoff_cap_s: float = 30.0
+
+    @classmethod
+    def for_spec(
+        cls, spec: Spec, api_key: str | None = None, headers: dict[str, str] | None = None
+    ) -> Endpoint:
+        """The endpoint a sweep's spec calls: its URL, API, model, output cap, JSON mode and
+        reasoning, with the caller's key and extra headers."""
+        return cls(
+            base_url=spec.base_url,
+            api=spec.api,
+            model=spec.model,
+            api_key=api_key,
+            headers=headers or {},
+            max_tokens=spec.max_tokens,
+            json_mode=spec.json_mode,
+            reasoning=spec.reasoning,
+            reasoning_tokens=spec.reasoning_tokens,
+        )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,70 @@
+"""What a sweep measures, named once (:class:`Spec`): the command line fills it in, ``plan.json``
+stores it, the solver calls with it, the analysis judges by it.
+
+Why one model: the same options used to be declared in the command's options, in the plan and
+in the solver's endpoint, and their names drifted (``levels`` here, ``levels_arg`` there;
+``--no-control`` against ``control``). A sweep is re-run and compared with a stored one, so what
+it measured must read the same everywhere it is read.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict
+
+from context_ceiling.core.strict import Strict
+from context_ceiling.core.vocabulary import SweepApi
+
+__all__ = ["Reasoning", "Spec"]
+
+#: how a reasoning model is asked to think (``auto``: as the endpoint defaults)
+Reasoning = Literal["auto", "off", "openai", "anthropic"]
+
+
+class Spec(Strict):
+    """What a sweep measures, as asked for. ``levels`` and ``window`` are the arguments; the plan
+    resolves them (the levels in fill, the window in tokens) before the first call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # -- every call: the same at every level
+    #: the endpoint's base URL (OpenAI style ``.../v1``, or Anthropic's)
+    base_url: str
+    api: SweepApi = "openai"
+    model: str
+    #: the output each call may write
+    max_tokens: int = 100
+    #: ask for a JSON object (``response_format``)
+    json_mode: bool = True
+    reasoning: Reasoning = "auto"
+    #: the thinking budget a reasoning model gets (Anthropic), reserved on top of the output
+    reasoning_tokens: int = 0
+
+    # -- the material
+    #: a bundled task set's name or a task set directory
+    taskset: str = "contracts"
+    #: a fixed number of items (None: as many as the tolerance needs)
+    items: int | None = None
+    #: the padding shared by the items of a group (one haystack, several questions)
+    shared_haystack: bool = False
+
+    # -- the design
+    #: fills, comma-separated, ``max`` for the practical limit
+    levels: str = "0.2,0.5,0.8,max"
+    repeats: int = 3
+    #: the window in tokens, or ``auto`` (a llama.cpp server says)
+    window: str = "auto"
+    #: the counter that measures fill (``auto``: the engine's own tokenizer where it has one)
+    tokenizer: str = "auto"
+    tokenize_url: str | None = None
+    #: the closed-book control (every item with no documents)
+    control: bool = True
+    #: a control level below the reference (0: none)
+    low_fill: float = 0.1
+    seed: int = 0
+
+    # -- the decision
+    tolerance: float = 0.05
+    margin: float = 0.1
+    resolution: float = 0.05
