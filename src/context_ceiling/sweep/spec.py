@@ -1,10 +1,9 @@
 """What a sweep measures, named once (:class:`Spec`): the command line fills it in, ``plan.json``
 stores it, the solver calls with it, the analysis judges by it.
 
-Why one model: the same options used to be declared in the command's options, in the plan and
-in the solver's endpoint, and their names drifted (``levels`` here, ``levels_arg`` there;
-``--no-control`` against ``control``). A sweep is re-run and compared with a stored one, so what
-it measured must read the same everywhere it is read.
+Why one model: options declared apart drift apart, in name and in default, and a sweep is
+re-run and compared with a stored one, so what it measured must read the same wherever it is
+read (the command's options are checked against this model by a test).
 """
 
 from __future__ import annotations
