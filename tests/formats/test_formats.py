@@ -21,6 +21,7 @@ from context_ceiling.formats import (
     GENERATION_APIS,
     MODULES,
     ROUTES,
+    client_api_of,
     count,
     fit,
     route_for,
@@ -197,3 +198,16 @@ def test_anthropic_on_vertex_is_trimmed_and_refused_in_anthropics_words(
             max_tokens=256,
             messages=[{"role": "user", "content": "word " * 4000}],
         )
+
+
+def test_every_api_says_how_its_clients_and_other_routes_are_known() -> None:
+    """Pass-through reads the registry: which API a client speaks (its SDK's headers, its
+    routes' paths; the OpenAI style when nothing says) and the bounded route label of each
+    provider's other routes."""
+    assert client_api_of({"anthropic-version": "2023-06-01"}, "/v1/models") == "anthropic"
+    assert client_api_of({"x-goog-api-key": "k"}, "/v1/models") == "gemini"
+    assert client_api_of({}, "/v1beta/cachedContents") == "gemini"
+    assert client_api_of({"authorization": "Bearer k"}, "/v1/embeddings") == "openai"
+    for api, fmt in API_FORMATS.items():
+        assert fmt.passthrough_routes, api
+        assert all(re.fullmatch(r"[a-z_]+", label) for label in fmt.passthrough_routes.values())

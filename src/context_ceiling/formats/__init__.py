@@ -38,6 +38,7 @@ __all__ = [
     "GENERATION_APIS",
     "MODULES",
     "ROUTES",
+    "client_api_of",
     "count",
     "error_body",
     "fit",
@@ -63,7 +64,10 @@ FORMATS: Mapping[Shape, Format] = MappingProxyType({r.format.shape: r.format for
 
 #: the format that renders an API's errors (the first format of that API)
 API_FORMATS: Mapping[Api, Format] = MappingProxyType(
-    {f.api: f for f in reversed(tuple(FORMATS.values()))}
+    {
+        api: next(f for f in FORMATS.values() if f.api == api)
+        for api in dict.fromkeys(f.api for f in FORMATS.values())
+    }
 )
 
 #: the ``api`` label values of requests that generate (a model call, not a token count): the
@@ -82,6 +86,15 @@ def route_for(path: str) -> Route | None:
     if route is not None:
         return route
     return next((r for r in _PATTERNS if r.answers(path)), None)
+
+
+def client_api_of(headers: Mapping[str, str], path: str) -> Api:
+    """The API a client speaks, from the headers only its SDKs send or the paths only its
+    routes have (checked in registry order); the OpenAI-style API when nothing says."""
+    for api, fmt in API_FORMATS.items():
+        if any(h in headers for h in fmt.client_headers) or path.startswith(fmt.client_paths):
+            return api
+    return "openai"
 
 
 def format_of(shape: Shape) -> Format:

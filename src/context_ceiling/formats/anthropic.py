@@ -8,6 +8,7 @@ import base64
 import binascii
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -703,6 +704,18 @@ def native(ceiling: int, policy: Policy) -> dict[str, Any]:
     return {"edits": [edit]}
 
 
+#: the provider's other routes (passed through): first path segment -> the ``route`` label
+PASSTHROUGH_ROUTES = MappingProxyType(
+    {
+        "messages": "message_batches",
+        "models": "models",
+        "files": "files",
+        "complete": "complete",
+        "skills": "skills",
+    }
+)
+
+
 FORMAT = Format(
     shape="anthropic",
     api="anthropic",
@@ -719,6 +732,8 @@ FORMAT = Format(
     provider=_provider,
     native=Native(native, ("api.anthropic.com",), CONTEXT_BETA),
     betas_header="anthropic-beta",
+    passthrough_routes=PASSTHROUGH_ROUTES,
+    client_headers=("anthropic-version", "x-api-key"),
 )
 
 ROUTES = (

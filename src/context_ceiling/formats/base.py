@@ -328,6 +328,13 @@ class Format:
     native: Native | None = None
     #: the upstream gets the path and query as the client sent them (the model is in the path)
     path_as_sent: bool = False
+    #: the provider's other routes, passed through: first path segment (after the version) ->
+    #: the bounded ``route`` label of the pass-through metrics
+    passthrough_routes: Mapping[str, str] = field(default_factory=dict)
+    #: headers only this API's SDKs send, and path prefixes only its routes have: how a
+    #: pass-through request's client is told apart (none: the OpenAI-style default)
+    client_headers: tuple[str, ...] = ()
+    client_paths: tuple[str, ...] = ()
     #: a serving engine's chat template renders this body (its tokenize endpoint counts it
     #: exactly: ``tokenizer: upstream``)
     chat_template: bool = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -49,6 +50,7 @@ from context_ceiling.formats.base import (
 __all__ = [
     "FORMAT",
     "IMAGE_TOKENS",
+    "PASSTHROUGH_ROUTES",
     "PATH",
     "ROUTES",
     "GenerateRules",
@@ -494,6 +496,18 @@ def _provider(path: str) -> str:
     return "gcp.vertex_ai" if "/projects/" in path else "gcp.gemini"
 
 
+#: the provider's other routes (passed through): first path segment -> the ``route`` label
+PASSTHROUGH_ROUTES = MappingProxyType(
+    {
+        "models": "models",
+        "files": "files",
+        "cachedContents": "cached_contents",
+        "tunedModels": "tuned_models",
+        "projects": "vertex",
+    }
+)
+
+
 FORMAT = Format(
     shape="gemini",
     api="gemini",
@@ -511,6 +525,9 @@ FORMAT = Format(
     operation="generate_content",
     provider=_provider,
     stream_suffix=":streamGenerateContent",
+    passthrough_routes=PASSTHROUGH_ROUTES,
+    client_headers=("x-goog-api-key",),
+    client_paths=("/v1beta/", "/v1alpha/", "/v1/projects/", "/upload/"),
 )
 
 ROUTES = (

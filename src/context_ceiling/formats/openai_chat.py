@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -54,6 +55,7 @@ from context_ceiling.formats.base import (
 
 __all__ = [
     "FORMAT",
+    "PASSTHROUGH_ROUTES",
     "ROUTES",
     "ChatRules",
     "ChatStreamTap",
@@ -582,6 +584,32 @@ def _provider(_path: str) -> str:
     return "openai"
 
 
+#: the provider's other routes (passed through): first path segment -> the ``route`` label
+PASSTHROUGH_ROUTES = MappingProxyType(
+    {
+        "embeddings": "embeddings",
+        "completions": "completions",
+        "responses": "responses",
+        "files": "files",
+        "uploads": "uploads",
+        "batches": "batches",
+        "models": "models",
+        "moderations": "moderations",
+        "images": "images",
+        "audio": "audio",
+        "fine_tuning": "fine_tuning",
+        "vector_stores": "vector_stores",
+        "assistants": "assistants",
+        "threads": "threads",
+        "chat": "chat_completions",
+        "conversations": "conversations",
+        "evals": "evals",
+        "containers": "containers",
+        "realtime": "realtime",
+    }
+)
+
+
 FORMAT = Format(
     shape="openai",
     api="openai",
@@ -598,6 +626,7 @@ FORMAT = Format(
     prepare_stream=prepare_stream,
     provider=_provider,
     chat_template=True,
+    passthrough_routes=PASSTHROUGH_ROUTES,
 )
 
 ROUTES = (Route(FORMAT, "openai_chat", "/chat/completions", paths=("/v1/chat/completions",)),)

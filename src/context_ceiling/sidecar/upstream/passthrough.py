@@ -38,6 +38,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.vocabulary import Api
+from context_ceiling.formats import API_FORMATS, client_api_of
+from context_ceiling.formats.azure import deployment
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.observability.logs import log_request
 from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE
@@ -48,64 +50,21 @@ from context_ceiling.sidecar.upstream.client import request_headers, response_he
 
 log = logging.getLogger(__name__)
 
-#: first path segments (after /v1) of the providers' documented routes -> the route label
-KNOWN_ROUTES = {
-    "openai": {
-        "embeddings": "embeddings",
-        "completions": "completions",
-        "responses": "responses",
-        "files": "files",
-        "uploads": "uploads",
-        "batches": "batches",
-        "models": "models",
-        "moderations": "moderations",
-        "images": "images",
-        "audio": "audio",
-        "fine_tuning": "fine_tuning",
-        "vector_stores": "vector_stores",
-        "assistants": "assistants",
-        "threads": "threads",
-        "chat": "chat_completions",
-        "conversations": "conversations",
-        "evals": "evals",
-        "containers": "containers",
-        "realtime": "realtime",
-    },
-    "gemini": {
-        "models": "models",
-        "files": "files",
-        "cachedContents": "cached_contents",
-        "tunedModels": "tuned_models",
-        "projects": "vertex",
-    },
-    "anthropic": {
-        "messages": "message_batches",
-        "models": "models",
-        "files": "files",
-        "complete": "complete",
-        "skills": "skills",
-    },
-}
-
 
 def route_label(api: Api, path: str) -> str:
+    """The ``route`` label of a pass-through request: the provider's name for its first path
+    segment (after the version), else ``other``; never the raw path."""
     parts = [p for p in path.split("/") if p]
     if parts[:1] and parts[0] in ("v1", "v1beta", "v1alpha"):
         parts = parts[1:]
-    return KNOWN_ROUTES[api].get(parts[0], OTHER_ROUTE) if parts else OTHER_ROUTE
+    routes = API_FORMATS[api].passthrough_routes
+    return routes.get(parts[0], OTHER_ROUTE) if parts else OTHER_ROUTE
 
 
 def client_api(request: Request) -> Api:
-    """The API a client speaks, from the headers its SDK always sends."""
-    h = request.headers
-    if "anthropic-version" in h or "x-api-key" in h:
-        return "anthropic"
-    path = request.url.path
-    if "x-goog-api-key" in h or path.startswith(
-        ("/v1beta/", "/v1alpha/", "/v1/projects/", "/upload/")
-    ):
-        return "gemini"
-    return "openai"
+    """The API a client speaks, from the headers its SDK always sends (and the paths only its
+    routes have)."""
+    return client_api_of(request.headers, request.url.path)
 
 
 #: a pass-through JSON body up to this size is read whole to find the model it names (larger
@@ -146,8 +105,8 @@ def pick_upstream(
     azure_path = request.url.path.startswith("/openai/")
     spec = state.registry.resolve(model) if model else None
     if spec is None and azure_path:
-        deployment = _deployment(request.url.path)
-        spec = state.registry.resolve(deployment) if deployment else None
+        named_deployment = deployment(request.url.path)
+        spec = state.registry.resolve(named_deployment) if named_deployment else None
     if spec is not None and spec.upstream is not None and spec.upstream in state.named:
         up_api = state.named[spec.upstream][0]
         if up_api == api or (azure_path and up_api == "openai"):
@@ -163,13 +122,6 @@ def pick_upstream(
     if api == "openai" and len(state.clients) == 1 and not state.named:
         only = next(iter(state.clients))
         return only, only
-    return None
-
-
-def _deployment(path: str) -> str | None:
-    parts = [p for p in path.split("/") if p]
-    if len(parts) >= 3 and parts[:2] == ["openai", "deployments"]:
-        return parts[2]
     return None
 
 
