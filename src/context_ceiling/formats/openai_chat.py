@@ -72,6 +72,7 @@ __all__ = [
     "requested_output",
     "too_long",
     "tools_offered",
+    "usage_of",
 ]
 
 # -- shape ---------------------------------------------------------------------------------------
@@ -248,16 +249,23 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
 # -- usage ---------------------------------------------------------------------------------------
 
 
-def _usage(u: Usage, usage: Any) -> None:
+def usage_of(u: Usage, usage: Any, input_key: str, output_key: str) -> None:
+    """An OpenAI usage object (chat: ``prompt_tokens``/``completion_tokens``; the Responses API:
+    ``input_tokens``/``output_tokens``), the cached tokens in the input's details and the
+    reasoning tokens in the output's."""
     if isinstance(usage, dict):
-        u.input_tokens = int_of(usage.get("prompt_tokens"))
-        u.output_tokens = int_of(usage.get("completion_tokens"))
-        details = usage.get("prompt_tokens_details")
+        u.input_tokens = int_of(usage.get(input_key))
+        u.output_tokens = int_of(usage.get(output_key))
+        details = usage.get(input_key + "_details")
         if isinstance(details, dict):
             u.cached_tokens = int_of(details.get("cached_tokens"))
-        out = usage.get("completion_tokens_details")
+        out = usage.get(output_key + "_details")
         if isinstance(out, dict):
             u.reasoning_tokens = int_of(out.get("reasoning_tokens"))
+
+
+def _usage(u: Usage, usage: Any) -> None:
+    usage_of(u, usage, "prompt_tokens", "completion_tokens")
 
 
 def body_usage(body: bytes) -> Usage:

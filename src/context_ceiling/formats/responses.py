@@ -53,6 +53,7 @@ from context_ceiling.formats.openai_chat import (
     error_body,
     too_long,
     tools_offered,
+    usage_of,
 )
 
 __all__ = [
@@ -261,16 +262,7 @@ def _usage(u: Usage, obj: Any) -> None:
     """A Responses API ``response`` object: usage, model, and why it stopped."""
     if not isinstance(obj, dict):
         return
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        u.input_tokens = int_of(usage.get("input_tokens"))
-        u.output_tokens = int_of(usage.get("output_tokens"))
-        details = usage.get("input_tokens_details")
-        if isinstance(details, dict):
-            u.cached_tokens = int_of(details.get("cached_tokens"))
-        out = usage.get("output_tokens_details")
-        if isinstance(out, dict):
-            u.reasoning_tokens = int_of(out.get("reasoning_tokens"))
+    usage_of(u, obj.get("usage"), "input_tokens", "output_tokens")
     if isinstance(obj.get("model"), str):
         u.response_model = obj["model"]
     _compactions(u, obj.get("output"))
