@@ -42,6 +42,7 @@ Application code can call :func:`fit` in its own request builder; the sidecar is
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -164,14 +165,15 @@ class ToolUse:
     tokens: int
 
 
-class TrimRules:
+class TrimRules(ABC):
     """What the trimmer needs to know of a wire format, and nothing else: where the messages
     are, what a turn is, which messages and blocks are tool calls and tool results, how a
     result is replaced and a call's input emptied. Each format in ``context_ceiling.formats``
     fills in one; the stages themselves (:class:`_Trimmer`) are the same for every format.
 
-    The defaults are those of a format whose messages sit in ``messages``, hold their blocks
-    in ``content`` and carry no cache breakpoints."""
+    A format says what is its own (the abstract methods); the defaults are those of a format
+    whose messages sit in ``messages``, hold their blocks in ``content`` and carry no cache
+    breakpoints."""
 
     #: where a message keeps its blocks
     blocks_key = "content"
@@ -197,13 +199,13 @@ class TrimRules:
         """What a message whose every block was removed holds instead."""
         return {"type": "text", "text": PLACEHOLDER}
 
+    @abstractmethod
     def is_result(self, m: dict[str, Any]) -> bool:
         """Whether a message carries tool results."""
-        raise NotImplementedError
 
+    @abstractmethod
     def starts_turn(self, m: Any) -> bool:
         """Whether a message starts a turn: a user message that answers no tool call."""
-        raise NotImplementedError
 
     def is_reply(self, m: dict[str, Any]) -> bool:
         """Whether a message is (part of) the model's reply."""
@@ -213,11 +215,11 @@ class TrimRules:
         """Where the reply whose last message is ``i`` starts."""
         return i
 
+    @abstractmethod
     def tool_uses(self, messages: list[Any], tokens: Callable[[int, int], int]) -> list[ToolUse]:
         """Every tool use whose result is in the request, in order, with its call's place;
         ``tokens(i, j)``: what the result at message ``i``, block ``j`` (-1: the whole message)
         is worth."""
-        raise NotImplementedError
 
     def results(self, m: dict[str, Any]) -> Iterator[tuple[int, str | None]]:
         """The tool results of a message the ``tool_results`` stage may shorten: (the block, -1
@@ -234,13 +236,13 @@ class TrimRules:
             return block_texts(m[self.blocks_key][j].get("content"))
         return block_texts(m.get("content"))
 
+    @abstractmethod
     def call_input(self, m: dict[str, Any], k: int) -> Any:
         """The input of call ``k`` of message ``m`` (-1: the message is the call)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def without_inputs(self, m: dict[str, Any], calls: set[int]) -> dict[str, Any]:
         """Message ``m`` (a copy) with the inputs of its calls ``calls`` emptied."""
-        raise NotImplementedError
 
     def cites_documents(self, messages: list[Any]) -> bool:
         """Whether an assistant message cites documents by index: then a dropped document

@@ -14,6 +14,7 @@ Nothing here does I/O: the parts are pure functions of a parsed body or of respo
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -116,7 +117,7 @@ def json_events(raw: bytes) -> Iterator[Any]:
                     continue
 
 
-class StreamTap:
+class StreamTap(ABC):
     """Reads one streamed answer as it is relayed: the usage read so far, whether the
     protocol's last event arrived (``complete``), and whether the upstream reported its own
     failure in the stream. A format's tap forwards every event unchanged unless it says
@@ -130,9 +131,9 @@ class StreamTap:
         self.upstream_error = False
 
     @staticmethod
+    @abstractmethod
     def error_event(message: str) -> bytes:
         """The event that tells this format's SDK the stream failed (it raises on it)."""
-        raise NotImplementedError
 
     def on_chunk(self, chunk: bytes) -> bytes | None:
         """A whole upstream read of complete events, as one: the bytes to forward when no event
