@@ -62,13 +62,17 @@ ROUTES: tuple[Route, ...] = tuple(r for m in MODULES for r in m.ROUTES)
 #: each format by its shape
 FORMATS: Mapping[Shape, Format] = MappingProxyType({r.format.shape: r.format for r in ROUTES})
 
-#: the format that renders an API's errors (the first format of that API)
-API_FORMATS: Mapping[Api, Format] = MappingProxyType(
-    {
-        api: next(f for f in FORMATS.values() if f.api == api)
-        for api in dict.fromkeys(f.api for f in FORMATS.values())
-    }
-)
+
+def _first_per_api() -> dict[Api, Format]:
+    first: dict[Api, Format] = {}
+    for f in FORMATS.values():
+        first.setdefault(f.api, f)
+    return first
+
+
+#: each API's first format, in registry order: it renders the API's errors and knows its clients
+API_FORMATS: Mapping[Api, Format] = MappingProxyType(_first_per_api())
+
 
 #: the ``api`` label values of requests that generate (a model call, not a token count): the
 #: denominator of every per-request share on the dashboard and in the rules

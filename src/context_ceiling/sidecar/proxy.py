@@ -350,13 +350,13 @@ class Proxy:
         d = ex.decision
         if d is not None and d.body is not None:
             obj = d.body
-        extra_headers: list[tuple[str, str]] = []
+        beta: tuple[str, str] | None = None  # (header, value) that turns native management on
         if d is not None and d.native is not None and not ex.bypass:
             obj = {**obj, "context_management": d.native}
             body = None  # serialized again, with the provider's context management
-            native = route.format.native
-            if native is not None and native.beta is not None:
-                extra_headers = [(route.format.betas_header or "", native.beta)]
+            native, header = route.format.native, route.format.betas_header
+            if native is not None and native.beta is not None and header is not None:
+                beta = (header, native.beta)
         ex.stream = not route.count_only and route.format.streams(obj, request.url.path)
         injected = False
         if ex.stream:
@@ -368,8 +368,8 @@ class Proxy:
             # a compressed answer comes back compressed (the sidecar inflates a copy to read
             # its usage); a stream is parsed event by event, so it is asked for plain
             headers.append(("accept-encoding", "gzip"))
-        if extra_headers:
-            headers = with_beta(headers, extra_headers[0][1])
+        if beta is not None:
+            headers = with_beta(headers, *beta)
         if ex.span is not None:
             carrier: dict[str, str] = {}
             st.tracing.propagate(ex.span, carrier)

@@ -164,14 +164,15 @@ def accepts_gzip(header: str | None) -> bool:
     return False
 
 
-def with_beta(headers: list[tuple[str, str]], beta: str) -> list[tuple[str, str]]:
-    """The headers with ``beta`` among the ``anthropic-beta`` values (once, the client's own
-    kept: the header is a comma-separated list)."""
-    values = [v.strip() for k, v in headers if k.lower() == "anthropic-beta" for v in v.split(",")]
+def with_beta(headers: list[tuple[str, str]], name: str, beta: str) -> list[tuple[str, str]]:
+    """The headers with ``beta`` among the values of the betas header ``name`` (Anthropic's
+    ``anthropic-beta``; once, the client's own kept: the header is a comma-separated list)."""
+    name = name.lower()
+    values = [v.strip() for k, v in headers if k.lower() == name for v in v.split(",")]
     if beta in values:
         return headers
-    rest = [(k, v) for k, v in headers if k.lower() != "anthropic-beta"]
-    return [*rest, ("anthropic-beta", ",".join([*[v for v in values if v], beta]))]
+    rest = [(k, v) for k, v in headers if k.lower() != name]
+    return [*rest, (name, ",".join([*[v for v in values if v], beta]))]
 
 
 def response_headers(headers: httpx.Headers) -> dict[str, str]:
