@@ -46,6 +46,7 @@ __all__ = [
     "json_events",
     "latest",
     "load_json",
+    "model_in_path",
     "output_cap",
     "text_of",
 ]
@@ -54,6 +55,13 @@ __all__ = [
 def int_of(v: Any) -> int | None:
     """``v`` when it is an integer (JSON's ``true`` is not), else None."""
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def model_in_path(path: str) -> str:
+    """The model a ``.../models/{model}:{method}`` path names (Gemini and Vertex AI, for
+    Google's models and for Anthropic's): the segment after ``/models/`` up to the method."""
+    tail = path.rsplit("/models/", 1)[-1]
+    return tail.split(":", 1)[0] if "/models/" in path else ""
 
 
 def output_cap(v: Any) -> int | None:

@@ -43,6 +43,7 @@ from context_ceiling.formats.base import (
     int_of,
     latest,
     load_json,
+    model_in_path,
     output_cap,
     text_of,
 )
@@ -61,7 +62,6 @@ __all__ = [
     "count",
     "error_body",
     "expect",
-    "model_in_path",
     "prompt",
     "read_answer",
     "requested_output",
@@ -195,13 +195,6 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
     """``generationConfig.maxOutputTokens``."""
     cfg = body.get("generationConfig")
     return output_cap(cfg.get("maxOutputTokens")) if isinstance(cfg, dict) else None
-
-
-def model_in_path(path: str) -> str:
-    """``/v1beta/models/gemini-2.5-flash:generateContent`` (or a Vertex AI
-    ``.../publishers/google/models/{model}:...`` path) -> the model name."""
-    tail = path.rsplit("/models/", 1)[-1]
-    return tail.split(":", 1)[0] if "/models/" in path else ""
 
 
 # -- usage ---------------------------------------------------------------------------------------

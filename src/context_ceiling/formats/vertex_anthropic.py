@@ -11,18 +11,13 @@ from __future__ import annotations
 import re
 
 from context_ceiling.formats import anthropic
-from context_ceiling.formats.base import Route
+from context_ceiling.formats.base import Route, model_in_path
 
-__all__ = ["ROUTES", "model_in_path"]
+__all__ = ["ROUTES"]
 
 _MODELS = r"^/v1/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/"
 _COUNT = re.compile(_MODELS + r"count-tokens:rawPredict$")
 _GENERATE = re.compile(_MODELS + r"(?!count-tokens:)[^/:]+:(?:rawPredict|streamRawPredict)$")
-
-
-def model_in_path(path: str) -> str:
-    """``.../publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict`` -> the model."""
-    return path.rsplit("/models/", 1)[-1].split(":", 1)[0]
 
 
 ROUTES = (
