@@ -169,7 +169,7 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
                 url,
                 out,
                 "--items",
-                "30",
+                "60",
                 "--repeats",
                 "3",
                 "--refine",

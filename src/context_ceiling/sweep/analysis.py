@@ -36,10 +36,13 @@ from context_ceiling.sweep.calllog import CallLog, sample_key
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 from context_ceiling.sweep.statistics import (
+    GRID_ALPHA,
+    MAX_REFINEMENTS,
     MIN_ITEMS,
+    REFINE_ALPHA,
     accuracy_interval,
+    difference_bounds,
     difference_interval,
-    difference_lower,
 )
 from context_ceiling.sweep.taskset import Item, TaskSet, load_taskset
 
@@ -53,6 +56,9 @@ def mean(values: Iterable[float]) -> float:
 DEFAULT_FLOOR = 0.5
 COUNTER_WARN = 0.02
 UNRESOLVED = "unresolved"
+MAX_TOLERANCE = 0.15
+"""The widest tolerance a ceiling is stated at when the data cannot resolve the one asked for."""
+TOLERANCE_STEP = 0.005
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,15 @@ class Design:
     repeats: int
     control: list[str]
     reference: float
+    #: levels the refinement added (tested at its share of the error)
+    refined: frozenset[float] = frozenset()
+    #: the items the pass test's bets are tuned for (fixed before the first call)
+    horizon: int | None = None
+
+    def alpha_at(self, level: float) -> float:
+        """The error a level's pass test is run at: the grid's share, or the refinement's split
+        over its midpoints."""
+        return REFINE_ALPHA / MAX_REFINEMENTS if level in self.refined else GRID_ALPHA
 
     @classmethod
     def full(
@@ -85,7 +100,8 @@ class LevelStats:
     buckets: dict[str, float]
     diff: float = 0.0
     diff_ci: tuple[float, float] = (0.0, 0.0)
-    diff_lower: float = 0.0  # one-sided 95% lower bound: what the pass is tested on
+    diff_lower: float = 0.0  # anytime-valid one-sided lower bound: what the pass is tested on
+    alpha: float = GRID_ALPHA  # the error that bound is at
     passes: bool = True
     mean_prompt_tokens: float = 0.0
     gold_position_accuracy: dict[str, float] = field(default_factory=dict)
@@ -120,6 +136,14 @@ class Analysis:
     closed_book_accuracy: float | None = None
     closed_book_excluded: bool = True
     floor: float = DEFAULT_FLOOR
+    #: the tolerance the ceiling is stated at: the one asked for, or, where the data cannot
+    #: resolve it (a small task set, a budget), the smallest wider one they resolve
+    stated_tolerance: float | None = None
+    max_tolerance: float = MAX_TOLERANCE
+    #: the level more items could still decide at the asked tolerance (the adaptive design's)
+    open_level: float | None = None
+    #: the levels the refinement added
+    refined: list[float] = field(default_factory=list)
     #: what the answers measure (the task set's metric): the word every message uses
     metric: str = "accuracy"
 
@@ -229,17 +253,25 @@ def analyse_graded(
     ]
     ref = next((s for s in stats if s.level == design.reference), None)
     ref_means = means.get(design.reference, {})
+    order = {k: n for n, k in enumerate(design.levels.get(design.reference, []))}
     for s in stats:
         if s is ref:
             s.role, s.diff_ci = "reference", (0.0, 0.0)
             continue
         s.role = "low_fill" if s.level < design.reference else "level"
-        common = [k for k in ref_means if k in means.get(s.level, {})]
-        diffs = [means[s.level][k] - ref_means[k] for k in common]
+        at = means.get(s.level, {})
+        common = sorted((k for k in ref_means if k in at), key=lambda k: order.get(k, len(order)))
+        diffs = [at[k] - ref_means[k] for k in common]  # in the order the items were drawn
         s.diff = mean(diffs) if diffs else 0.0
-        s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
-        s.diff_lower = difference_lower(diffs) if diffs else -1.0
-        s.half_width = round((s.diff_ci[1] - s.diff_ci[0]) / 2, 6)
+        if s.role == "low_fill":
+            s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
+            s.diff_lower = s.diff_ci[0]
+        else:
+            s.alpha = design.alpha_at(s.level)
+            s.diff_ci = difference_bounds(diffs, s.alpha, design.horizon) if diffs else (-1.0, 1.0)
+            s.diff_lower = s.diff_ci[0]
+        # the pass test's margin of error: how far below the measured difference its bound lies
+        s.half_width = round(max(0.0, s.diff - s.diff_lower), 6)
     a = Analysis(
         stats,
         tolerance,
@@ -255,6 +287,7 @@ def analyse_graded(
         closed_book_excluded=not include_closed_book,
         metric=metric,
         floor=floor,
+        refined=sorted(design.refined),
     )
     _decide(a, ref, tolerance)
     _judge(a, ref, rows, controls, tolerance)
@@ -309,7 +342,25 @@ def _level(
 
 
 def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
-    """The fixed-sequence chain from the reference up; sets the ceiling and the deciding level."""
+    """The fixed-sequence chain from the reference up, at the asked tolerance or, where the data
+    cannot resolve it, at the smallest wider one they resolve (up to ``a.max_tolerance``); sets
+    the ceiling, the deciding level and the stated tolerance."""
+    a.max_tolerance = max(a.max_tolerance, tolerance)
+    steps = max(0, math.ceil(round((a.max_tolerance - tolerance) / TOLERANCE_STEP, 6)))
+    _chain(a, ref, tolerance)
+    d = a.level(a.deciding_level)
+    if d is not None and d.role == "level" and d.complete:
+        a.open_level = d.level if d.diff_lower <= -tolerance <= d.diff_ci[1] else None
+    for k in range(steps + 1):
+        tol = round(tolerance + k * TOLERANCE_STEP, 6)
+        _chain(a, ref, tol)
+        if a.resolved:
+            a.stated_tolerance = tol
+            return
+    _chain(a, ref, tolerance)
+
+
+def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     ok = ref is not None and ref.complete and ref.n_items > 0
     if ref is not None:
         ref.passes = ok
@@ -322,6 +373,7 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
         if s.role == "low_fill":
             s.passes = s.complete
     passing = [s for s in a.chain if s.passes]
+    a.ceiling_level = a.ceiling_utilization = a.ceiling_tokens = None
     if passing:
         top = passing[-1]
         a.ceiling_level = top.level
@@ -335,8 +387,9 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
 
 
 def decided(s: LevelStats, tolerance: float) -> bool:
-    """A failing level is decided when its interval lies wholly below ``-tolerance`` (a clear
-    drop) or is no wider than the tolerance (as precise as asked)."""
+    """A failing level is decided when its bounds lie wholly below ``-tolerance`` (a clear
+    drop) or its pass test's margin of error is within the tolerance (as precise as asked: a
+    level measured with no drop at all would have passed)."""
     return s.complete and (s.diff_ci[1] < -tolerance or s.half_width <= tolerance)
 
 
@@ -417,14 +470,21 @@ def _judge(
         why = (
             f"a level was scored on {fewest} item(s), fewer than the {MIN_ITEMS} a decision needs"
             if fewest < MIN_ITEMS
-            else f"the interval that decides the ceiling (level {d.level:g}) is "
-            f"±{d.half_width:.1%} wide, wider than the tolerance ({tolerance:.0%})"
+            else f"the pass test at the level that decides the ceiling ({d.level:g}) has a margin "
+            f"of error of {d.half_width:.1%}, wider than even a {a.max_tolerance:.0%} tolerance"
             if d
             else "the decision is open"
         )
         no.append(
-            f"{UNRESOLVED}: {why}; add items (a larger --items or --max-calls, then "
+            f"{UNRESOLVED}: {why}; add items (a larger --items, --budget-usd or --max-calls, then "
             "ceiling sweep run --resume) or accept it with --accept-unresolved"
+        )
+    elif a.stated_tolerance is not None and a.stated_tolerance > tolerance + 1e-9:
+        w.append(
+            f"the data resolve a {a.stated_tolerance:.1%} tolerance, not the {tolerance:.0%} "
+            f"asked for: the ceiling is stated at it ({a.metric} within "
+            f"{a.stated_tolerance * 100:.1f} points of the reference, 95% one-sided); more items "
+            "(--items, --budget-usd) narrow it"
         )
     if a.errors:
         w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
@@ -437,7 +497,14 @@ def design_of(plan: Plan) -> Design:
     per = {lv: ids[: plan.items_at(lv)] for lv in plan.levels}
     n_control = plan.n_control if plan.n_control is not None else len(ids)
     control = ids[:n_control] if plan.spec.control else []
-    return Design(per, plan.spec.repeats, control, plan.chain_reference)
+    return Design(
+        per,
+        plan.spec.repeats,
+        control,
+        plan.chain_reference,
+        refined=frozenset(plan.refined),
+        horizon=min(plan.planned_items or len(ids), plan.item_cap or len(ids)) or None,
+    )
 
 
 @dataclass(frozen=True)

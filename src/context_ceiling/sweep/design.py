@@ -8,7 +8,11 @@ the task set runs out:
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
 2. once it is decided, measure the geometric midpoint of the deciding bracket (the highest
-   passing level and the first failing one) while the bracket is wider than the resolution.
+   passing level and the first failing one) while the bracket is wider than the resolution, at
+   most ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error).
+
+Every look is covered by the pass test's confidence sequence (``statistics``), so adding items
+until a level passes does not inflate the chance of passing one that dropped.
 
 ``run.py`` and ``benchmarks/validity.py`` (the simulation study) both call :func:`next_step`, so
 the study measures the code that runs.
@@ -21,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from context_ceiling.sweep.analysis import Analysis, LevelStats
-from context_ceiling.sweep.statistics import MIN_ITEMS
+from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,9 @@ def refinements(
 
 
 def open_levels(a: Analysis) -> list[float]:
-    """The deciding level while more items could still change its decision: its paired interval
-    still reaches ``-tolerance`` (it failed, but not clearly)."""
-    s = a.level(a.deciding_level)
-    if s is None or s.role != "level" or not s.complete:
-        return []
-    return [s.level] if s.diff_lower <= -a.tolerance <= s.diff_ci[1] else []
+    """The deciding level at the asked tolerance while more items could still change its
+    decision: its bounds still straddle ``-tolerance`` (it failed, but not clearly)."""
+    return [a.open_level] if a.open_level is not None else []
 
 
 def batch_size(planned_items: int) -> int:
@@ -86,7 +87,7 @@ def next_step(
     if open_ and drawn < target_items and a.reference_level is not None:
         n = min(batch, target_items - drawn)
         return Step("items", (a.reference_level, *open_), n)
-    if refine:
+    if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
         new = refinements(a.levels, a.tolerance, resolution, {s.level for s in a.levels})
         if new:
             return Step("levels", tuple(new))

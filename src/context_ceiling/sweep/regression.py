@@ -8,14 +8,15 @@ weaker model) moves no ceiling, and one that steepens the drop does, even where 
 accuracy at a level barely moved.
 
 The burden of proof is on "holds": the verdict is ``holds`` only when the stored ceiling level
-passes again by the sweep's own rule (its drop from the reference *now* has a one-sided 95% lower
-bound above ``-tolerance``: if it has really become unsafe, that happens in at most 5% of checks)
-and no level's change in drop is beyond ``±tolerance``; ``moved`` when at any level the 95%
-interval of the change in drop lies wholly outside ``±tolerance`` (a real drop, or a real gain
+is shown within the tolerance *now*: its drop from the reference now, estimated as the drop the
+baseline measured on all its items plus the change measured on the items paired since, has a
+one-sided 95% lower bound above ``-tolerance`` (if the ceiling has really become unsafe, that
+happens in at most 5% of checks). The baseline's own calls are the pairing's control: an
+endpoint that answers the same calls the same way shows almost no change, and the check is then
+nearly as sure as the baseline was, on a fraction of its calls. ``moved`` when at any level the
+95% interval of the change in drop lies wholly outside ``±tolerance`` (a real drop, or a real gain
 that would allow a higher ceiling); otherwise ``inconclusive``: re-sweep (too few items, or a
-change near the tolerance). Exit status 0, 1, 3. (Requiring the change itself to be shown inside
-``±tolerance``, an equivalence test, was measured too strict to be useful: a difference in
-differences has twice the variance, and on unchanged curves it said "holds" in 1.3% of checks.)
+change near the tolerance). Exit status 0, 1, 3. ``benchmarks/validity.py`` measures both rates.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from rich.console import Console
 
 from context_ceiling.sweep.analysis import Analysis, analysis_of, graded, item_means, mean
-from context_ceiling.sweep.statistics import difference_interval, difference_lower
+from context_ceiling.sweep.statistics import combined_lower, difference_interval
 from context_ceiling.sweep.taskset import Item
 
 EXIT = {"holds": 0, "moved": 1, "inconclusive": 3}
@@ -138,8 +139,10 @@ def compare_means(
         drop_then = {k: then[lv][k] - then[ref][k] for k in common}
         drop_now = {k: now[lv][k] - now[ref][k] for k in common}
         dd = [drop_now[k] - drop_then[k] for k in common]
-        # the drop now is tested on every item measured now, paired or not with the baseline
         now_all = [now[lv][k] - now[ref][k] for k in now[lv] if k in now.get(ref, {})]
+        # the drop now = the drop the baseline measured on all its items + the change measured on
+        # the items paired since (the baseline's calls are the pairing's control)
+        then_all = [then[lv][k] - then[ref][k] for k in then.get(lv, {}) if k in then.get(ref, {})]
         evidence.append(
             LevelEvidence(
                 level=lv,
@@ -147,7 +150,7 @@ def compare_means(
                 accuracy=mean(now[lv][k] for k in common),
                 change=mean(dd),
                 change_ci=difference_interval(dd),
-                drop_lower=difference_lower(now_all),
+                drop_lower=combined_lower(then_all, dd),
                 n_items=len(common),
                 n_items_now=len(now_all),
                 baseline_drop=mean(drop_then.values()),

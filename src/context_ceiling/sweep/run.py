@@ -229,7 +229,10 @@ class _Sweep:
         self.builder = ContextBuilder(self.ts, self.meter, plan.spec.seed)
         self.by_id = {it.id: it for it in self.ts.items}
         self.order = [it.id for it in item_order(self.ts.items, plan.spec.seed)]
-        self.planned = min(len(self.order), items_for(plan.spec.tolerance, plan.spec.repeats))
+        # fixed once: the pass test's bets are tuned to it, so a resumed run keeps it
+        self.planned = plan.planned_items or min(
+            len(self.order), items_for(plan.spec.tolerance, plan.spec.repeats)
+        )
         if plan.spec.items:
             self.target_items = min(len(self.order), plan.spec.items)  # a fixed design
         elif plan.adaptive:
@@ -456,6 +459,7 @@ class _Sweep:
         ref_n = plan.items_at(self.reference)
         plan.n_at = plan.n_at | {level_key(lv): ref_n for lv in step.levels}
         plan.levels = sorted(set(plan.levels) | set(step.levels))
+        plan.refined = sorted(set(plan.refined) | set(step.levels))
         return self.samples_for(list(step.levels))
 
 

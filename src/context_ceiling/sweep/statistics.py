@@ -1,19 +1,44 @@
-"""Intervals and sample sizes for the sweep's decision (the statistics, apart from the data).
+"""Bounds and sample sizes for the sweep's decision (the statistics, apart from the data).
 
-Why not a percentile bootstrap: at the item counts a sweep can afford
-and the accuracies a good model reaches, it undercovers on the optimistic side (at 10 items the
-lower bound of a paired difference lay above the truth in up to 47% of simulated data sets) and
-returns zero-width intervals whenever every item agrees. The intervals here are studentized
-(t with n-1 degrees of freedom, items as the unit, so repeats stay with their item) and computed
-with pseudo-observations in the manner of Agresti-Coull (one level's accuracy: a quarter item
-always right, a quarter always wrong) and Agresti-Min (a paired difference: an eighth of an item
-at +1, an eighth at -1, a quarter at 0). The pseudo-items keep an interval from collapsing to a point when all items agree and
-vanish in weight as items are added. ``benchmarks/validity.py`` measures their coverage against
-known truth at every item count the sweep allows; the table is on the docs' validity page.
+**The pass test** (is a level's accuracy within ``tolerance`` of the reference's?) is a one-sided
+lower bound on the mean paired difference (one value per item: the item's mean over its repeats at
+the level minus the same at the reference). It is the betting confidence sequence of Waudby-Smith
+and Ramdas ("Estimating means of bounded random variables by betting", JRSS-B 86(1), 2024; the
+hedged capital process with predictable plug-in bets, one-sided): a bet on each item in turn, and
+every candidate mean whose wealth ever reaches ``1/alpha`` is ruled out (Ville's inequality).
+Why this and not a t-interval or group-sequential boundaries:
+
+- it is valid at every sample size and at any accuracy, with no normal approximation: a t-bound
+  passes a level that really dropped too often when the reference is near 100% (most paired
+  differences are 0 and the few failures are what decide);
+- it is *anytime-valid*: the adaptive design looks again after every batch of items it adds and
+  stops when a level passes, which inflates the error of any fixed-sample bound (optional
+  stopping); a confidence sequence keeps its error at ``alpha`` however often it is looked at and
+  whenever the looking stops, with no schedule of looks fixed in advance (group-sequential
+  boundaries with alpha spending need the looks' information fractions, which a sweep stopped by
+  a budget or a task set running out does not know);
+- its bets are tuned to a horizon (the items the plan expects at that level), which makes it
+  about as tight as a fixed-sample bound there, and still valid before and after.
+
+The error is spent once over everything the sweep tests: the grid's chain (tested from the
+reference up, each level only if every lower one passed: a fixed sequence) at ``GRID_ALPHA``, and
+the refinement's midpoints, chosen by the data, at ``REFINE_ALPHA`` split evenly over at most
+``MAX_REFINEMENTS`` of them (a union bound): the chance that any level past the true drop passes
+is at most ``GRID_ALPHA + REFINE_ALPHA`` = 5%.
+
+**Reported intervals**: a level's accuracy has a Wilson score interval over items (valid near 0%
+and 100%, where the normal one collapses; conservative when repeats agree); the closed-book
+control and the low-fill control keep studentized t-intervals with pseudo-observations (Agresti-
+Coull / Agresti-Min style), which ``benchmarks/validity.py`` checks for coverage.
+
+**Sample size** (:func:`items_for`) is planned for power: the items at which a level with no drop
+at all passes with probability ``POWER`` on the first look, at a planning SD of the paired
+difference; not for an interval's width alone.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -21,6 +46,16 @@ Z95 = 1.959963984540054
 Z90 = 1.6448536269514722
 MIN_ITEMS = 20
 """Fewer items than this at a level and the level cannot pass or decide anything."""
+ALPHA = 0.05
+"""The chance, over the whole sweep, that a level past the true drop passes."""
+GRID_ALPHA = 0.04
+"""The grid's chain's share of ``ALPHA``."""
+REFINE_ALPHA = ALPHA - GRID_ALPHA
+"""The refinement's share, split evenly over at most ``MAX_REFINEMENTS`` midpoints."""
+MAX_REFINEMENTS = 4
+POWER = 0.8
+"""The chance a level with no drop passes on its first look, at the planned sample size."""
+_BET_CAP = 0.75  # the hedged capital's truncation c: a bet stakes at most 3/4 of the wealth
 
 _T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -84,18 +119,104 @@ def interval(
     return (round(max(lo, min(m - h, raw)), 6), round(min(hi, max(m + h, raw)), 6))
 
 
-def accuracy_interval(item_means: Sequence[float]) -> tuple[float, float]:
-    return interval(item_means, ACCURACY_PSEUDO, 0.0, 1.0)
+def mean_and_variance(
+    values: Sequence[float], pseudo: Sequence[tuple[float, float]] = DIFFERENCE_PSEUDO
+) -> tuple[float, float]:
+    """The mean of ``values`` and the variance of that mean, the pseudo-observations keeping the
+    variance from vanishing when every value agrees. No values: (0, inf)."""
+    n = len(values)
+    if n == 0:
+        return (0.0, math.inf)
+    w = n + sum(wt for _, wt in pseudo)
+    m = (sum(values) + sum(v * wt for v, wt in pseudo)) / w
+    ss = sum((v - m) ** 2 for v in values) + sum(wt * (v - m) ** 2 for v, wt in pseudo)
+    return (sum(values) / n, ss / max(w - 1, 1) / w)
+
+
+def combined_lower(then: Sequence[float], change: Sequence[float]) -> float:
+    """A one-sided 95% lower bound for ``mean(then) + mean(change)`` from two samples (a drop
+    measured on every item of a baseline, and its change measured on the items paired since):
+    each mean's variance added, a t quantile at the smaller sample's degrees of freedom. When
+    the endpoint answers the same calls the same way the change has almost no variance, and the
+    bound is nearly as tight as the baseline's own."""
+    m1, v1 = mean_and_variance(then)
+    m2, v2 = mean_and_variance(change)
+    df = min(len(then), len(change)) - 1
+    return round(m1 + m2 - t95(df) * math.sqrt(v1 + v2), 6)
+
+
+def accuracy_interval(item_means: Sequence[float], z: float = Z95) -> tuple[float, float]:
+    """A Wilson score interval (95% two-sided) for mean accuracy over items, each item's mean
+    over its repeats counted as one observation in [0, 1]: its variance is at most that of one
+    Bernoulli call, so the interval is exact in the limit and conservative when repeats agree less
+    than perfectly. No items: the whole range."""
+    n = len(item_means)
+    if n == 0:
+        return (0.0, 1.0)
+    p = sum(item_means) / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return (round(max(0.0, min(centre - half, p)), 6), round(min(1.0, max(centre + half, p)), 6))
 
 
 def difference_interval(diffs: Sequence[float]) -> tuple[float, float]:
+    """A studentized 95% interval for a paired difference (the controls' comparisons)."""
     return interval(diffs, DIFFERENCE_PSEUDO, -1.0, 1.0)
 
 
-def difference_lower(diffs: Sequence[float]) -> float:
-    """The one-sided 95% lower bound of a paired difference: what a level's pass is tested on
-    (non-inferiority at 5%, the fixed-sequence chain keeping the familywise error at 5%)."""
-    return interval(diffs, DIFFERENCE_PSEUDO, -1.0, 1.0, one_sided=True)[0]
+def betting_lower(
+    values: Sequence[float], lo: float, hi: float, alpha: float, horizon: int | None = None
+) -> float:
+    """The anytime-valid lower confidence bound for the mean of ``values`` (each in
+    ``[lo, hi]``, in the order they were drawn) at error ``alpha``: the hedged-capital betting
+    confidence sequence, one-sided, intersected over time. ``horizon``: the sample size the bets
+    are tuned for (predictable: it must not depend on the data; default the sample's own size).
+    Never above the sample mean. No values: ``lo``."""
+    n = len(values)
+    if n == 0:
+        return lo
+    import numpy as np  # the sweep's extra; only the analysis needs it
+
+    x = (np.asarray(values, dtype=float) - lo) / (hi - lo)
+    t = np.arange(1, n + 1)
+    mu = (0.5 + np.cumsum(x)) / (t + 1)
+    var = (0.25 + np.cumsum((x - mu) ** 2)) / (t + 1)
+    before = np.concatenate(([0.25], var[:-1]))  # predictable: through the item before
+    log_a = math.log(1 / alpha)
+    lam = np.sqrt(2 * log_a / (before * max(horizon or n, 1)))
+    mean = float(x.mean())
+
+    def ruled_out(m: float) -> bool:
+        bets = np.minimum(lam, _BET_CAP / m)
+        return bool(np.cumsum(np.log1p(bets * (x - m))).max() >= log_a)
+
+    if mean <= 0 or not ruled_out(1e-12):
+        return lo
+    if ruled_out(mean):
+        return lo + mean * (hi - lo)
+    a, b = 0.0, mean
+    while b - a > 1e-5:  # the wealth falls as m rises: bisect for where it stops reaching 1/alpha
+        mid = (a + b) / 2
+        a, b = (mid, b) if ruled_out(mid) else (a, mid)
+    return round(lo + a * (hi - lo), 6)
+
+
+def difference_bounds(
+    diffs: Sequence[float], alpha: float = GRID_ALPHA, horizon: int | None = None
+) -> tuple[float, float]:
+    """One-sided lower and upper bounds of a paired difference at ``alpha`` each (anytime-valid):
+    the lower is what a level's pass is tested on, the upper what says it clearly dropped."""
+    low = betting_lower(diffs, -1.0, 1.0, alpha, horizon)
+    high = -betting_lower([-d for d in diffs], -1.0, 1.0, alpha, horizon)
+    return (low, high)
+
+
+def difference_lower(
+    diffs: Sequence[float], alpha: float = GRID_ALPHA, horizon: int | None = None
+) -> float:
+    """The anytime-valid lower bound of a paired difference: what a level's pass is tested on."""
+    return betting_lower(diffs, -1.0, 1.0, alpha, horizon)
 
 
 def difference_sd(accuracy: float, repeats: int, within_item: float = 0.2) -> float:
@@ -108,17 +229,54 @@ def difference_sd(accuracy: float, repeats: int, within_item: float = 0.2) -> fl
     return math.sqrt(2 * p * (1 - p) * (1 + (r - 1) * within_item) / r)
 
 
-def expected_half_width(n_items: int, repeats: int, accuracy: float = 0.8) -> float:
-    """The half-width a two-sided 95% paired-difference interval is expected to have."""
+@functools.lru_cache(maxsize=4096)
+def bound_width(n_items: int, sd: float, alpha: float = GRID_ALPHA) -> float:
+    """How far below the mean the pass test's lower bound lies at ``n_items`` items whose paired
+    differences have SD ``sd`` (the bets tuned for ``n_items``): a deterministic sample with that
+    spread, so planning needs no simulation."""
     if n_items < 2:
-        return 1.0
-    return t975(n_items - 1) * difference_sd(accuracy, repeats) / math.sqrt(n_items)
+        return 2.0
+    s = min(max(sd, 1e-3), 1.0)
+    sample = [s if k % 2 else -s for k in range(n_items)]
+    return -betting_lower(sample, -1.0, 1.0, alpha)
 
 
-def items_for(half_width: float, repeats: int, accuracy: float = 0.8) -> int:
-    """Items needed for a paired-difference interval of ``half_width`` (at least MIN_ITEMS)."""
-    sd = difference_sd(accuracy, repeats)
-    n = max(MIN_ITEMS, math.ceil((Z95 * sd / half_width) ** 2))
-    while expected_half_width(n, repeats, accuracy) > half_width:
-        n += 1
-    return n
+def expected_half_width(
+    n_items: int, repeats: int, accuracy: float = 0.8, alpha: float = GRID_ALPHA
+) -> float:
+    """How far the pass test's bound is expected to lie from the measured difference."""
+    return bound_width(n_items, round(difference_sd(accuracy, repeats), 4), alpha)
+
+
+def flat_pass_chance(n_items: int, sd: float, tolerance: float, alpha: float = GRID_ALPHA) -> float:
+    """The chance a level with no drop at all passes at ``n_items`` items (normal approximation
+    of the mean's spread; the bound's width from :func:`bound_width`)."""
+    if n_items < MIN_ITEMS:
+        return 0.0
+    w = bound_width(n_items, round(sd, 4), alpha)
+    return 0.5 * (1 + math.erf((tolerance - w) * math.sqrt(n_items) / sd / math.sqrt(2)))
+
+
+def items_for(
+    tolerance: float,
+    repeats: int,
+    accuracy: float = 0.8,
+    power: float = POWER,
+    *,
+    sd: float | None = None,
+    cap: int = 100_000,
+) -> int:
+    """Items for a level with no drop to pass with probability ``power`` on its first look (at
+    least ``MIN_ITEMS``; ``cap`` when even that many do not reach it). ``sd``: a measured SD of
+    the paired difference instead of the planning value."""
+    s = sd if sd is not None else difference_sd(accuracy, repeats)
+    hi = MIN_ITEMS
+    while flat_pass_chance(hi, s, tolerance) < power:
+        if hi >= cap:
+            return cap
+        hi = min(cap, hi * 2)
+    lo = max(MIN_ITEMS, hi // 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if flat_pass_chance(mid, s, tolerance) < power else (lo, mid)
+    return hi

@@ -1,0 +1,101 @@
+"""The pass test's bound, the accuracy interval and the sample size: properties that hold for any
+data (the error rates against known truth are measured in ``benchmarks/validity.py``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from context_ceiling.sweep.statistics import (
+    GRID_ALPHA,
+    MIN_ITEMS,
+    POWER,
+    accuracy_interval,
+    betting_lower,
+    combined_lower,
+    difference_bounds,
+    flat_pass_chance,
+    items_for,
+)
+
+
+def test_the_bound_never_exceeds_the_mean_and_respects_the_range() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        n = rng.randint(1, 200)
+        xs = [rng.choice([-1, -2 / 3, -1 / 3, 0, 1 / 3, 2 / 3, 1]) for _ in range(n)]
+        lo = betting_lower(xs, -1.0, 1.0, GRID_ALPHA)
+        assert -1.0 <= lo <= sum(xs) / n + 1e-9
+        low, high = difference_bounds(xs)
+        assert low <= sum(xs) / n <= high + 1e-9
+    assert betting_lower([], -1.0, 1.0, 0.05) == -1.0
+
+
+def test_all_agreeing_items_give_a_bound_near_the_exact_one() -> None:
+    """30 items that all agree cannot rule out that a tenth of items fail (0.9^30 = 4%): the
+    bound says so instead of collapsing to zero, and it tightens as items are added."""
+    at30 = betting_lower([0.0] * 30, -1.0, 1.0, GRID_ALPHA)
+    assert -0.2 < at30 < -0.05
+    assert betting_lower([0.0] * 300, -1.0, 1.0, GRID_ALPHA) > at30 / 4
+
+
+def test_a_level_that_dropped_past_the_tolerance_rarely_passes_at_high_accuracy() -> None:
+    """A reference at 99% and a level at 94% (a drop of exactly the 5-point tolerance, one repeat):
+    the bound stays below -0.05 in all but about alpha of data sets, at 20 items and at 200."""
+    rng = random.Random(11)
+    for n in (20, 200):
+        passes = 0
+        runs = 300
+        for _ in range(runs):
+            ref = [int(rng.random() < 0.99) for _ in range(n)]
+            lvl = [int(rng.random() < 0.94) for _ in range(n)]
+            passes += (
+                betting_lower([b - a for a, b in zip(ref, lvl, strict=True)], -1, 1, GRID_ALPHA)
+                > -0.05
+            )
+        assert passes / runs <= GRID_ALPHA + 0.03, (n, passes / runs)
+
+
+def test_looking_after_every_batch_does_not_inflate_the_error() -> None:
+    """Optional stopping: adding 20 items at a time and stopping at the first pass, a level that
+    truly dropped past the tolerance passes in about alpha of runs, not the several times alpha a
+    fixed-sample bound gives when it is looked at 15 times."""
+    rng = random.Random(5)
+    runs, passed = 150, 0
+    for _ in range(runs):
+        diffs: list[float] = []
+        for _look in range(15):
+            for _ in range(20):
+                p = rng.random() < 0.8
+                q = rng.random() < 0.74  # a drop of 6 points against a 5-point tolerance
+                diffs.append(int(q) - int(p))
+            if betting_lower(diffs, -1, 1, GRID_ALPHA, horizon=150) > -0.05:
+                passed += 1
+                break
+    assert passed / runs <= GRID_ALPHA + 0.04
+
+
+def test_accuracy_interval_is_a_score_interval() -> None:
+    lo, hi = accuracy_interval([1.0] * 30)
+    assert hi == 1.0 and 0.85 < lo < 0.9  # Wilson at 30 of 30: 0.886
+    lo, hi = accuracy_interval([0.0] * 10)
+    assert lo == 0.0 and 0.2 < hi < 0.35
+    assert accuracy_interval([]) == (0.0, 1.0)
+
+
+def test_sample_size_plans_for_the_power_to_pass_a_flat_level() -> None:
+    n = items_for(0.05, 3)
+    assert flat_pass_chance(n, 0.3864, 0.05) >= POWER
+    assert flat_pass_chance(n - 1, 0.3864, 0.05) < POWER + 0.01
+    assert items_for(0.1, 3) < n < items_for(0.05, 1)
+    assert items_for(0.5, 3) == MIN_ITEMS
+    assert items_for(0.05, 3, sd=0.1) < n  # a measured spread below the planning value
+
+
+def test_the_regression_bound_leans_on_the_baseline_when_the_change_is_nil() -> None:
+    then = [0.0, -1 / 3, 0.0, 1 / 3, 0.0, 0.0, -1 / 3, 0.0] * 50
+    same = [0.0] * 100
+    noisy = [random.Random(k).choice([-2 / 3, 0, 2 / 3]) for k in range(100)]
+    assert combined_lower(then, same) > combined_lower(then, noisy)
+    assert combined_lower(then, same) == pytest.approx(sum(then) / len(then), abs=0.05)
