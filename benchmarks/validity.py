@@ -1,285 +1,296 @@
-"""Validity of the sweep's number: a simulation study against known truth.
+"""Validity of the sweep's number, and what it costs: a simulation study against known truth.
 
-It drives the sweep's own code (``context_ceiling.sweep.analysis.analyse_graded``, ``context_ceiling.sweep.design.next_step``,
-``context_ceiling.sweep.regression.compare_means``, the level grid of ``context_ceiling.sweep.run``, the sample size of
-``context_ceiling.sweep.statistics``) with outcomes drawn from accuracy curves that are known exactly:
+It runs the sweep's own code (:mod:`context_ceiling.sweep.simulate`: the level grid, sample size,
+opening, adaptive steps and refinement of ``ceiling sweep run``, the analysis of ``ceiling sweep
+derive``, the regression check of ``--reduced``) on outcomes drawn from accuracy curves that are
+known exactly, at a 128k-token window:
 
-- a task set of 240 items whose difficulty varies (item effects on the logit scale, SD 1), 5%
-  known to the model without documents (answered right closed-book and at every fill);
-- cliff-shaped drops (accuracy falls to about 15% within ~3% of fill) and gradual ones (a linear
-  fall on the logit scale), knees uniform over 0.3-0.9, base accuracy uniform over 0.6-0.98;
-- three repeats per item and level, correlated within the item (a repeat copies the first
-  outcome with probability 0.5, as near-greedy sampling does).
+- **regimes**: cliffs, gradual falls after a knee, gentle declines from the start (2-4 points
+  per 0.1 of fill), a plateau with a 6-point dip before a cliff, a fifth of the items fragile
+  early, bimodal items (nearly always right or nearly always wrong), repeats that agree fully and
+  repeats that are independent, drops just past a grid level, task sets of 60, 200 and 960 items,
+  and a fixed budget; knees uniform over 0.3-0.9, base accuracy over 0.6-0.98, item difficulty
+  with a logit SD of 1, 5% of items known closed-book, repeats copying the first call with
+  probability 0.5 unless the regime says otherwise;
+- **truth**: the population accuracy curve; the true drop point is the highest fill up to which
+  every fill is within the tolerance of the reference (at the tolerance the ceiling is stated at);
+- **per regime**: how often a ceiling is written, how often the enforced ceiling is at or below
+  the true drop point (the safe side), how often the ceiling level is within 0.05 below it, the
+  tolerance stated, median items, calls, input tokens and dollars (batch rates with the prompt
+  cache serving each item's repeats after the first), and the same sweep under the previous
+  release's rule (a studentized t-bound at 5% per level with no sequential control, an opening of
+  half of 232 items, synchronous uncached calls) as the cost baseline, in the same run;
+- the coverage of the reported intervals and the one-sided error of the pass test at every item
+  count, accuracy and repeat count; the regression check's verdicts on unchanged curves and on
+  curves whose drop really moved below the stored ceiling; the two refusal cases.
 
-The truth for a fill u is the population accuracy p(u) (Gauss-Hermite quadrature over the item
-effects), and the true drop point u* the highest fill with p(u) - p(ref) >= -tolerance. Reported:
-how often the enforced ceiling is at or below u*, how often the ceiling level is within 0.05
-below u* (base accuracy >= 0.8), refusals, calls against a fixed 0.05-step grid of the same
-items, the coverage of the 95% intervals at every item count, the regression verdicts on
-unchanged and on really moved curves, and the two refusal cases (a model at 0%, a model that
-answers from memory).
-
-``python -m benchmarks.validity [--runs N] [--seed S] [--json FILE]``; ``make bench-validity``.
+``python -m benchmarks.validity [--runs N] [--seed S] [--jobs J] [--json FILE]``;
+``make bench-validity``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
+import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded, item_means
-from context_ceiling.sweep.design import batch_size, next_step
-from context_ceiling.sweep.plan import levels_for
+from context_ceiling.core.prices import Price, lookup
+from context_ceiling.sweep import analysis, design, simulate
+from context_ceiling.sweep.analysis import Analysis, analyse_graded, item_means
 from context_ceiling.sweep.regression import compare_means, reduced_levels
-from context_ceiling.sweep.statistics import accuracy_interval, difference_interval, items_for
+from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, random_truth
+from context_ceiling.sweep.statistics import (
+    GRID_ALPHA,
+    Z95,
+    accuracy_interval,
+    betting_lower,
+    interval,
+    items_for,
+)
 
-WINDOW, RESERVATION, TOL, MARGIN, RESOLUTION, REPEATS = 8192, 100, 0.05, 0.1, 0.05, 3
-TASKSET, SIGMA, KNOWN, RHO = 960, 1.0, 0.05, 0.5
-NODES, WEIGHTS = np.polynomial.hermite.hermgauss(40)
+TOL = 0.05
+WINDOW = 131_072
+PRICED = ("gpt-4.1", "claude-sonnet-4-5")
+#: a fixed budget of input tokens for the fixed-budget regime (about 200 items' opening grid)
+BUDGET_TOKENS = 150_000_000
 
-
-def _sig(x: float) -> float:
-    return 1 / (1 + math.exp(-x))
-
-
-def _logit(p: float) -> float:
-    return math.log(p / (1 - p))
-
-
-@dataclass(frozen=True)
-class Curve:
-    shape: str  # cliff | gradual
-    knee: float
-    base: float
-
-    def shift(self, u: float) -> float:
-        """The logit shift at fill u (0 before the knee)."""
-        fall = _logit(self.base) - _logit(0.15)
-        if self.shape == "cliff":
-            return -fall / (1 + math.exp(-(u - self.knee - 0.015) / 0.005))
-        return -fall * max(0.0, u - self.knee) / 0.3
-
-    def p_item(self, effect: float, u: float) -> float:
-        return _sig(_logit(self.base) + effect + self.shift(u))
-
-    def p(self, u: float) -> float:
-        """Population accuracy of the items not known closed-book."""
-        x = _logit(self.base) + self.shift(u) + SIGMA * math.sqrt(2) * NODES
-        return float(np.sum(WEIGHTS / (1 + np.exp(-x))) / math.sqrt(math.pi))
-
-    def drop_point(self, ref: float, limit: float) -> float:
-        p0 = self.p(ref)
-        u = ref
-        for k in range(int(ref * 1000), int(limit * 1000) + 1):
-            if self.p(k / 1000) - p0 >= -TOL:
-                u = k / 1000
-            else:
-                break
-        return u
+# -- regimes ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Model:
-    """Outcomes for one task set under one curve; ``known`` items are right without documents."""
-
-    curve: Curve
-    effects: list[float]
-    known: list[bool]
-    rng: random.Random
-
-    def outcomes(self, i: int, u: float | None) -> list[int]:
-        if self.known[i]:
-            return [int(self.rng.random() < 0.97) for _ in range(1 if u is None else REPEATS)]
-        if u is None:
-            return [int(self.rng.random() < 0.02)]
-        p = self.curve.p_item(self.effects[i], u)
-        first = int(self.rng.random() < p)
-        return [first] + [
-            first if self.rng.random() < RHO else int(self.rng.random() < p)
-            for _ in range(REPEATS - 1)
-        ]
+def _mixed(rng: random.Random, k: int, **over: Any) -> Truth:
+    return random_truth(rng, SHAPES[k % len(SHAPES)], **over)
 
 
-class SimRun:
-    """One sweep as ``ceiling sweep run`` does it, with simulated calls."""
-
-    def __init__(self, model: Model, order: list[int]) -> None:
-        self.m, self.order = model, order
-        self.records: list[dict[str, Any]] = []
-        self.levels = levels_for("0.2,0.5,0.8,max", WINDOW, RESERVATION, 0.1)
-        self.reference = 0.2
-        self.planned = min(TASKSET, items_for(TOL, REPEATS))
-        self.target = TASKSET
-        self.drawn = max(20, -(-self.planned // 2))
-        self.n_at = {lv: self.drawn for lv in self.levels}
-        self.n_control = self.drawn
-
-    def _measure(self, lv: float | None, ids: list[int]) -> None:
-        for i in ids:
-            for r, ok in enumerate(self.m.outcomes(i, lv)):
-                self.records.append(
-                    {
-                        "key": f"i{i}@closed" if lv is None else f"i{i}@{lv:.4f}#{r}",
-                        "item": f"i{i}",
-                        "level": lv,
-                        "repeat": r,
-                        "control": lv is None,
-                        "correct": ok,
-                        "bucket": "correct" if ok else "missed",
-                        "utilization": lv or 0.0,
-                        "prompt_tokens": round((lv or 0.0) * WINDOW),
-                        "status": "ok",
-                    }
-                )
-
-    def design(self) -> Design:
-        ids = [f"i{i}" for i in self.order]
-        return Design(
-            {lv: ids[: self.n_at[lv]] for lv in self.levels},
-            REPEATS,
-            ids[: self.n_control],
-            self.reference,
-        )
-
-    def analyse(self) -> Analysis:
-        return analyse_graded(self.records, self.records, WINDOW, TOL, MARGIN, design=self.design())
-
-    def run(self) -> Analysis:
-        self._measure(None, self.order[: self.n_control])
-        for lv in self.levels:
-            self._measure(lv, self.order[: self.n_at[lv]])
-        while True:
-            a = self.analyse()
-            step = next_step(
-                a,
-                drawn=self.drawn,
-                target_items=self.target,
-                refine=True,
-                adaptive=True,
-                resolution=RESOLUTION,
-                batch=batch_size(self.planned),
-            )
-            if step is None:
-                return a
-            if step.kind == "items":
-                new = self.order[self.drawn : self.drawn + step.new_items]
-                self.drawn += len(new)
-                self._measure(None, new)
-                self.n_control = self.drawn
-                for lv in step.levels:
-                    self._measure(lv, self.order[self.n_at[lv] : self.drawn])
-                    self.n_at[lv] = self.drawn
-            else:
-                for lv in step.levels:
-                    self.n_at[lv] = self.n_at[self.reference]
-                    self._measure(lv, self.order[: self.n_at[lv]])
-                    self.levels = sorted({*self.levels, lv})
-
-    def grid_calls(self) -> int:
-        """Calls of a fixed 0.05-step grid on the same number of items (as many as this run's
-        deciding level ended with)."""
-        limit = self.levels[-1]
-        grid = [0.1] + [round(0.2 + 0.05 * k, 2) for k in range(int((limit - 0.2) / 0.05) + 1)]
-        return self.drawn * (1 + REPEATS * len(grid))
+def _just_past(rng: random.Random, k: int) -> Truth:
+    """The true drop just past the 0.5 grid level (the cliff's centre sits 0.015 past the knee)."""
+    shape = "cliff" if k % 2 == 0 else "gradual"
+    knee = rng.uniform(0.49, 0.52) if shape == "cliff" else rng.uniform(0.5, 0.52)
+    return random_truth(rng, shape, knee=knee)
 
 
-def make_model(curve: Curve, rng: random.Random) -> Model:
-    effects = [rng.gauss(0, SIGMA) for _ in range(TASKSET)]
-    known = [rng.random() < KNOWN for _ in range(TASKSET)]
-    return Model(curve, effects, known, rng)
+Regime = tuple[str, Callable[[random.Random, int], Truth], dict[str, Any]]
+
+REGIMES: list[Regime] = [
+    *[(shape, (lambda s: lambda rng, k: random_truth(rng, s))(shape), {}) for shape in SHAPES],
+    ("repeats agree fully", lambda rng, k: _mixed(rng, k, rho=1.0), {}),
+    ("repeats independent", lambda rng, k: _mixed(rng, k, rho=0.0), {}),
+    ("drop just past a level", _just_past, {}),
+    ("60-item task set", _mixed, {"taskset": 60}),
+    ("200-item task set", _mixed, {"taskset": 200}),
+    ("fixed budget", _mixed, {"budget_tokens": BUDGET_TOKENS}),
+]
+
+# -- the previous release's rule, for the cost baseline -----------------------------------------
 
 
-def regression(
-    base: SimRun, a: Analysis, curve: Curve, rng: random.Random
-) -> tuple[str, str] | None:
-    """(verdict on the unchanged curve, verdict on a curve whose drop really moved below the
-    stored ceiling level), each from a reduced sweep as ``--reduced`` plans it."""
-    if a.ceiling_level is None or a.ceiling_level == a.reference_level:
-        return None
-    levels = reduced_levels(a)
-    n = min(base.drawn, items_for(TOL / 2**0.5, REPEATS))
-    ids = base.order[:n]
-    then = item_means(r for r in base.records if r["item"] in {f"i{i}" for i in ids})
-
-    def reduced(model: Model) -> str:
-        sim = SimRun(model, base.order)
-        sim.levels, sim.n_at = levels, {lv: n for lv in levels}
-        sim.n_control = 0
-        for lv in levels:
-            sim._measure(lv, ids)
-        return compare_means(a, sim.analyse(), then, item_means(sim.records)).outcome
-
-    same = reduced(Model(curve, base.m.effects, base.m.known, rng))
-    ref, lv = a.reference_level or 0.2, a.ceiling_level
-    for _ in range(50):
-        moved = Curve(curve.shape, rng.uniform(max(0.21, lv - 0.3), lv), curve.base)
-        if moved.p(lv) - moved.p(ref) < -TOL:
-            return same, reduced(Model(moved, base.m.effects, base.m.known, rng))
-    return same, "n/a"
+def _legacy_items(tolerance: float, repeats: int, accuracy: float = 0.8, **_: Any) -> int:
+    """The previous sample-size rule: a two-sided 95% t-interval of the paired difference no
+    wider than the tolerance (232 items at 0.05 and 3 repeats)."""
+    p = min(max(accuracy, 0.05), 0.95)
+    sd = math.sqrt(2 * p * (1 - p) * (1 + (repeats - 1) * 0.2) / repeats)
+    return max(20, math.ceil((Z95 * sd / tolerance) ** 2))
 
 
-def coverage(rng: random.Random, sets: int) -> dict[int, dict[str, float]]:
-    """Share of data sets whose 95% intervals contain the truth, by items per level."""
+def _legacy_bounds(
+    diffs: list[float], alpha: float = 0.05, horizon: int | None = None
+) -> tuple[float, float]:
+    del alpha, horizon
+    pseudo = ((1.0, 0.125), (-1.0, 0.125), (0.0, 0.25))
+    lower = interval(diffs, pseudo, -1.0, 1.0, one_sided=True)[0]
+    return (lower, interval(diffs, pseudo, -1.0, 1.0)[1])
+
+
+@contextlib.contextmanager
+def legacy() -> Iterator[None]:
+    """The previous release's design: t-bounds at 5% for every level (no sequential control,
+    no split for refinement), no futility stop, the opening on half of its planned items."""
+    patches: list[tuple[object, str, object]] = [
+        (analysis, "difference_bounds", _legacy_bounds),
+        (analysis, "futile", lambda *_: False),
+        (analysis, "GRID_ALPHA", 0.05),
+        (analysis, "refine_alpha", lambda k: 0.05),
+        (simulate, "items_for", _legacy_items),
+        (design, "START_SHARE", 2),
+    ]
+    saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
+    for m, name, value in patches:
+        setattr(m, name, value)
+    try:
+        yield
+    finally:
+        for m, name, value in saved:
+            setattr(m, name, value)
+
+
+# -- one sweep ----------------------------------------------------------------------------------
+
+
+def _prices() -> dict[str, tuple[Price, Price]]:
     out = {}
-    for n in (10, 20, 30, 60, 120, 240):
-        hits = {"accuracy": 0, "difference": 0, "accuracy_n": 0, "difference_n": 0}
-        lo_above = 0
-        for _ in range(sets):
-            curve = Curve(
-                rng.choice(["cliff", "gradual"]), rng.uniform(0.3, 0.9), rng.uniform(0.6, 0.98)
-            )
-            m = make_model(curve, rng)
-            m.known = [False] * TASKSET
-            m.effects = [rng.gauss(0, SIGMA) for _ in range(n)]
-            lvs = [0.2, rng.uniform(0.3, 0.95)]
-            means = {lv: [sum(m.outcomes(i, lv)) / REPEATS for i in range(n)] for lv in lvs}
-            for lv in lvs:
-                lo, hi = accuracy_interval(means[lv])
-                hits["accuracy"] += lo <= curve.p(lv) <= hi
-                hits["accuracy_n"] += 1
-            d = [b - a_ for a_, b in zip(means[lvs[0]], means[lvs[1]], strict=True)]
-            lo, hi = difference_interval(d)
-            truth = curve.p(lvs[1]) - curve.p(lvs[0])
-            hits["difference"] += lo <= truth <= hi
-            lo_above += lo > truth
-            hits["difference_n"] += 1
-        out[n] = {
-            "accuracy": hits["accuracy"] / hits["accuracy_n"],
-            "difference": hits["difference"] / hits["difference_n"],
-            "difference_lower_above_truth": lo_above / hits["difference_n"],
-        }
+    for m in PRICED:
+        sync, batch = lookup(m), lookup(m, batch=True)
+        assert sync is not None and batch is not None, f"genai-prices has no {m}"
+        out[m] = (sync, batch)
     return out
 
 
-def refusal_cases(rng: random.Random) -> dict[str, bool]:
+def group_size() -> int:
+    """How many items of the bundled task set share one haystack at this window
+    (``--shared-haystack``: the evidence of as many items as fill 80% of the smallest level)."""
+    from context_ceiling.core.tokenizers import TiktokenCounter
+    from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
+    from context_ceiling.sweep.taskset import load_taskset
+
+    ts = load_taskset("contracts")
+    builder = ContextBuilder(ts, Meter(TiktokenCounter("o200k_base")), 0)
+    groups = group_items(builder, ts.items, round(0.1 * WINDOW), True)
+    return max(1, round(len(ts.items) / len(groups)))
+
+
+def one(task: tuple[int, int, int, int]) -> dict[str, Any]:
+    """Regime ``r``, run ``k``: the sweep under today's rule (its haystacks shared by groups of
+    ``g`` items, so the prompt cache serves them) and under the previous one (a haystack per
+    item, uncached)."""
+    r, k, seed, g = task
+    name, make, over = REGIMES[r]
+    rng = random.Random(seed * 1_000_003 + r * 10_007 + k)
+    truth = make(rng, k)
+    prices = _prices()
+    sim = SimSweep(
+        truth, window=WINDOW, tolerance=TOL, seed=rng.randrange(2**31), group_size=g, **over
+    )
+    a = sim.run()
+    stated = a.stated_tolerance or TOL
+    limit = sim.levels[-1]
+    u_star = truth.drop_point(sim.reference, limit, stated)
+    u_asked = truth.drop_point(sim.reference, limit, TOL)
+    written = not a.blocking()
+    row: dict[str, Any] = {
+        "regime": name,
+        "base": truth.base,
+        "written": written,
+        "stated": stated if written else None,
+        "safe": (not written) or (a.ceiling_utilization or 0) <= u_star,
+        "safe_asked": (not written) or (a.ceiling_utilization or 0) <= u_asked,
+        "placed": written
+        and a.ceiling_level is not None
+        and u_star - 0.05 <= a.ceiling_level <= u_star,
+        "items": sim.spend.items,
+        "calls": sim.spend.calls,
+        "tokens": sim.spend.input_tokens,
+        "usd": {m: sim.spend.dollars(b) for m, (_, b) in prices.items()},
+    }
+    if over.get("budget_tokens") is None:
+        with legacy():
+            old = replace(sim, records=[], spend=simulate.Spend(), group_size=1)
+            b = old.run()
+        row["legacy"] = {
+            "written": not b.blocking() and b.resolved,
+            "safe": b.blocking() != [] or (b.ceiling_utilization or 0) <= u_asked,
+            "items": old.spend.items,
+            "calls": old.spend.calls,
+            "tokens": old.spend.input_tokens,
+            "usd": {m: old.spend.dollars(s, cache=False) for m, (s, _) in prices.items()},
+        }
+    if r < len(SHAPES) and written and a.ceiling_level not in (None, a.reference_level):
+        row["regression"] = regression(sim, a, truth, rng)
+    return row
+
+
+def regression(base: SimSweep, a: Analysis, truth: Truth, rng: random.Random) -> tuple[str, str]:
+    """(verdict on the unchanged curve, verdict on a curve whose drop moved below the stored
+    ceiling level), each from a reduced sweep as ``--reduced`` plans it: three levels, three
+    repeats, the baseline's items. Re-asked calls of an unchanged endpoint repeat the baseline's
+    answer with the repeats' agreement."""
+    levels = reduced_levels(a)
+    n = min(base.spend.items, items_for(TOL / 2**0.5, 3))
+    ids = base.order[:n]
+    then = item_means(base.records)
+    old = {r["key"]: r["correct"] for r in base.records}
+
+    def reduced(truth_now: Truth, same: bool) -> str:
+        sim = SimSweep(truth_now, window=WINDOW, tolerance=TOL, seed=rng.randrange(2**31))
+        sim.model = replace(base.model, truth=truth_now, rng=sim.rng)
+        sim.order, sim.levels = base.order, levels
+        sim.n_at, sim.n_control = dict.fromkeys(levels, n), 0
+        for lv in levels:
+            sim._measure(lv, ids)
+        if same:
+            for rec in sim.records:
+                if rec["key"] in old and sim.rng.random() < truth_now.rho:
+                    rec["correct"] = old[rec["key"]]
+        now = item_means(sim.records)
+        return compare_means(a, sim.analyse(), then, now).outcome
+
+    unchanged = reduced(truth, same=True)
+    ref, lv = a.reference_level or 0.2, a.ceiling_level or 0.2
+    for _ in range(50):
+        moved = random_truth(
+            rng, "cliff", base=truth.base, knee=rng.uniform(max(0.21, lv - 0.3), lv)
+        )
+        if moved.p(lv) - moved.p(ref) < -TOL:
+            return unchanged, reduced(moved, same=False)
+    return unchanged, "n/a"
+
+
+# -- intervals ----------------------------------------------------------------------------------
+
+
+def coverage(rng: random.Random, sets: int) -> list[dict[str, Any]]:
+    """Per items, accuracy and repeats: how often the accuracy interval covers the truth, and how
+    often the pass test's lower bound (at the grid's error) lies above the true difference."""
+    out = []
+    for n in (20, 60, 200):
+        for acc in (0.6, 0.8, 0.95, 0.99):
+            for reps in (1, 3):
+                cov = above = 0
+                for _ in range(sets):
+                    eff = [rng.gauss(0, 0.5) for _ in range(n)]
+                    drop = TOL  # the level exactly at the tolerance: the hardest case
+                    p0 = [1 / (1 + math.exp(-(math.log(acc / (1 - acc)) + e))) for e in eff]
+                    p1 = [max(0.0, p - drop) for p in p0]
+                    truth0 = sum(p0) / n
+                    m0 = [sum(rng.random() < p for _ in range(reps)) / reps for p in p0]
+                    m1 = [sum(rng.random() < p for _ in range(reps)) / reps for p in p1]
+                    lo, hi = accuracy_interval(m0)
+                    cov += lo <= truth0 <= hi
+                    d = [b - x for x, b in zip(m0, m1, strict=True)]
+                    above += betting_lower(d, -1.0, 1.0, GRID_ALPHA) > -(sum(p0) - sum(p1)) / n
+                out.append(
+                    {
+                        "items": n,
+                        "accuracy": acc,
+                        "repeats": reps,
+                        "covers": cov / sets,
+                        "lower_above_truth": above / sets,
+                    }
+                )
+    return out
+
+
+def refusal_cases(seed: int) -> dict[str, bool]:
     """Does the analysis refuse a model at 0%, and one that answers from memory?"""
-    order = list(range(TASKSET))
-    zero = make_model(Curve("cliff", 0.6, 0.5), rng)
-    zero.known = [False] * TASKSET
-    zero.curve = Curve("cliff", 0.6, 1e-6)
-    memory = make_model(Curve("cliff", 0.6, 0.5), rng)
-    memory.known = [rng.random() < 0.7 for _ in range(TASKSET)]
-    memory.curve = Curve("cliff", 2.0, 1e-6)  # the documents never help
+    zero = Truth("cliff", base=1e-4, knee=0.6, known=0.0)
+    memory = Truth("cliff", base=1e-4, knee=2.0, known=0.7)
     res = {}
-    for name, m in (("zero_accuracy", zero), ("answers_from_memory", memory)):
-        a = SimRun(m, order).run()
-        res[name + "_refused"] = bool(a.blocking())
-        sim = SimRun(m, order)
-        sim.run()
+    for name, t in (("zero_accuracy", zero), ("answers_from_memory", memory)):
+        sim = SimSweep(t, window=WINDOW, taskset=200, seed=seed)
+        res[name + "_refused"] = bool(sim.run().blocking())
         b = analyse_graded(
             sim.records,
             sim.records,
             WINDOW,
             TOL,
-            MARGIN,
+            0.1,
             design=sim.design(),
             include_closed_book=True,
         )
@@ -287,77 +298,77 @@ def refusal_cases(rng: random.Random) -> dict[str, bool]:
     return res
 
 
-def study(runs: int, seed: int) -> dict[str, Any]:
-    rng = random.Random(seed)
-    rows = []
+def study(runs: int, seed: int, jobs: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    for k in range(runs):
-        shape = "cliff" if k % 2 == 0 else "gradual"
-        curve = Curve(shape, rng.uniform(0.3, 0.9), rng.uniform(0.6, 0.98))
-        m = make_model(curve, rng)
-        order = list(range(TASKSET))
-        rng.shuffle(order)
-        sim = SimRun(m, order)
-        a = sim.run()
-        u_star = curve.drop_point(0.2, sim.levels[-1])
-        written = not a.blocking()
-        reg = regression(sim, a, curve, rng)
-        rows.append(
-            {
-                "shape": shape,
-                "knee": curve.knee,
-                "base": curve.base,
-                "u_star": u_star,
-                "written": written,
-                "resolved": a.resolved,
-                "ceiling_level": a.ceiling_level,
-                "ceiling_utilization": a.ceiling_utilization,
-                "safe": (not written) or (a.ceiling_utilization or 0) <= u_star,
-                "placed": written
-                and a.ceiling_level is not None
-                and u_star - 0.05 <= a.ceiling_level <= u_star,
-                "calls": len(sim.records),
-                "grid_calls": sim.grid_calls(),
-                "items": sim.drawn,
-                "regression": reg,
-            }
-        )
+    g = group_size()
+    tasks = [(r, k, seed, g) for r in range(len(REGIMES)) for k in range(runs)]
+    with ProcessPoolExecutor(jobs) as pool:
+        rows = list(pool.map(one, tasks, chunksize=4))
+    rng = random.Random(seed)
     return {
+        "group_size": g,
         "runs": rows,
-        "coverage": coverage(rng, max(200, runs)),
-        "refusals": refusal_cases(rng),
+        "coverage": coverage(rng, max(100, runs)),
+        "refusals": refusal_cases(seed),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+# -- tables -------------------------------------------------------------------------------------
 
 
 def _share(rows: list[dict[str, Any]], key: str) -> str:
     return f"{sum(bool(r[key]) for r in rows) / len(rows):.1%}" if rows else "-"
 
 
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
 def table(res: dict[str, Any]) -> str:
+    m0, m1 = PRICED
     lines = [
-        "| drops | runs | ceiling written | enforced ceiling <= true drop point | ceiling level within 0.05 below it (base >= 0.8) | median items | calls / fixed 0.05 grid |",
-        "|---|---|---|---|---|---|---|",
+        "| regime | runs | ceiling written | enforced ceiling <= true drop point | level within 0.05 below it (base >= 0.8) | tolerance stated (median, max) | median items | median calls | median input tokens | median $ "
+        + m0
+        + " | median $ "
+        + m1
+        + " | previous rule: $ "
+        + m0
+        + " | cost / previous |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for shape in ("cliff", "gradual", "all"):
-        rs = [r for r in res["runs"] if shape in ("all", r["shape"])]
+    names = [n for n, _, _ in REGIMES]
+    for name in [*names, "all"]:
+        rs = [r for r in res["runs"] if name in ("all", r["regime"])]
+        if not rs:
+            continue
         hi = [r for r in rs if r["base"] >= 0.8]
-        items = sorted(r["items"] for r in rs)
-        ratio = sum(r["calls"] for r in rs) / sum(r["grid_calls"] for r in rs)
+        stated = [r["stated"] for r in rs if r["stated"] is not None]
+        old = [r["legacy"] for r in rs if "legacy" in r]
+        new_usd = _med([r["usd"][m0] for r in rs])
+        old_usd = _med([o["usd"][m0] for o in old])
+        ratio = f"{new_usd / old_usd:.2f}" if old_usd else "-"
         lines.append(
-            f"| {shape} | {len(rs)} | {_share(rs, 'written')} | {_share(rs, 'safe')} | "
-            f"{_share(hi, 'placed')} | {items[len(items) // 2]} | {ratio:.2f} |"
+            f"| {name} | {len(rs)} | {_share(rs, 'written')} | {_share(rs, 'safe')} | "
+            f"{_share(hi, 'placed')} | "
+            + (f"{_med(stated):.3f}, {max(stated):.3f}" if stated else "-")
+            + f" | {_med([r['items'] for r in rs]):.0f} | {_med([r['calls'] for r in rs]):,.0f} | "
+            f"{_med([r['tokens'] for r in rs]) / 1e6:,.0f}M | ${new_usd:,.0f} | "
+            f"${_med([r['usd'][m1] for r in rs]):,.0f} | "
+            + (f"${old_usd:,.0f}" if old else "-")
+            + f" | {ratio} |"
         )
     lines += [
         "",
-        "| items per level | accuracy CI covers | paired-difference CI covers | lower bound above the truth |",
-        "|---|---|---|---|",
+        "| items | accuracy | repeats | accuracy CI covers | pass-test bound above the truth (at a drop of exactly the tolerance) |",
+        "|---|---|---|---|---|",
     ]
-    for n, c in res["coverage"].items():
+    for c in res["coverage"]:
         lines.append(
-            f"| {n} | {c['accuracy']:.1%} | {c['difference']:.1%} | {c['difference_lower_above_truth']:.1%} |"
+            f"| {c['items']} | {c['accuracy']:.2f} | {c['repeats']} | {c['covers']:.1%} | "
+            f"{c['lower_above_truth']:.1%} |"
         )
-    regs = [r["regression"] for r in res["runs"] if r["regression"]]
+    regs = [r["regression"] for r in res["runs"] if r.get("regression")]
     same = [s for s, _ in regs]
     moved = [m for _, m in regs if m != "n/a"]
     lines += [
@@ -381,16 +392,20 @@ def table(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=300)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--runs", type=int, default=100, help="simulated sweeps per regime")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--json", help="write the raw results here")
     args = ap.parse_args(argv)
-    res = study(args.runs, args.seed)
+    res = study(args.runs, args.seed, args.jobs)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     print(table(res))
-    print(f"\n({args.runs} simulated sweeps, seed {args.seed}, {res['seconds']} s)")
+    print(
+        f"\n({args.runs} simulated sweeps per regime, {len(REGIMES)} regimes, seed {args.seed}, "
+        f"{res['seconds']} s)"
+    )
     return 0
 
 

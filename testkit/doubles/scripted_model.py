@@ -43,6 +43,11 @@ class ScriptedModelDouble:
     reasoning_only: bool = False  # refuses max_tokens / temperature like a reasoning model
     usage_scale: float = 1.0  # reports prompt tokens off by this factor (another tokenizer)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    #: OpenAI's automatic prompt cache, as documented: a prompt of 1,024 tokens or more reads
+    #: from the cache the longest prefix it shares with an earlier prompt, in steps of 128
+    #: tokens from 1,024 (reported as ``usage.prompt_tokens_details.cached_tokens``)
+    prompt_cache: bool = True
+    seen: list[Any] = field(default_factory=list)  # the last prompts' token ids
 
     def __post_init__(self) -> None:
         self.by_question = {it.question: it for it in self.ts.items}
@@ -96,6 +101,7 @@ class ScriptedModelDouble:
         m = _Q.search(user)
         item = self.by_question.get(m.group(1).strip()) if m else None
         tokens = count_openai(body, self.enc).total
+        cached = self._cached(body) if self.prompt_cache else 0
         if item is not None and self.closed_book:
             reply: dict[str, Any] = self._answer(item, True)
         elif item is None or "(no documents)" in user:
@@ -123,9 +129,25 @@ class ScriptedModelDouble:
                     "prompt_tokens": round(tokens * self.usage_scale),
                     "completion_tokens": 20,
                     "total_tokens": tokens + 20,
+                    "prompt_tokens_details": {"cached_tokens": cached},
                 },
             }
         )
+
+    def _cached(self, body: dict[str, Any]) -> int:
+        import numpy as np
+
+        text = "".join(str(m.get("role")) + str(m.get("content")) for m in body["messages"])
+        ids = np.asarray(self.enc.encoding.encode_ordinary(text), dtype=np.int64)
+        best = 0
+        for prev in self.seen:
+            n = min(len(prev), len(ids))
+            differ = np.flatnonzero(prev[:n] != ids[:n])
+            best = max(best, int(differ[0]) if len(differ) else n)
+        self.seen = [*self.seen[-15:], ids]
+        if len(ids) < 1024 or best < 1024:
+            return 0
+        return 1024 + (best - 1024) // 128 * 128
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])

@@ -132,7 +132,7 @@ def test_default_sweep_plans_adds_items_where_open_and_resolves(
     assert run_cli(*args, "--dry-run") == 0
     dry = " ".join(capsys.readouterr().out.split())
     planned = items_for(0.1, 3)
-    assert "expected paired-difference 95% CI ±" in dry
+    assert "the pass test's expected margin of error ±" in dry
     assert f"{planned} items are planned" in dry
     assert run_cli(*args) == 0
     plan = json.loads((out / "plan.json").read_text())

@@ -46,6 +46,9 @@ class Price:
     cached_input: float
     source: str
     tiers: tuple[Tier, ...] = ()
+    #: input written to a prompt cache (Anthropic charges more than for plain input; None: the
+    #: input price)
+    cache_write: float | None = None
 
     def at(self, input_tokens: int) -> Price:
         """The rates one request of ``input_tokens`` input is charged at."""
@@ -57,12 +60,22 @@ class Price:
             return self
         return Price(chosen.input, chosen.output, chosen.cached_input, self.source)
 
-    def cost(self, input_tokens: float, output_tokens: float, cached_tokens: float = 0.0) -> float:
+    def cost(
+        self,
+        input_tokens: float,
+        output_tokens: float,
+        cached_tokens: float = 0.0,
+        written_tokens: float = 0.0,
+    ) -> float:
         """Dollars for these tokens; ``cached_tokens`` is the part of ``input_tokens`` read from
-        a prompt cache."""
-        uncached = max(0.0, input_tokens - cached_tokens)
+        a prompt cache, ``written_tokens`` the part written to one."""
+        uncached = max(0.0, input_tokens - cached_tokens - written_tokens)
+        write = self.input if self.cache_write is None else self.cache_write
         return (
-            uncached * self.input + cached_tokens * self.cached_input + output_tokens * self.output
+            uncached * self.input
+            + cached_tokens * self.cached_input
+            + written_tokens * write
+            + output_tokens * self.output
         ) / MILLION
 
 
@@ -101,6 +114,7 @@ def lookup(model: str, provider: str | None = None, batch: bool = False) -> Pric
         inp = per_million(input_tokens=_PROBE)
         out = per_million(output_tokens=_PROBE)
         cached = per_million(input_tokens=_PROBE, cache_read_tokens=_PROBE)
+        write = per_million(input_tokens=_PROBE, cache_write_tokens=_PROBE)
         tiers = []
         for start in _tier_starts(model, provider):
             # a request past ``start`` input tokens is charged the tier's rate for every token
@@ -130,7 +144,9 @@ def lookup(model: str, provider: str | None = None, batch: bool = False) -> Pric
         return None
     version = metadata.version("genai-prices")
     where = f"{provider}/" if provider else ""
-    return Price(inp, out, cached, f"genai-prices {version}: {where}{model}", tuple(tiers))
+    return Price(
+        inp, out, cached, f"genai-prices {version}: {where}{model}", tuple(tiers), round(write, 6)
+    )
 
 
 def _tier_starts(model: str, provider: str | None) -> list[int]:

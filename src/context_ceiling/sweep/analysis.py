@@ -37,12 +37,12 @@ from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 from context_ceiling.sweep.statistics import (
     GRID_ALPHA,
-    MAX_REFINEMENTS,
     MIN_ITEMS,
-    REFINE_ALPHA,
     accuracy_interval,
+    bound_width,
     difference_bounds,
     difference_interval,
+    refine_alpha,
 )
 from context_ceiling.sweep.taskset import Item, TaskSet, load_taskset
 
@@ -56,7 +56,7 @@ def mean(values: Iterable[float]) -> float:
 DEFAULT_FLOOR = 0.5
 COUNTER_WARN = 0.02
 UNRESOLVED = "unresolved"
-MAX_TOLERANCE = 0.15
+MAX_TOLERANCE = 0.25
 """The widest tolerance a ceiling is stated at when the data cannot resolve the one asked for."""
 TOLERANCE_STEP = 0.005
 
@@ -70,14 +70,18 @@ class Design:
     control: list[str]
     reference: float
     #: levels the refinement added (tested at its share of the error)
-    refined: frozenset[float] = frozenset()
+    refined: tuple[float, ...] = ()
     #: the items the pass test's bets are tuned for (fixed before the first call)
     horizon: int | None = None
+    #: the most items the design may measure at a level (the task set, or a fixed design)
+    cap: int | None = None
 
     def alpha_at(self, level: float) -> float:
         """The error a level's pass test is run at: the grid's share, or the refinement's split
         over its midpoints."""
-        return REFINE_ALPHA / MAX_REFINEMENTS if level in self.refined else GRID_ALPHA
+        if level in self.refined:
+            return refine_alpha(self.refined.index(level))
+        return GRID_ALPHA
 
     @classmethod
     def full(
@@ -111,6 +115,8 @@ class LevelStats:
     errored_calls: int = 0
     counter_error: float | None = None  # mean (ours - reported) / reported
     half_width: float = 0.0
+    n_design: int = 0  # items the design measures at this level
+    diff_sd: float = 0.0  # the SD of the paired differences (what more items would face)
 
     @property
     def complete(self) -> bool:
@@ -144,6 +150,8 @@ class Analysis:
     open_level: float | None = None
     #: the levels the refinement added
     refined: list[float] = field(default_factory=list)
+    #: the most items the design may measure at a level
+    cap: int | None = None
     #: what the answers measure (the task set's metric): the word every message uses
     metric: str = "accuracy"
 
@@ -263,6 +271,8 @@ def analyse_graded(
         common = sorted((k for k in ref_means if k in at), key=lambda k: order.get(k, len(order)))
         diffs = [at[k] - ref_means[k] for k in common]  # in the order the items were drawn
         s.diff = mean(diffs) if diffs else 0.0
+        if len(diffs) > 1:
+            s.diff_sd = math.sqrt(sum((x - s.diff) ** 2 for x in diffs) / (len(diffs) - 1))
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
             s.diff_lower = s.diff_ci[0]
@@ -287,7 +297,8 @@ def analyse_graded(
         closed_book_excluded=not include_closed_book,
         metric=metric,
         floor=floor,
-        refined=sorted(design.refined),
+        refined=list(design.refined),
+        cap=design.cap,
     )
     _decide(a, ref, tolerance)
     _judge(a, ref, rows, controls, tolerance)
@@ -335,6 +346,7 @@ def _level(
         mean_prompt_tokens=round(mean(r["prompt_tokens"] for r in rs), 1) if rs else 0.0,
         gold_position_accuracy={k: round(mean(v), 3) for k, v in sorted(pos.items())},
         planned_calls=len(keys),
+        n_design=len(design.levels[lv]),
         missing_calls=missing,
         errored_calls=errored,
         counter_error=round(mean(ratios), 5) if ratios else None,
@@ -349,7 +361,7 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     steps = max(0, math.ceil(round((a.max_tolerance - tolerance) / TOLERANCE_STEP, 6)))
     _chain(a, ref, tolerance)
     d = a.level(a.deciding_level)
-    if d is not None and d.role == "level" and d.complete:
+    if d is not None and d.role == "level" and d.complete and not futile(d, tolerance, a.cap):
         a.open_level = d.level if d.diff_lower <= -tolerance <= d.diff_ci[1] else None
     for k in range(steps + 1):
         tol = round(tolerance + k * TOLERANCE_STEP, 6)
@@ -383,14 +395,28 @@ def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     a.deciding_level = above[0].level if above else None
     d = a.level(a.deciding_level)
     few = any(s.n_items < MIN_ITEMS for s in a.chain if d is None or s.level <= d.level)
-    a.resolved = bool(passing) and not few and (d is None or decided(d, tolerance))
+    a.resolved = bool(passing) and not few and (d is None or decided(d, tolerance, a.cap))
 
 
-def decided(s: LevelStats, tolerance: float) -> bool:
+def decided(s: LevelStats, tolerance: float, cap: int | None = None) -> bool:
     """A failing level is decided when its bounds lie wholly below ``-tolerance`` (a clear
-    drop) or its pass test's margin of error is within the tolerance (as precise as asked: a
-    level measured with no drop at all would have passed)."""
-    return s.complete and (s.diff_ci[1] < -tolerance or s.half_width <= tolerance)
+    drop), when its pass test's margin of error is within the tolerance (as precise as asked: a
+    level measured with no drop at all would have passed), or when no more items could make it
+    pass (:func:`futile`)."""
+    return s.complete and (
+        s.diff_ci[1] < -tolerance or s.half_width <= tolerance or futile(s, tolerance, cap)
+    )
+
+
+def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
+    """Even at ``cap`` items (every item the design may measure there), a level whose difference
+    is one standard error better than measured would not pass: more items only spend, and the
+    ceiling stays at the level below, on the safe side (futility stopping)."""
+    if cap is None or s.n_items < MIN_ITEMS or s.diff_sd <= 0:
+        return False
+    sd = max(s.diff_sd, 0.05)
+    hopeful = s.diff + sd / math.sqrt(s.n_items)
+    return hopeful - bound_width(max(cap, s.n_items), round(sd, 4), s.alpha) <= -tolerance
 
 
 def _judge_closed_book(
@@ -502,8 +528,11 @@ def design_of(plan: Plan) -> Design:
         plan.spec.repeats,
         control,
         plan.chain_reference,
-        refined=frozenset(plan.refined),
-        horizon=min(plan.planned_items or len(ids), plan.item_cap or len(ids)) or None,
+        refined=tuple(plan.refined),
+        horizon=plan.horizon
+        or min(plan.planned_items or len(ids), plan.item_cap or len(ids))
+        or None,
+        cap=plan.item_cap,
     )
 
 

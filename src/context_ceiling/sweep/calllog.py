@@ -53,7 +53,9 @@ class CallRecord(Strict):
     model_reported: str | None = None
     usage_prompt: int | None = None
     usage_completion: int | None = None
+    #: input read from the provider's prompt cache, and written to it (Anthropic)
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
     latency_s: float | None = None
     attempts: int = 1
     error: str | None = None

@@ -62,7 +62,7 @@ def entry_from(
         window=analysis.window,
         output_reservation=plan.spec.max_tokens,
         metric=ts.metric,
-        tolerance=analysis.tolerance,
+        tolerance=analysis.stated_tolerance or analysis.tolerance,
         margin=analysis.margin,
         created_at=datetime.now(UTC),
         provenance=Provenance(

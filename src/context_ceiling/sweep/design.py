@@ -30,8 +30,9 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 
 @dataclass(frozen=True)
 class Step:
-    """Add ``new_items`` items at ``levels`` (kind ``items``), or measure the new ``levels`` on
-    the reference's items (kind ``levels``)."""
+    """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
+    batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
+    reference's items (kind ``levels``)."""
 
     kind: str
     levels: tuple[float, ...]
@@ -62,8 +63,40 @@ def refinements(
 
 def open_levels(a: Analysis) -> list[float]:
     """The deciding level at the asked tolerance while more items could still change its
-    decision: its bounds still straddle ``-tolerance`` (it failed, but not clearly)."""
+    decision: its bounds still straddle ``-tolerance`` (it failed, but not clearly) and more
+    items could still make it pass (``analysis.futile``)."""
     return [a.open_level] if a.open_level is not None else []
+
+
+START_SHARE = 4
+"""The adaptive design opens on this fraction (1/START_SHARE) of the planned items: levels past
+the drop are then decided on few items, and items are added only where a decision is open."""
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How a sweep starts: ``start`` items drawn for the opening grid, at most ``target`` in all,
+    ``batch`` added per adaptive step, the pass test's bets tuned for ``horizon`` items."""
+
+    start: int
+    target: int
+    batch: int
+    horizon: int
+
+
+def opening(task_items: int, planned: int, fixed: int | None, adaptive: bool) -> Opening:
+    """The opening for a task set of ``task_items`` items when the sample-size rule plans
+    ``planned``: a fixed design (``fixed`` items) measures them all at once; the adaptive one
+    starts on a part of the plan and may grow to every item where a decision stays open; with neither,
+    the plan."""
+    planned = min(task_items, planned)
+    if fixed:
+        target = min(task_items, fixed)
+        return Opening(target, target, batch_size(planned), target)
+    if adaptive:
+        start = min(task_items, max(MIN_ITEMS, -(-planned // START_SHARE)))
+        return Opening(start, task_items, batch_size(planned), planned)
+    return Opening(planned, planned, batch_size(planned), planned)
 
 
 def batch_size(planned_items: int) -> int:
@@ -84,9 +117,13 @@ def next_step(
 ) -> Step | None:
     """What to measure next, or None when the sweep is done."""
     open_ = open_levels(a) if adaptive else []
-    if open_ and drawn < target_items and a.reference_level is not None:
-        n = min(batch, target_items - drawn)
-        return Step("items", (a.reference_level, *open_), n)
+    at = a.level(open_[0]) if open_ else None
+    if at is not None and a.reference_level is not None:
+        if at.n_design < drawn:  # items the reference already has: measure them there first
+            return Step("extend", (at.level,))
+        if drawn < target_items:
+            n = min(batch, target_items - drawn)
+            return Step("items", (a.reference_level, at.level), n)
     if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
         new = refinements(a.levels, a.tolerance, resolution, {s.level for s in a.levels})
         if new:

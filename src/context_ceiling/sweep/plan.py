@@ -80,6 +80,8 @@ class Plan(Strict):
     n_control: int | None = None
     planned_items: int | None = None
     item_cap: int | None = None
+    #: the items the pass test's bets are tuned for, fixed before the first call
+    horizon: int | None = None
     #: levels the refinement added (their pass test runs at the refinement's share of the error)
     refined: list[float] = Field(default_factory=list)
 

@@ -48,6 +48,9 @@ class Prompt:
     gold_positions: dict[str, float]
     tokens: int
     target: int
+    #: the length of the user part every question on this haystack shares (0: a haystack of
+    #: its own): where a prompt cache breakpoint goes
+    shared: int = 0
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -161,8 +164,12 @@ class ContextBuilder:
             _, user = self.ts.skeleton.render(NO_DOCUMENTS, asked.question)
             return Prompt(system, user, [], {}, self.meter.prompt(system, user), target)
         order, docs, positions = self._haystack(tuple(items), target, repeat)
-        _, user = self.ts.skeleton.render(self._render(order, docs), asked.question)
-        return Prompt(system, user, order, positions, self.meter.prompt(system, user), target)
+        documents = self._render(order, docs)
+        _, user = self.ts.skeleton.render(documents, asked.question)
+        shared = self.ts.skeleton.shared_length(documents) if len(items) > 1 else 0
+        return Prompt(
+            system, user, order, positions, self.meter.prompt(system, user), target, shared
+        )
 
     def _render(self, order: list[str], docs: dict[str, Doc]) -> str:
         return "\n".join(render_doc(docs.get(d) or self.ts.docs[d]) for d in order)

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from context_ceiling.core.prices import lookup
 from context_ceiling.core.utilization import fill_bucket
 from context_ceiling.sweep import replay
 from context_ceiling.sweep.analysis import Analysis, RunAnalysis, analysis_of
@@ -170,12 +171,19 @@ def table(a: Analysis, metric: str = "accuracy") -> Table:
     return t
 
 
+def _tolerance(a: Analysis) -> str:
+    stated = a.stated_tolerance or a.tolerance
+    if stated > a.tolerance + 1e-9:
+        return f"{stated:.1%}, the data do not resolve the {a.tolerance:.0%} asked for"
+    return f"{stated:.0%}"
+
+
 def ceiling_line(a: Analysis) -> str:
     if a.ceiling_tokens is None:
         return "no ceiling: " + (a.refusals[0] if a.refusals else "no level passed")
     head = "UNRESOLVED " if not a.resolved else ""
     return head + (
-        f"ceiling: level {a.ceiling_level} passes (tolerance {a.tolerance:.0%}); enforced at "
+        f"ceiling: level {a.ceiling_level} passes (tolerance {_tolerance(a)}); enforced at "
         f"{a.ceiling_utilization:.1%} of the {a.window:,}-token window = {a.ceiling_tokens:,} input tokens "
         f"(margin {a.margin:.0%})"
     )
@@ -287,12 +295,33 @@ def _replay_html(rep: dict[str, Any] | None) -> str:
     )
 
 
+def spend_of(rows: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    """What the run's calls spent, from the log: calls, input tokens (as the provider reported
+    them, else as counted), the part read from and written to the prompt cache, output tokens,
+    and dollars at the model's list price (None when the price data set has no price)."""
+    inp = sum(int(r.get("usage_prompt") or r.get("prompt_tokens") or 0) for r in rows)
+    cached = sum(int(r.get("cached_tokens") or 0) for r in rows)
+    written = sum(int(r.get("cache_write_tokens") or 0) for r in rows)
+    out = sum(int(r.get("usage_completion") or 0) for r in rows)
+    price = lookup(model)
+    return {
+        "calls": len(rows),
+        "input_tokens": inp,
+        "cached_tokens": cached,
+        "cache_write_tokens": written,
+        "output_tokens": out,
+        "usd": round(price.cost(inp, out, cached, written), 4) if price else None,
+        "price_source": price.source if price else None,
+    }
+
+
 def write(
     out: Path,
     a: Analysis,
     plan: Plan,
     console: Console | None = None,
     items: list[str] | None = None,
+    spend: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     ts = plan.taskset.model_dump() if plan.taskset else {}
     metric = plan.taskset.metric if plan.taskset else "accuracy"
@@ -307,6 +336,7 @@ def write(
         "analysis": a.to_json(),
         # each level's fill bucket, as the sidecar's answer signals and the dashboard name it
         "fill_buckets": {f"{s.level:g}": fill_bucket(s.utilization) for s in a.levels},
+        "spend": spend,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     rows = "".join(
@@ -352,7 +382,9 @@ def report(out: Path, console: Console, as_json: bool = False) -> int:
     """``ceiling sweep report``: (re)write a run's report from its plan and log; with
     ``as_json``, print the run's summary (``summary.json``) on stdout as well."""
     ra = analysis_of(out)
-    paths = write(out, ra.analysis, ra.plan, console, item_lines(ra))
+    paths = write(
+        out, ra.analysis, ra.plan, console, item_lines(ra), spend_of(ra.rows, ra.plan.spec.model)
+    )
     console.print(f"report: {paths['html']}  plot: {paths['png']}  summary: {paths['json']}")
     if as_json:
         summary = json.loads(paths["json"].read_text())

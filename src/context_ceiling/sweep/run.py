@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import CallLog
-from context_ceiling.sweep.design import Step, batch_size, next_step
+from context_ceiling.sweep.design import Step, next_step, opening
 from context_ceiling.sweep.plan import (
     SPEC,
     EndpointRef,
@@ -44,9 +45,10 @@ from context_ceiling.sweep.plan import (
 from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
+from context_ceiling.sweep.simulate import SimSweep, forecast, random_truth, with_truth
 from context_ceiling.sweep.solver import Budget, Endpoint, Runner, Sample
 from context_ceiling.sweep.spec import Reasoning, Spec
-from context_ceiling.sweep.statistics import MIN_ITEMS, expected_half_width, items_for
+from context_ceiling.sweep.statistics import expected_half_width, items_for, tolerance_for
 from context_ceiling.sweep.taskset import Item, load_taskset
 
 
@@ -103,10 +105,12 @@ def run(opts: RunOptions, console: Console) -> int:
     if opts.dry_run:
         return sweep.dry_run()
     out.mkdir(parents=True, exist_ok=True)
+    if not opts.resume:
+        sweep.fit_opening()
     sweep.save()
     console.print(
         f"[bold]run[/] {plan.run_id} -> {out}  (window {sweep.window:,}, counter "
-        f"{sweep.meter.name}, {len(plan.item_ids)} items, expected CI "
+        f"{sweep.meter.name}, {len(plan.item_ids)} items, margin of error "
         f"±{expected_half_width(len(plan.item_ids), plan.spec.repeats):.1%})"
     )
     opening = sweep.runner.estimate(sweep.samples_for(plan.levels, plan.n_control or 0))
@@ -119,9 +123,10 @@ def run(opts: RunOptions, console: Console) -> int:
             f"continue with: ceiling sweep run --resume --out {out}"
         )
         return 130
-    if sweep.runner.exhausted:
+    if sweep.runner.exhausted or sweep.stopped_by_budget:
         console.print(
-            "[yellow]budget reached[/]: stopped starting calls; raise it and --resume to finish"
+            "[yellow]budget reached[/]: no more calls started; the ceiling is derived at the "
+            "tolerance the data resolve (raise the budget and --resume to narrow it)"
         )
     code = report(out, console)
     if plan.baseline:
@@ -233,19 +238,14 @@ class _Sweep:
         self.planned = plan.planned_items or min(
             len(self.order), items_for(plan.spec.tolerance, plan.spec.repeats)
         )
-        if plan.spec.items:
-            self.target_items = min(len(self.order), plan.spec.items)  # a fixed design
-        elif plan.adaptive:
-            self.target_items = len(self.order)  # up to every item, where the decision is open
-        else:
-            self.target_items = self.planned
+        self.opening = opening(
+            len(self.order), self.planned, plan.spec.items, plan.adaptive and not plan.spec.items
+        )
+        self.target_items = self.opening.target
         if plan.item_ids:
             plan.item_ids = [i for i in plan.item_ids if i in self.by_id]
-        elif plan.adaptive and not plan.spec.items:
-            start = max(MIN_ITEMS, -(-self.planned // 2))
-            plan.item_ids = self.order[: min(self.target_items, start)]
         else:
-            plan.item_ids = self.order[: self.target_items]
+            plan.item_ids = self.order[: self.opening.start]
         drawn = len(plan.item_ids)
         plan.batches = plan.batches or [drawn]
         plan.n_at = plan.n_at or {level_key(lv): drawn for lv in plan.levels}
@@ -253,6 +253,8 @@ class _Sweep:
             plan.n_control = drawn if plan.spec.control else 0
         self.smallest = round(min(plan.levels) * self.window)
         self.price = parse_price(opts.price) if opts.price else lookup(plan.spec.model)
+        self.cache_shares = (0.0, 0.0)  # the prompt cache's read and written shares of the input
+        self.stopped_by_budget = False
         #: what each call may write: the answer and the reasoning reserved beside it
         self.output_reservation = plan.spec.max_tokens + (plan.spec.reasoning_tokens or 0)
         if opts.budget_usd is not None and self.price is None:
@@ -311,11 +313,43 @@ class _Sweep:
                 "traffic: ceiling taskset build)"
             )
 
+    def fit_opening(self) -> None:
+        """Fixed-budget planning: when the opening design would cross a budget (``--max-calls``,
+        ``--max-input-tokens``, ``--budget-usd``), open on as many items as the budget affords
+        (calls and tokens grow with the items), so the ceiling comes at the tolerance those items
+        resolve rather than from levels left half measured."""
+        plan = self.plan
+        drawn = len(plan.item_ids)
+        calls, tokens = self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0))
+        budget = self.runner.budget
+        if drawn == 0 or budget.fits(calls, tokens):
+            return
+        lo, hi = 0, drawn
+        while lo < hi:  # the most items whose opening fits
+            mid = (lo + hi + 1) // 2
+            f = mid / drawn
+            lo, hi = (
+                (mid, hi) if budget.fits(round(calls * f), round(tokens * f)) else (lo, mid - 1)
+            )
+        n = max(lo, 1)
+        plan.item_ids = plan.item_ids[:n]
+        plan.batches = [n]
+        plan.n_at = {k: n for k in plan.n_at}
+        plan.n_control = n if plan.spec.control else 0
+        plan.groups = len(self.groups_upto(n))
+        plan.horizon = n  # the pass test's bets tuned to the items the budget affords
+        self.console.print(
+            f"[yellow]budget[/]: the opening design fits {n} of {drawn} items; a ceiling from "
+            f"them is stated within about {tolerance_for(n, plan.spec.repeats):.1%} of the "
+            "reference (what each budget buys: --dry-run)"
+        )
+
     def save(self) -> None:
         self.plan.levels = sorted(self.plan.levels)
         self.plan.reference = self.reference
         self.plan.planned_items = self.planned
         self.plan.item_cap = self.target_items
+        self.plan.horizon = self.plan.horizon or self.opening.horizon
         self.plan.save(self.out)
 
     def groups_upto(self, n: int) -> list[list[Item]]:
@@ -356,14 +390,20 @@ class _Sweep:
             else ""
         )
         cost = self.costs(calls, tokens)
+        budgets = self.budgets(calls, tokens)
         self.console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens (window {self.window:,}, levels "
             f"{', '.join(f'{lv:g}' for lv in plan.levels)}, {plan.spec.repeats} repeats, {drawn} items, "
-            f"{plan.groups} haystack group(s)); expected paired-difference 95% CI "
+            f"{plan.groups} haystack group(s)); the pass test's expected margin of error "
             f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.spec.tolerance:.0%}{more}; "
             "nothing was sent"
         )
         self.console.print(cost_line(cost, plan.spec.model))
+        self.console.print(
+            "what a budget buys (a fixed design of that many items; --items N or --budget-usd):"
+        )
+        for line in budget_lines(budgets):
+            self.console.print(line)
         if self.opts.json:
             estimate = {
                 "dry_run": True,
@@ -379,31 +419,89 @@ class _Sweep:
                 "expected_half_width": hw,
                 "tolerance": plan.spec.tolerance,
                 "cost_usd": cost,
+                "budgets": budgets,
             }
             print(json.dumps(estimate, indent=2))
         return 0
 
+    def _usd(self, input_tokens: float, output_tokens: float) -> float:
+        """Dollars at the run's price with the prompt cache's shares applied."""
+        assert self.price is not None
+        cached, written = self.cache_shares
+        return self.price.cost(
+            input_tokens, output_tokens, input_tokens * cached, input_tokens * written
+        )
+
+    def budgets(self, calls: int, tokens: int) -> list[dict[str, Any]]:
+        """Item counts from 60 to the task set, each with what its opening grid costs (the
+        opening's calls scaled, uncached) and the tolerance it buys (:func:`tolerance_for`)."""
+        plan, drawn = self.plan, max(1, len(self.plan.item_ids))
+        total = len(self.order)
+        counts = sorted({n for n in (60, 120, 200, 400, self.planned, total) if 0 < n <= total})
+        inp = max(0, tokens - calls * plan.spec.max_tokens)
+        rows = []
+        for n in counts:
+            f = n / drawn
+            usd = self._usd(inp * f, calls * f * self.output_reservation) if self.price else None
+            rows.append(
+                {
+                    "items": n,
+                    "usd": round(usd, 2) if usd is not None else None,
+                    "tolerance": tolerance_for(n, plan.spec.repeats),
+                }
+            )
+        return rows
+
+    def simulated(self) -> SimSweep:
+        """This run's design on a simulated endpoint (what :func:`forecast` replays)."""
+        plan = self.plan
+        groups = max(1, plan.groups or 1)
+        return SimSweep(
+            random_truth(random.Random(0), "cliff"),
+            taskset=len(self.order),
+            window=self.window,
+            levels_spec=plan.spec.levels,
+            repeats=plan.spec.repeats,
+            tolerance=plan.spec.tolerance,
+            margin=plan.spec.margin,
+            resolution=plan.spec.resolution,
+            low_fill=plan.spec.low_fill,
+            reservation=plan.spec.max_tokens,
+            output_tokens=self.output_reservation,
+            items=plan.spec.items,
+            adaptive=plan.adaptive,
+            refine=plan.refine,
+            group_size=max(1, round(len(plan.item_ids) / groups)),
+        )
+
     def costs(self, calls: int, tokens: int) -> dict[str, Any] | None:
-        """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``),
-        ``expected`` at the items the sample-size rule plans, ``max`` at every item the adaptive
-        design may add; input priced uncached and every call's whole output reservation, so each
-        is an upper bound for its design (refinement midpoints come on top). None: no price."""
+        """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``: it
+        is certain to run), ``expected`` the median of what the adaptive design spends over a
+        range of simulated curves (:func:`context_ceiling.sweep.simulate.forecast`, the prompt
+        cache's share of a shared haystack included), ``max`` every item the adaptive design may
+        add at every level, uncached; every call's whole output reservation counted. None: no
+        price."""
         if self.price is None:
             return None
         plan, drawn = self.plan, max(1, len(self.plan.item_ids))
         out = self.output_reservation
         grow = plan.adaptive and not plan.spec.items
-        factors = {
-            "min": 1.0,
-            "expected": max(1.0, self.planned / drawn) if grow else 1.0,
-            "max": max(1.0, self.target_items / drawn) if grow else 1.0,
-        }
-        inp = max(
-            0, tokens - calls * plan.spec.max_tokens
-        )  # the estimate holds the reservation too
+        inp = max(0, tokens - calls * plan.spec.max_tokens)  # the estimate holds the reservation
+        cap = max(1.0, self.target_items / drawn) if grow else 1.0
+        sim = self.simulated()
+        f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=12)
+        # the prompt cache's share of the input (a shared haystack), as the simulation found it
+        self.cache_shares = (f["cached_share"], f["written_share"])
+        med = f["input_tokens_median"]
         got: dict[str, Any] = {
-            k: round(self.price.cost(inp * f, calls * f * out), 2) for k, f in factors.items()
+            "min": round(self._usd(inp, calls * out), 2),
+            "expected": round(self._usd(med, f["calls_median"] * out), 2),
+            "max": round(self.price.cost(inp * cap, calls * cap * out), 2),
+            "expected_calls": round(f["calls_median"]),
+            "expected_input_tokens": round(med),
+            "expected_cached_share": round(f["cached_share"], 3),
         }
+        got["expected"] = min(max(got["expected"], got["min"]), max(got["max"], got["min"]))
         got["price_per_million"] = {
             "input": self.price.input,
             "cached_input": self.price.cached_input,
@@ -425,10 +523,23 @@ class _Sweep:
                 refine=self.plan.refine,
                 adaptive=self.plan.adaptive,
                 resolution=self.plan.spec.resolution,
-                batch=batch_size(self.planned),
+                batch=self.opening.batch,
             )
+            before = self.plan.model_copy(deep=True)
             todo = self.grow(step) if step is not None else None
             if todo is None:
+                return
+            done = self.runner.log.done()
+            calls, tokens = self.runner.estimate([s for s in todo if s.key not in done])
+            if not self.runner.budget.fits(calls, tokens):
+                # a step is measured whole or not at all: half a step would leave its levels
+                # incomplete, and an incomplete level fails (the decision stays open instead)
+                self.plan = before
+                self.stopped_by_budget = True
+                self.console.print(
+                    f"[yellow]budget[/]: the next step ({calls:,} calls, about {tokens:,} tokens) "
+                    "would cross it: the design stops here and the decision stays open"
+                )
                 return
             self.save()
             asyncio.run(self.runner.run(todo))
@@ -455,11 +566,20 @@ class _Sweep:
             return self.samples_for(
                 list(step.levels), (plan.n_control or 0) if plan.spec.control else 0
             )
+        if step.kind == "extend":
+            [lv] = step.levels
+            hi = min(b for b in plan.batches if b > plan.items_at(lv))
+            plan.n_at = plan.n_at | {level_key(lv): hi}
+            self.console.print(
+                f"measuring {where} on {hi} of the {len(plan.item_ids)} items drawn, where the "
+                "decision is open"
+            )
+            return self.samples_for([lv])
         self.console.print(f"refining: measuring {where} where accuracy drops")
         ref_n = plan.items_at(self.reference)
         plan.n_at = plan.n_at | {level_key(lv): ref_n for lv in step.levels}
         plan.levels = sorted(set(plan.levels) | set(step.levels))
-        plan.refined = sorted(set(plan.refined) | set(step.levels))
+        plan.refined = [*plan.refined, *(lv for lv in step.levels if lv not in plan.refined)]
         return self.samples_for(list(step.levels))
 
 
@@ -515,8 +635,22 @@ def cost_line(cost: dict[str, Any] | None, model: str) -> str:
     cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" if cost["budget_usd"] else ""
     p = cost["price_per_million"]
     return (
-        f"cost: about ${cost['expected']:,.2f} expected, ${cost['min']:,.2f} at least (the "
-        f"opening design), ${cost['max']:,.2f} at most (every item the adaptive design may add)"
-        f"{cap}; input ${p['input']:g} and output ${p['output']:g} per million tokens "
-        f"({cost['source']}), input uncached and the whole output reservation counted"
+        f"cost: about ${cost['expected']:,.2f} expected (the median over simulated curves of what "
+        f"the adaptive design spends: {cost['expected_calls']:,} calls, "
+        f"{cost['expected_input_tokens']:,} input tokens, {cost['expected_cached_share']:.0%} "
+        f"read from the prompt cache), ${cost['min']:,.2f} at least (the opening design), "
+        f"${cost['max']:,.2f} at most (every item the adaptive design may add, uncached){cap}; "
+        f"input ${p['input']:g}, cached input ${p['cached_input']:g} and output ${p['output']:g} "
+        f"per million tokens ({cost['source']}), the whole output reservation counted"
     )
+
+
+def budget_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What each budget buys: items, and the tolerance the decision resolves at with them."""
+    out = []
+    for r in rows:
+        usd = f" for ${r['usd']:,.2f}" if r["usd"] is not None else ""
+        out.append(
+            f"  {r['items']:>5} items{usd}: a ceiling within {r['tolerance']:.1%} of the reference"
+        )
+    return out

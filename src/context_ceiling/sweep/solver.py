@@ -96,7 +96,10 @@ _REASONING_400 = re.compile(
 
 
 def request_of(ep: Endpoint, prompt: Prompt) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """URL, headers and body of one call. Reasoning models get what they accept: OpenAI's
+    """URL, headers and body of one call. A question on a shared haystack marks the haystack as
+    a prompt-cache breakpoint for Anthropic (OpenAI caches a repeated prefix by itself; the
+    runner keeps a haystack's questions in order, so each reads what the first wrote). Reasoning
+    models get what they accept: OpenAI's
     ``max_completion_tokens`` (output plus the reasoning reservation) and no ``temperature`` or
     ``seed``; Anthropic's extended thinking with its budget on top of ``max_tokens`` and no
     ``temperature`` (thinking refuses one)."""
@@ -106,11 +109,21 @@ def request_of(ep: Endpoint, prompt: Prompt) -> tuple[str, dict[str, str], dict[
         headers |= {"anthropic-version": "2023-06-01"} | (
             {"x-api-key": ep.api_key} if ep.api_key else {}
         )
+        content: str | list[dict[str, Any]] = prompt.user
+        if prompt.shared:  # the shared haystack is written to the prompt cache once, then read
+            content = [
+                {
+                    "type": "text",
+                    "text": prompt.user[: prompt.shared],
+                    "cache_control": {"type": "ephemeral"},
+                },
+                {"type": "text", "text": prompt.user[prompt.shared :]},
+            ]
         payload: dict[str, Any] = {
             "model": ep.model,
             "max_tokens": ep.max_tokens,
             "temperature": ep.temperature,
-            "messages": [{"role": "user", "content": prompt.user}],
+            "messages": [{"role": "user", "content": content}],
         }
         if ep.reasoning == "anthropic":
             budget = max(1024, ep.reasoning_tokens)
@@ -193,6 +206,8 @@ def _result(ep: Endpoint, body: dict[str, Any], latency: float, attempts: int) -
             "model_reported": body.get("model"),
             "usage_prompt": prompt_tokens,
             "usage_completion": usage.get("output_tokens"),
+            "cached_tokens": usage.get("cache_read_input_tokens"),
+            "cache_write_tokens": usage.get("cache_creation_input_tokens"),
             "latency_s": round(latency, 3),
             "attempts": attempts,
         }
@@ -240,6 +255,18 @@ class Budget:
         if self.max_usd is not None and self.usd + self._usd(tokens) > self.max_usd:
             return False
         return self.max_tokens is None or self.tokens + tokens <= self.max_tokens
+
+    def fits(self, calls: int, tokens: int) -> bool:
+        """Whether ``calls`` more calls of ``tokens`` input tokens in all (their output
+        reservation included) stay within every cap: what the adaptive design asks before a
+        step, so it stops adding items rather than leave a step half measured."""
+        if self.max_calls is not None and self.calls + calls > self.max_calls:
+            return False
+        if self.max_tokens is not None and self.tokens + tokens > self.max_tokens:
+            return False
+        if self.max_usd is None or self.price is None:
+            return True
+        return self.usd + self.price.cost(tokens, calls * self.output_tokens) <= self.max_usd
 
     def spend(self, tokens: int) -> None:
         self.calls += 1

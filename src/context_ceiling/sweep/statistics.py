@@ -22,8 +22,8 @@ Why this and not a t-interval or group-sequential boundaries:
 
 The error is spent once over everything the sweep tests: the grid's chain (tested from the
 reference up, each level only if every lower one passed: a fixed sequence) at ``GRID_ALPHA``, and
-the refinement's midpoints, chosen by the data, at ``REFINE_ALPHA`` split evenly over at most
-``MAX_REFINEMENTS`` of them (a union bound): the chance that any level past the true drop passes
+the refinement's midpoints, chosen by the data, at ``REFINE_ALPHA`` spent over at most
+``MAX_REFINEMENTS`` of them, half of what is left to each (a union bound): the chance that any level past the true drop passes
 is at most ``GRID_ALPHA + REFINE_ALPHA`` = 5%.
 
 **Reported intervals**: a level's accuracy has a Wilson score interval over items (valid near 0%
@@ -51,8 +51,17 @@ ALPHA = 0.05
 GRID_ALPHA = 0.04
 """The grid's chain's share of ``ALPHA``."""
 REFINE_ALPHA = ALPHA - GRID_ALPHA
-"""The refinement's share, split evenly over at most ``MAX_REFINEMENTS`` midpoints."""
+"""The refinement's share, halved from one midpoint to the next (:func:`refine_alpha`)."""
 MAX_REFINEMENTS = 4
+
+
+def refine_alpha(k: int) -> float:
+    """The error the ``k``-th refined level (from 0) is tested at: half of what the refinement
+    has left, so the first midpoint, which halves the bracket, gets the most, and all of them
+    together never exceed ``REFINE_ALPHA``."""
+    return REFINE_ALPHA / 2 ** (k + 1) if k < MAX_REFINEMENTS else 0.0
+
+
 POWER = 0.8
 """The chance a level with no drop passes on its first look, at the planned sample size."""
 _BET_CAP = 0.75  # the hedged capital's truncation c: a bet stakes at most 3/4 of the wealth
@@ -280,3 +289,13 @@ def items_for(
         mid = (lo + hi) // 2
         lo, hi = (mid + 1, hi) if flat_pass_chance(mid, s, tolerance) < power else (lo, mid)
     return hi
+
+
+def tolerance_for(n_items: int, repeats: int, accuracy: float = 0.8) -> float:
+    """The tolerance ``n_items`` items buy: the smallest (in steps of half a point) for which the
+    sample-size rule asks no more items than that (1.0 when even a 50-point one asks more)."""
+    for k in range(1, 101):
+        tol = k * 0.005
+        if items_for(tol, repeats, accuracy, cap=n_items + 1) <= n_items:
+            return round(tol, 3)
+    return 1.0

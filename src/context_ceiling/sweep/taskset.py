@@ -120,6 +120,15 @@ class Skeleton:
             "{question}", question
         )
 
+    def shared_length(self, documents: str) -> int:
+        """How much of the rendered user part comes before the question (the part every question
+        on one haystack shares, so a prompt cache can serve it): 0 when the question comes
+        first."""
+        at, docs = self.user.find("{question}"), self.user.find("{documents}")
+        if docs < 0 or at < docs:
+            return 0
+        return len(self.user[:at].replace("{documents}", documents))
+
     @property
     def hash(self) -> str:
         return "sha256:" + hashlib.sha256(self.text.encode()).hexdigest()

@@ -1,0 +1,173 @@
+"""What a sweep costs: the price before it runs (the adaptive design simulated), the budget the
+design respects between steps, the tolerance a budget buys, and the prompt cache a shared
+haystack is read from.
+
+Runs the real ``ceiling sweep`` command line against the scripted model double (a stand-in for a
+hosted model whose accuracy curve is known; it reports cached prompt tokens the way OpenAI's
+automatic prompt cache does) on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from context_ceiling.ceilings.document import load_document
+from context_ceiling.sweep.calllog import CallLog
+from context_ceiling.sweep.prompts import Prompt
+from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, forecast, random_truth
+from context_ceiling.sweep.solver import Endpoint, _result, request_of
+from testkit.doubles.scripted_model import ScriptedModelDouble
+from testkit.serving import serve
+from tests.sweep.test_sweep import TS, WINDOW, common, run_cli
+
+
+@pytest.fixture
+def model() -> Iterator[tuple[ScriptedModelDouble, str]]:
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.65)
+    with serve(d.app()) as url:
+        yield d, url + "/v1"
+
+
+# -- the prompt cache -------------------------------------------------------------------------
+
+
+def test_a_shared_haystack_is_read_from_the_prompt_cache(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path
+) -> None:
+    """The calls of one haystack group run one after another, so every question after the first
+    reads the haystack from the provider's prompt cache; per-item haystacks share nothing long
+    enough to be cached. The log keeps the cached tokens per call, the summary adds them up."""
+    _, url = model
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    args = ("--levels", "0.5", "--repeats", "1", "--no-refine", "--no-control", "--items", "12")
+    assert run_cli(*common(url, shared, *args, "--shared-haystack", "--low-fill", "0")) == 0
+    assert run_cli(*common(url, alone, *args, "--low-fill", "0")) == 0
+    recs = list(CallLog(shared / "calls.jsonl").records().values())
+    read = [r for r in recs if (r.cached_tokens or 0) > 0]
+    assert len(read) >= len(recs) - 2  # all but the first question of each group
+    assert all(
+        (r.cached_tokens or 0) >= 1024 and (r.cached_tokens or 0) < r.prompt_tokens for r in read
+    )
+    assert not any(
+        (r.cached_tokens or 0) > 0 for r in CallLog(alone / "calls.jsonl").records().values()
+    )
+    spend = json.loads((shared / "summary.json").read_text())["spend"]
+    assert spend["calls"] == len(recs)
+    assert spend["cached_tokens"] == sum(r.cached_tokens or 0 for r in recs) > 0
+    assert spend["cached_tokens"] < spend["input_tokens"]
+
+
+def test_anthropic_calls_mark_the_shared_haystack_as_a_cache_breakpoint() -> None:
+    ep = Endpoint("https://api.anthropic.test", api="anthropic", model="claude")
+    user = "Documents:\nA long haystack.\n\nQuestion: what?"
+    shared = Prompt("sys", user, [], {}, 100, 100, shared=user.index("Question"))
+    _, _, body = request_of(ep, shared)
+    first, second = body["messages"][0]["content"]
+    assert first["cache_control"] == {"type": "ephemeral"}
+    assert first["text"] + second["text"] == user and "cache_control" not in second
+    _, _, alone = request_of(ep, Prompt("sys", user, [], {}, 100, 100))
+    assert alone["messages"][0]["content"] == user  # a haystack of its own: nothing to reuse
+    got = _result(
+        ep,
+        {
+            "content": [{"type": "text", "text": "{}"}],
+            "stop_reason": "end_turn",
+            "usage": {
+                "input_tokens": 20,
+                "cache_read_input_tokens": 900,
+                "cache_creation_input_tokens": 0,
+                "output_tokens": 5,
+            },
+        },
+        0.1,
+        1,
+    )
+    assert got["usage_prompt"] == 920 and got["cached_tokens"] == 900
+    assert got["cache_write_tokens"] == 0
+
+
+# -- the price before it runs -------------------------------------------------------------------
+
+
+def test_the_dry_run_prices_the_adaptive_design_and_what_each_budget_buys(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, url = model
+    out = tmp_path / "dry"
+    assert run_cli(*common(url, out, "--dry-run", "--json", "--price", "2,8,0.5")) == 0
+    got = capsys.readouterr()
+    printed = got.out
+    est = json.loads(printed[printed.index("{") :])
+    cost = est["cost_usd"]
+    assert cost["min"] <= cost["expected"] <= cost["max"]
+    assert cost["expected_calls"] >= est["calls"], "more than the opening: the adaptive steps"
+    rows = est["budgets"]
+    assert [r["items"] for r in rows] == sorted(r["items"] for r in rows)
+    tolerances = [r["tolerance"] for r in rows]
+    assert tolerances == sorted(tolerances, reverse=True) and tolerances[0] > tolerances[-1]
+    assert all(r["usd"] > 0 for r in rows)
+    assert "what a budget buys" in got.err and not out.exists()  # the console is on stderr
+
+
+# -- a budget the design respects ---------------------------------------------------------------
+
+
+def test_a_budget_stops_the_design_between_steps_and_states_what_it_resolved(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A call cap a little above the opening: the design stops adding items where the next step
+    would cross it, so no level is left half measured, and the ceiling is written at the
+    tolerance the data resolve, said so, instead of refused."""
+    d, url = model
+    d.shoulder = (0.45, 0.88)  # a small drop before the knee keeps a decision open
+    out = tmp_path / "capped"
+    args = common(url, out, "--levels", "0.2,0.5,0.8", "--repeats", "1", "--tolerance", "0.05")
+    assert run_cli(*args, "--max-calls", "300") == 0
+    said = capsys.readouterr().out
+    assert "the decision stays open" in said or "budget reached" in said
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert all(s["missing_calls"] == 0 for s in summary["levels"]), "no step half measured"
+    assert summary["stated_tolerance"] is not None
+    assert summary["stated_tolerance"] >= 0.05
+    if summary["stated_tolerance"] > 0.05:
+        assert any("the data resolve" in w for w in summary["warnings"])
+    assert run_cli("derive", str(out), "--model", "m") == 0
+    [entry] = load_document(out / "ceilings.yaml").entries
+    assert entry.tolerance == pytest.approx(summary["stated_tolerance"])
+
+
+# -- the simulation the price comes from ---------------------------------------------------------
+
+
+def test_the_simulation_runs_the_sweeps_own_design() -> None:
+    """A fixed design spends exactly its opening; an adaptive one at least that."""
+    t = Truth("cliff", base=0.9, knee=0.6)
+    fixed = SimSweep(t, taskset=200, window=8192, items=40, adaptive=False, refine=False)
+    a = fixed.run()
+    levels = len(fixed.levels)
+    assert fixed.spend.calls == 40 * (1 + levels * 3)
+    assert a.ceiling_level is not None and a.ceiling_level < 0.6
+    grown = SimSweep(t, taskset=960, window=8192)
+    grown.run()
+    assert grown.spend.calls > grown.open.start * (1 + levels * 3)
+    f = forecast(lambda truth, seed: SimSweep(truth, taskset=300, window=8192, seed=seed), runs=6)
+    assert f["calls_p10"] <= f["calls_median"] <= f["calls_p90"]
+
+
+def test_true_drop_points_of_every_shape() -> None:
+    import random
+
+    rng = random.Random(4)
+    for shape in SHAPES:
+        t = random_truth(rng, shape)
+        u = t.drop_point(0.2, 0.99, 0.05)
+        assert 0.2 <= u <= 0.99
+        assert t.p(u) - t.p(0.2) >= -0.05
+        if u < 0.99:
+            assert t.p(u + 0.001) - t.p(0.2) < -0.05 + 1e-9
+    dip = Truth("dip", base=0.9, knee=0.9, dip=0.06, dip_at=0.4)
+    assert dip.drop_point(0.2, 0.99, 0.05) < 0.45, "the dip before the cliff is the drop"
