@@ -187,15 +187,21 @@ def one(task: tuple[int, int, int, int]) -> dict[str, Any]:
         "items": sim.spend.items,
         "calls": sim.spend.calls,
         "tokens": sim.spend.input_tokens,
+        "cached_share": sim.spend.cached_tokens / max(1, sim.spend.input_tokens),
         "usd": {m: sim.spend.dollars(b) for m, (_, b) in prices.items()},
+        "usd_sync": {m: sim.spend.dollars(sync) for m, (sync, _) in prices.items()},
     }
     if over.get("budget_tokens") is None:
         with legacy():
             old = replace(sim, records=[], spend=simulate.Spend(), group_size=1)
             b = old.run()
+        old_written = not b.blocking() and b.resolved
         row["legacy"] = {
-            "written": not b.blocking() and b.resolved,
-            "safe": b.blocking() != [] or (b.ceiling_utilization or 0) <= u_asked,
+            "written": old_written,
+            "safe": not old_written or (b.ceiling_utilization or 0) <= u_asked,
+            "placed": old_written
+            and b.ceiling_level is not None
+            and u_asked - 0.05 <= b.ceiling_level <= u_asked,
             "items": old.spend.items,
             "calls": old.spend.calls,
             "tokens": old.spend.input_tokens,
@@ -308,7 +314,7 @@ def study(runs: int, seed: int, jobs: int) -> dict[str, Any]:
     return {
         "group_size": g,
         "runs": rows,
-        "coverage": coverage(rng, max(100, runs)),
+        "coverage": coverage(rng, max(100, 3 * runs)),
         "refusals": refusal_cases(seed),
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -328,35 +334,47 @@ def _med(xs: list[float]) -> float:
 def table(res: dict[str, Any]) -> str:
     m0, m1 = PRICED
     lines = [
-        "| regime | runs | ceiling written | enforced ceiling <= true drop point | level within 0.05 below it (base >= 0.8) | tolerance stated (median, max) | median items | median calls | median input tokens | median $ "
-        + m0
-        + " | median $ "
-        + m1
-        + " | previous rule: $ "
-        + m0
-        + " | cost / previous |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| regime | runs | ceiling written | enforced ceiling <= true drop point | level within 0.05 below it (base >= 0.8) | tolerance stated (median, max) | previous rule: written | previous rule: <= true drop | previous rule: within 0.05 (base >= 0.8) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     names = [n for n, _, _ in REGIMES]
+    groups = []
     for name in [*names, "all"]:
         rs = [r for r in res["runs"] if name in ("all", r["regime"])]
-        if not rs:
-            continue
+        if rs:
+            groups.append((name, rs))
+    for name, rs in groups:
         hi = [r for r in rs if r["base"] >= 0.8]
         stated = [r["stated"] for r in rs if r["stated"] is not None]
         old = [r["legacy"] for r in rs if "legacy" in r]
-        new_usd = _med([r["usd"][m0] for r in rs])
-        old_usd = _med([o["usd"][m0] for o in old])
-        ratio = f"{new_usd / old_usd:.2f}" if old_usd else "-"
+        old_hi = [r["legacy"] for r in hi if "legacy" in r]
         lines.append(
             f"| {name} | {len(rs)} | {_share(rs, 'written')} | {_share(rs, 'safe')} | "
             f"{_share(hi, 'placed')} | "
             + (f"{_med(stated):.3f}, {max(stated):.3f}" if stated else "-")
-            + f" | {_med([r['items'] for r in rs]):.0f} | {_med([r['calls'] for r in rs]):,.0f} | "
-            f"{_med([r['tokens'] for r in rs]) / 1e6:,.0f}M | ${new_usd:,.0f} | "
+            + f" | {_share(old, 'written')} | {_share(old, 'safe')} | {_share(old_hi, 'placed')} |"
+        )
+    lines += [
+        "",
+        f"| regime | median items | median calls | median input tokens | cached | median $ {m0} (cache) | median $ {m0} (batch + cache) | median $ {m1} (batch + cache) | previous rule: median input tokens | previous rule: median $ {m0} | cost / previous |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rs in groups:
+        old = [r["legacy"] for r in rs if "legacy" in r]
+        new_usd = _med([r["usd"][m0] for r in rs])
+        old_usd = _med([o["usd"][m0] for o in old])
+        lines.append(
+            f"| {name} | {_med([r['items'] for r in rs]):.0f} | {_med([r['calls'] for r in rs]):,.0f} | "
+            f"{_med([r['tokens'] for r in rs]) / 1e6:,.0f}M | "
+            f"{_med([r['cached_share'] for r in rs]):.0%} | "
+            f"${_med([r['usd_sync'][m0] for r in rs]):,.0f} | ${new_usd:,.0f} | "
             f"${_med([r['usd'][m1] for r in rs]):,.0f} | "
-            + (f"${old_usd:,.0f}" if old else "-")
-            + f" | {ratio} |"
+            + (
+                f"{_med([o['tokens'] for o in old]) / 1e6:,.0f}M | ${old_usd:,.0f} | {new_usd / old_usd:.2f}"
+                if old
+                else "- | - | -"
+            )
+            + " |"
         )
     lines += [
         "",

@@ -99,3 +99,12 @@ def test_the_regression_bound_leans_on_the_baseline_when_the_change_is_nil() -> 
     noisy = [random.Random(k).choice([-2 / 3, 0, 2 / 3]) for k in range(100)]
     assert combined_lower(then, same) > combined_lower(then, noisy)
     assert combined_lower(then, same) == pytest.approx(sum(then) / len(then), abs=0.05)
+
+
+def test_the_tolerance_a_budget_buys_inverts_the_sample_size() -> None:
+    from context_ceiling.sweep.statistics import tolerance_for
+
+    assert tolerance_for(items_for(0.05, 3), 3) == 0.05
+    assert tolerance_for(items_for(0.05, 3) - 1, 3) > 0.05
+    bought = [tolerance_for(n, 3) for n in (60, 120, 200, 400)]
+    assert bought == sorted(bought, reverse=True) and bought[-1] < bought[0]

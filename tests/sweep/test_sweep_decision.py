@@ -291,5 +291,6 @@ def test_validity_benchmark_runs_the_real_code() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "enforced ceiling <= true drop point" in r.stdout
-    assert "paired-difference CI covers" in r.stdout
+    assert "pass-test bound above the truth" in r.stdout
+    assert "cost / previous" in r.stdout
     assert "zero accuracy refused | yes" in r.stdout

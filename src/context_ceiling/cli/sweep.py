@@ -127,6 +127,20 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the closed-book control calls",
     )
+    p.add_argument(
+        "--batch",
+        action="store_true",
+        help="send each step's calls through the provider's batch API (OpenAI Batch, Anthropic "
+        "Message Batches): half the price, results within 24 hours; --resume waits on batches "
+        "already sent",
+    )
+    p.add_argument(
+        "--batch-poll",
+        type=float,
+        dest="batch_poll_s",
+        metavar="SECONDS",
+        help="how often a batch's status is read (default 30)",
+    )
     p.add_argument("--max-calls", type=int, help="stop starting calls after this many")
     p.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
     p.add_argument(

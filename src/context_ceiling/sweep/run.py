@@ -14,7 +14,7 @@ import json
 import os
 import random
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,8 @@ class RunOptions:
     seed: int = 0
     bypass: bool = False
     json_mode: bool = True
+    batch: bool = False
+    batch_poll_s: float = 30.0
     out: str | None = None
     resume: bool = False
     dry_run: bool = False
@@ -252,7 +254,9 @@ class _Sweep:
         if plan.n_control is None:
             plan.n_control = drawn if plan.spec.control else 0
         self.smallest = round(min(plan.levels) * self.window)
-        self.price = parse_price(opts.price) if opts.price else lookup(plan.spec.model)
+        self.price = (
+            parse_price(opts.price) if opts.price else lookup(plan.spec.model, batch=plan.spec.batch)
+        )
         self.cache_shares = (0.0, 0.0)  # the prompt cache's read and written shares of the input
         self.stopped_by_budget = False
         #: what each call may write: the answer and the reasoning reserved beside it
@@ -593,7 +597,8 @@ def _endpoint(plan: Plan, opts: RunOptions) -> Endpoint:
         if not token:
             raise UserError("--bypass needs CEILING_ADMIN_TOKEN (the sidecar's admin token)")
         headers["x-ceiling-bypass"] = token
-    return Endpoint.for_spec(plan.spec, os.environ.get(key_env), headers)
+    ep = Endpoint.for_spec(plan.spec, os.environ.get(key_env), headers)
+    return replace(ep, batch_poll_s=opts.batch_poll_s) if plan.spec.batch else ep
 
 
 def _meter(kind: str, base_url: str, console: Console) -> Meter:

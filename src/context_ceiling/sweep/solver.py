@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from context_ceiling.core.prices import Price
 from context_ceiling.core.vocabulary import SweepApi
+from context_ceiling.sweep import batch
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
 from context_ceiling.sweep.prompts import ContextBuilder, Prompt
 from context_ceiling.sweep.spec import Reasoning, Spec
@@ -45,6 +46,9 @@ class Endpoint:
     reasoning: Reasoning = "auto"
     reasoning_tokens: int = 0
     timeout_s: float = 900.0
+    #: send each step's calls through the provider's batch API (half the price, within 24 h)
+    batch: bool = False
+    batch_poll_s: float = 30.0
     max_attempts: int = 5
     backoff_s: float = 1.0
     backoff_cap_s: float = 30.0
@@ -65,6 +69,7 @@ class Endpoint:
             json_mode=spec.json_mode,
             reasoning=spec.reasoning,
             reasoning_tokens=spec.reasoning_tokens,
+            batch=spec.batch,
         )
 
 
@@ -351,6 +356,9 @@ class Runner:
     async def run(self, samples: list[Sample]) -> None:
         done = self.log.done()
         todo = [s for s in samples if s.key not in done]
+        if self.ep.batch:
+            await self._batched(todo)
+            return
         if not todo:
             return
         # one worker per haystack group keeps each group's questions in order (prefix cache)
@@ -377,11 +385,37 @@ class Runner:
 
                 await asyncio.gather(*(worker(b) for b in queues.values()))
 
-    async def _one(self, client: httpx.AsyncClient, s: Sample) -> None:
+    def _prompt(self, s: Sample) -> Prompt:
         if s.level is None:
-            prompt = self.builder.build([s.item], 0, 0, closed_book=True)
-        else:
-            prompt = self.builder.build(list(s.group), s.target, s.repeat, question_item=s.item)
+            return self.builder.build([s.item], 0, 0, closed_book=True)
+        return self.builder.build(list(s.group), s.target, s.repeat, question_item=s.item)
+
+    def _fields(self, s: Sample, prompt: Prompt) -> dict[str, Any]:
+        """What the call log records of a call besides its result: the sample and its prompt."""
+        return {
+            "key": s.key,
+            "item": s.item.id,
+            "level": s.level,
+            "repeat": s.repeat,
+            "control": s.level is None,
+            "target_tokens": s.target,
+            "prompt_tokens": prompt.tokens,
+            "utilization": round(prompt.tokens / self.window, 5),
+            "window": self.window,
+            "gold_position": prompt.gold_positions.get(s.item.id),
+            "n_docs": len(prompt.doc_ids),
+            "shown": prompt.doc_ids,
+            "group_size": len(s.group),
+            "counter": self.builder.meter.name,
+        }
+
+    def _log(self, fields: dict[str, Any], result: dict[str, Any]) -> None:
+        if result["status"] != "ok":
+            self.errors += 1
+        self.log.append(CallRecord(**fields, ts=time.time(), **result))
+
+    async def _one(self, client: httpx.AsyncClient, s: Sample) -> None:
+        prompt = self._prompt(s)
         cost = prompt.tokens + self.ep.max_tokens
         if not self.budget.allows(cost):
             self.exhausted = True
@@ -390,27 +424,73 @@ class Runner:
         if result.get("reasoning_mode") and self.ep.reasoning == "auto":
             self.ep = replace(self.ep, reasoning=result["reasoning_mode"])
         self.budget.spend(cost)
-        if result["status"] != "ok":
-            self.errors += 1
-        record = CallRecord(
-            key=s.key,
-            item=s.item.id,
-            level=s.level,
-            repeat=s.repeat,
-            control=s.level is None,
-            target_tokens=s.target,
-            prompt_tokens=prompt.tokens,
-            utilization=round(prompt.tokens / self.window, 5),
-            window=self.window,
-            gold_position=prompt.gold_positions.get(s.item.id),
-            n_docs=len(prompt.doc_ids),
-            shown=prompt.doc_ids,
-            group_size=len(s.group),
-            counter=self.builder.meter.name,
-            ts=time.time(),
-            **result,
-        )
-        self.log.append(record)
+        self._log(self._fields(s, prompt), result)
+
+    async def _batched(self, todo: list[Sample]) -> None:
+        """The calls through the provider's batch API: first the batches an earlier process
+        sent and did not see end (``batches.jsonl``), then the rest, within the budget, in
+        batches within the provider's limits; each batch's results go to the call log when it
+        ends."""
+        api = batch.api_for(self.ep.api)
+        ledger = batch.Ledger(self.log.path.parent / "batches.jsonl")
+        _, headers, _ = request_of(self.ep, Prompt("", "", [], {}, 0, 0))
+        base = self.ep.base_url.rstrip("/")
+        path = "/v1/chat/completions" if self.ep.api == "openai" else "/v1/messages"
+        async with httpx.AsyncClient(trust_env=False, timeout=self.ep.timeout_s) as client:
+            for p in ledger.pending():
+                await self._collect(api, client, base, headers, p, ledger)
+            done = self.log.done()
+            requests: list[tuple[str, dict[str, Any]]] = []
+            fields: dict[str, dict[str, Any]] = {}
+            for s in todo:
+                if s.key in done:
+                    continue
+                prompt = self._prompt(s)
+                cost = prompt.tokens + self.ep.max_tokens
+                if not self.budget.allows(cost):
+                    self.exhausted = True
+                    break
+                self.budget.spend(cost)
+                cid = f"c{len(requests)}"  # Anthropic allows [a-zA-Z0-9_-]{1,64} only
+                requests.append((cid, request_of(self.ep, prompt)[2]))
+                fields[cid] = self._fields(s, prompt)
+            sent = []
+            for chunk in batch.chunks(requests):
+                bid = await api.submit(client, base, headers, path, chunk)
+                p = batch.Pending(
+                    bid, api.name, {cid: fields[cid] for cid, _ in chunk}, time.time()
+                )
+                ledger.sent(p)
+                sent.append(p)
+                print(f"batch {bid}: {len(chunk)} calls sent", file=sys.stderr, flush=True)
+            for p in sent:
+                await self._collect(api, client, base, headers, p, ledger)
+
+    async def _collect(
+        self,
+        api: batch.BatchApi,
+        client: httpx.AsyncClient,
+        base: str,
+        headers: dict[str, str],
+        p: batch.Pending,
+        ledger: batch.Ledger,
+    ) -> None:
+        outcomes = await batch.wait(api, client, base, headers, p.id, self.ep.batch_poll_s)
+        got = {o.custom_id: o for o in outcomes}
+        for cid, fields in p.calls.items():
+            o = got.get(cid)
+            if o is not None and o.body is not None:
+                result = _result(self.ep, o.body, 0.0, 1)
+            else:
+                result = {
+                    "status": "error",
+                    "error": o.error if o is not None else "batch: no result for this request",
+                    "attempts": 1,
+                    "http_status": o.http_status if o is not None else None,
+                }
+            self._log(fields, result)
+        ledger.done(p.id)
+        print(f"batch {p.id}: {len(p.calls)} results logged", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def _progress(self, total: int) -> Iterator[tuple[Progress | LineProgress | None, Any]]:

@@ -39,6 +39,8 @@ class Spec(Strict):
     reasoning: Reasoning = "auto"
     #: the thinking budget a reasoning model gets (Anthropic), reserved on top of the output
     reasoning_tokens: int = 0
+    #: the calls through the provider's batch API (OpenAI Batch, Anthropic Message Batches)
+    batch: bool = False
 
     # -- the material
     #: a bundled task set's name or a task set directory
