@@ -255,7 +255,9 @@ class _Sweep:
             plan.n_control = drawn if plan.spec.control else 0
         self.smallest = round(min(plan.levels) * self.window)
         self.price = (
-            parse_price(opts.price) if opts.price else lookup(plan.spec.model, batch=plan.spec.batch)
+            parse_price(opts.price)
+            if opts.price
+            else lookup(plan.spec.model, batch=plan.spec.batch)
         )
         self.cache_shares = (0.0, 0.0)  # the prompt cache's read and written shares of the input
         self.stopped_by_budget = False
