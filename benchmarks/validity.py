@@ -109,13 +109,24 @@ def _legacy_bounds(
     return (lower, interval(diffs, pseudo, -1.0, 1.0)[1])
 
 
+def _legacy_decided(s: Any, tolerance: float, cap: int | None = None) -> bool:
+    """The previous rule's "resolved": a clear drop, or a two-sided interval no wider than
+    twice the tolerance."""
+    del cap
+    return bool(
+        s.complete and (s.diff_ci[1] < -tolerance or (s.diff_ci[1] - s.diff_ci[0]) / 2 <= tolerance)
+    )
+
+
 @contextlib.contextmanager
 def legacy() -> Iterator[None]:
     """The previous release's design: t-bounds at 5% for every level (no sequential control,
-    no split for refinement), no futility stop, the opening on half of its planned items."""
+    no split for refinement), its resolution rule, no futility stop, the opening on half of its
+    planned items."""
     patches: list[tuple[object, str, object]] = [
         (analysis, "difference_bounds", _legacy_bounds),
         (analysis, "futile", lambda *_: False),
+        (analysis, "decided", _legacy_decided),
         (analysis, "GRID_ALPHA", 0.05),
         (analysis, "refine_alpha", lambda k: 0.05),
         (simulate, "items_for", _legacy_items),
@@ -195,7 +206,8 @@ def one(task: tuple[int, int, int, int]) -> dict[str, Any]:
         with legacy():
             old = replace(sim, records=[], spend=simulate.Spend(), group_size=1)
             b = old.run()
-        old_written = not b.blocking() and b.resolved
+        # the previous rule wrote a ceiling only when resolved at the tolerance asked for
+        old_written = not b.blocking() and b.resolved and (b.stated_tolerance or TOL) <= TOL
         row["legacy"] = {
             "written": old_written,
             "safe": not old_written or (b.ceiling_utilization or 0) <= u_asked,

@@ -120,3 +120,16 @@ def test_tight_pairs_at_a_concurrency_give_the_slowdown(tmp_path: Path) -> None:
     table = "\n".join(pairs_table(pairs))
     assert "At concurrency 4 in tight pairs against `bare-aiohttp`" in table
     assert "| enforce slowdown |" in table and "| 1,000 | yes |" in table
+
+
+def test_sweep_cost_benchmark_runs_the_real_sweep_on_the_doubles() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sweep_cost", "--items", "6", "--window", "8192"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("| openai |") == 4 and r.stdout.count("| anthropic |") == 4
+    assert "batch, shared haystacks (batch + cache)" in r.stdout

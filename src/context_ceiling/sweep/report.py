@@ -140,7 +140,7 @@ def table(a: Analysis, metric: str = "accuracy") -> Table:
         metric,
         "95% CI",
         "repeats min-max",
-        "vs ref (95% CI)",
+        "vs ref (bounds)",
         "pass",
         "count err",
         "decoyed",

@@ -657,7 +657,10 @@ def budget_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         usd = f" for ${r['usd']:,.2f}" if r["usd"] is not None else ""
-        out.append(
-            f"  {r['items']:>5} items{usd}: a ceiling within {r['tolerance']:.1%} of the reference"
+        bought = (
+            f"a ceiling within {r['tolerance']:.1%} of the reference"
+            if r["tolerance"] < 1
+            else "too few for any tolerance under 50 points"
         )
+        out.append(f"  {r['items']:>5} items{usd}: {bought}")
     return out
