@@ -316,7 +316,7 @@ def refusal_cases(seed: int) -> dict[str, bool]:
     return res
 
 
-def study(runs: int, seed: int, jobs: int) -> dict[str, Any]:
+def study(runs: int, seed: int, jobs: int, coverage_sets: int | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     g = group_size()
     tasks = [(r, k, seed, g) for r in range(len(REGIMES)) for k in range(runs)]
@@ -326,7 +326,7 @@ def study(runs: int, seed: int, jobs: int) -> dict[str, Any]:
     return {
         "group_size": g,
         "runs": rows,
-        "coverage": coverage(rng, max(100, 3 * runs)),
+        "coverage": coverage(rng, coverage_sets or max(100, 3 * runs)),
         "refusals": refusal_cases(seed),
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -426,9 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=100, help="simulated sweeps per regime")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--coverage-sets", type=int, help="data sets per cell of the interval table")
     ap.add_argument("--json", help="write the raw results here")
     args = ap.parse_args(argv)
-    res = study(args.runs, args.seed, args.jobs)
+    res = study(args.runs, args.seed, args.jobs, args.coverage_sets)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     print(table(res))

@@ -57,6 +57,9 @@ class ScriptedModelDouble:
     files: dict[str, str] = field(default_factory=dict)  # uploaded and result files by id
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
     hold_batches: bool = False  # batches stay in progress (a provider's 24-hour window)
+    #: an item's answer at a fill does not depend on where its evidence sits, so its repeats
+    #: agree (a model at temperature 0 that is insensitive to order)
+    repeats_agree: bool = False
 
     def __post_init__(self) -> None:
         self.by_question = {it.question: it for it in self.ts.items}
@@ -116,8 +119,9 @@ class ScriptedModelDouble:
             return self._answer(item, True)
         if item is None or "(no documents)" in user:
             return {"answer": None, "evidence": []}
-        u = int.from_bytes(hashlib.sha256(user.encode()).digest()[:8], "big") / 2**64
         u_fill = tokens / self.window
+        seed = f"{item.id}@{u_fill:.2f}" if self.repeats_agree else user
+        u = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big") / 2**64
         p = self.high if u_fill < self.knee else self.low
         if self.shoulder and self.shoulder[0] <= u_fill < self.knee:
             p = self.shoulder[1]

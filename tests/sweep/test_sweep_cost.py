@@ -171,3 +171,49 @@ def test_true_drop_points_of_every_shape() -> None:
             assert t.p(u + 0.001) - t.p(0.2) < -0.05 + 1e-9
     dip = Truth("dip", base=0.9, knee=0.9, dip=0.06, dip_at=0.4)
     assert dip.drop_point(0.2, 0.99, 0.05) < 0.45, "the dip before the cliff is the drop"
+
+
+# -- repeats chosen by their measured agreement -------------------------------------------------
+
+
+def test_items_added_after_the_opening_are_asked_once_when_repeats_agree(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model whose repeats always agree: the opening measures it (intraclass correlation 1),
+    and the items the adaptive design adds are asked once per level, not three times; the log
+    has exactly the calls the plan says, so no level is incomplete."""
+    d, url = model
+    d.repeats_agree = True
+    d.shoulder = (0.45, 0.86)  # a small drop before the knee: the design adds items there
+    out = tmp_path / "agree"
+    args = common(url, out, "--levels", "0.2,0.5,0.8", "--tolerance", "0.1", "--no-refine")
+    assert run_cli(*args) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["batches"]) > 1, "items were added"
+    assert plan["batch_repeats"][0] == 3 and set(plan["batch_repeats"][1:]) == {1}
+    assert "asked 1 time(s) at each level" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert summary["repeat_icc"] == 1.0
+    assert all(s["missing_calls"] == 0 for s in summary["levels"])
+    first = set(plan["item_ids"][: plan["batches"][0]])
+    recs = CallLog(out / "calls.jsonl").records().values()
+    assert all(r.repeat == 0 for r in recs if r.item not in first and not r.control)
+    assert any(r.repeat == 2 for r in recs if r.item in first)
+
+
+def test_the_repeats_agreement_is_an_intraclass_correlation() -> None:
+    from context_ceiling.sweep.analysis import repeat_icc
+
+    def rows(outcomes: dict[str, list[int]]) -> list[dict[str, object]]:
+        return [
+            {"item": k, "level": 0.5, "correct": x, "control": False}
+            for k, xs in outcomes.items()
+            for x in xs
+        ]
+
+    agree = {f"i{k}": [k % 2] * 3 for k in range(40)}
+    assert repeat_icc(rows(agree)) == 1.0
+    coin = {f"i{k}": [(k + r) % 2 for r in range(3)] for k in range(40)}
+    got = repeat_icc(rows(coin))
+    assert got is not None and got < 0.2
+    assert repeat_icc(rows({"a": [1], "b": [0]})) is None  # no item asked twice

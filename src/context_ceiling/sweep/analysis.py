@@ -75,6 +75,11 @@ class Design:
     horizon: int | None = None
     #: the most items the design may measure at a level (the task set, or a fixed design)
     cap: int | None = None
+    #: items asked a number of times other than ``repeats``
+    item_repeats: dict[str, int] = field(default_factory=dict)
+
+    def repeats_of(self, item: str) -> int:
+        return self.item_repeats.get(item, self.repeats)
 
     def alpha_at(self, level: float) -> float:
         """The error a level's pass test is run at: the grid's share, or the refinement's split
@@ -152,6 +157,9 @@ class Analysis:
     refined: list[float] = field(default_factory=list)
     #: the most items the design may measure at a level
     cap: int | None = None
+    #: how much of the calls' variance lies between items rather than between an item's repeats
+    #: (the intraclass correlation: 1 when an item's repeats always agree; None: no repeats)
+    repeat_icc: float | None = None
     #: what the answers measure (the task set's metric): the word every message uses
     metric: str = "accuracy"
 
@@ -183,6 +191,25 @@ def graded(
         g = grade(items[r["item"]], r.get("text"), r.get("finish_reason"), r.get("shown"), docs)
         out.append(r | {"correct": g.correct, "bucket": g.bucket})
     return out
+
+
+def repeat_icc(rows: Iterable[dict[str, Any]]) -> float | None:
+    """The intraclass correlation of the calls' outcomes within (item, level): 1 - the pooled
+    variance between an item's repeats over the variance of all calls (one-way ANOVA on the
+    0/1 outcomes). None when no item was asked twice at a level or every call agrees."""
+    cells: dict[tuple[str, float], list[int]] = defaultdict(list)
+    for r in rows:
+        cells[(r["item"], float(r["level"]))].append(int(r["correct"]))
+    calls = [x for xs in cells.values() for x in xs]
+    within = sum(sum((x - mean(xs)) ** 2 for x in xs) for xs in cells.values() if len(xs) > 1)
+    dof = sum(len(xs) - 1 for xs in cells.values() if len(xs) > 1)
+    if not dof or not calls:
+        return None
+    p = mean(calls)
+    total = p * (1 - p) * len(calls) / max(1, len(calls) - 1)
+    if total <= 0:
+        return None
+    return round(min(1.0, max(0.0, 1 - (within / dof) / total)), 4)
 
 
 def item_means(rows: Iterable[dict[str, Any]]) -> dict[float, dict[str, float]]:
@@ -299,6 +326,7 @@ def analyse_graded(
         floor=floor,
         refined=list(design.refined),
         cap=design.cap,
+        repeat_icc=repeat_icc(r for r in rows if not r["control"] and r["item"] not in excluded),
     )
     _decide(a, ref, tolerance)
     _judge(a, ref, rows, controls, tolerance)
@@ -313,7 +341,7 @@ def _level(
     by_key: dict[str, dict[str, Any]],
     window: int,
 ) -> LevelStats:
-    keys = [sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats)]
+    keys = [sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats_of(i))]
     missing = sum(1 for k in keys if k not in by_key)
     errored = sum(1 for k in keys if k in by_key and by_key[k].get("status") != "ok")
     per_repeat: dict[int, list[int]] = defaultdict(list)
@@ -533,6 +561,7 @@ def design_of(plan: Plan) -> Design:
         or min(plan.planned_items or len(ids), plan.item_cap or len(ids))
         or None,
         cap=plan.item_cap,
+        item_repeats=plan.item_repeats(),
     )
 
 

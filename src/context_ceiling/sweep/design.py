@@ -99,6 +99,20 @@ def opening(task_items: int, planned: int, fixed: int | None, adaptive: bool) ->
     return Opening(planned, planned, batch_size(planned), planned)
 
 
+REDUNDANT_ICC = 0.75
+"""Repeats whose outcomes correlate this much within an item add under a fifth of information
+over one call (three repeats: 1 / (ICC + (1 - ICC) / 3) < 1.2 times), at three times the calls."""
+
+
+def repeats_for_new_items(a: Analysis, repeats: int) -> int:
+    """How many times items drawn from here on are asked: once where the repeats measured so far
+    are nearly redundant (items, not repeats, then buy precision: a new item adds what a repeat
+    cannot), else as planned. The items already measured keep their repeats."""
+    if a.repeat_icc is not None and a.repeat_icc >= REDUNDANT_ICC:
+        return 1
+    return repeats
+
+
 def batch_size(planned_items: int) -> int:
     """Items added per adaptive step: a quarter of the planned sample (small steps stop close to
     the number the decision needed)."""

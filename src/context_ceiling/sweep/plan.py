@@ -76,6 +76,9 @@ class Plan(Strict):
     reference: float | None = None
     item_ids: list[str] = Field(default_factory=list)
     batches: list[int] = Field(default_factory=list)
+    #: the repeats each batch's items are asked with (missing: the spec's), chosen by the
+    #: repeats' measured agreement when the batch is drawn
+    batch_repeats: list[int] = Field(default_factory=list)
     n_at: dict[str, int] = Field(default_factory=dict)
     n_control: int | None = None
     planned_items: int | None = None
@@ -114,6 +117,23 @@ class Plan(Strict):
 
     def save(self, run_dir: Path) -> None:
         (run_dir / PLAN_FILE).write_text(self.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+    def repeats_at(self, batch: int) -> int:
+        """How many times the items of the ``batch``-th batch are asked at each level."""
+        if batch < len(self.batch_repeats):
+            return self.batch_repeats[batch]
+        return self.spec.repeats
+
+    def item_repeats(self) -> dict[str, int]:
+        """The items asked a number of times other than the spec's."""
+        out: dict[str, int] = {}
+        lo = 0
+        for b, hi in enumerate(self.batches):
+            r = self.repeats_at(b)
+            if r != self.spec.repeats:
+                out |= dict.fromkeys(self.item_ids[lo:hi], r)
+            lo = hi
+        return out
 
     def items_at(self, level: float) -> int:
         """How many of the drawn items are measured at ``level``."""

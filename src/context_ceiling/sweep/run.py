@@ -27,9 +27,9 @@ from context_ceiling.core.models import ChatFormat, UpstreamSpec
 from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.vocabulary import SweepApi
-from context_ceiling.sweep.analysis import analysis_of
+from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
-from context_ceiling.sweep.design import Step, next_step, opening
+from context_ceiling.sweep.design import Step, next_step, opening, repeats_for_new_items
 from context_ceiling.sweep.plan import (
     SPEC,
     EndpointRef,
@@ -358,28 +358,35 @@ class _Sweep:
         self.plan.horizon = self.plan.horizon or self.opening.horizon
         self.plan.save(self.out)
 
-    def groups_upto(self, n: int) -> list[list[Item]]:
+    def batch_groups(self, n: int) -> list[tuple[list[list[Item]], int]]:
         """The haystack groups of the first ``n`` drawn items, batch by batch (a later batch
-        never regroups an earlier one), this shard's only."""
-        out: list[list[Item]] = []
-        lo = 0
+        never regroups an earlier one), this shard's only, each batch with its repeats."""
+        out: list[tuple[list[list[Item]], int]] = []
+        lo = k = 0
         ids = self.plan.item_ids
-        for hi in self.plan.batches:
+        for b, hi in enumerate(self.plan.batches):
             if hi > n:
                 break
             items = [self.by_id[i] for i in ids[lo:hi]]
-            out += group_items(self.builder, items, self.smallest, self.plan.spec.shared_haystack)
+            groups = group_items(self.builder, items, self.smallest, self.plan.spec.shared_haystack)
+            if self.plan.shard:
+                shard_i, shard_n = self.plan.shard
+                groups = [g for j, g in enumerate(groups, start=k) if j % shard_n == shard_i]
+            k += len(groups)
+            out.append((groups, self.plan.repeats_at(b)))
             lo = hi
-        if self.plan.shard:
-            shard_i, shard_n = self.plan.shard
-            out = [g for k, g in enumerate(out) if k % shard_n == shard_i]
         return out
 
+    def groups_upto(self, n: int) -> list[list[Item]]:
+        """The haystack groups of the first ``n`` drawn items (see :meth:`batch_groups`)."""
+        return [g for groups, _ in self.batch_groups(n) for g in groups]
+
     def samples_for(self, levels: list[float], control_n: int = 0) -> list[Sample]:
-        runner, repeats = self.runner, self.plan.spec.repeats
+        runner = self.runner
         got = runner.plan(self.groups_upto(control_n), [], 0, controls=True) if control_n else []
         for lv in sorted(levels):
-            got += runner.plan(self.groups_upto(self.plan.items_at(lv)), [lv], repeats, False)
+            for groups, repeats in self.batch_groups(self.plan.items_at(lv)):
+                got += runner.plan(groups, [lv], repeats, False)
         return got
 
     def dry_run(self) -> int:
@@ -522,8 +529,9 @@ class _Sweep:
         the budget is spent or the task set has no more items."""
         asyncio.run(self.runner.run(self.samples_for(self.plan.levels, self.plan.n_control or 0)))
         while not self.runner.exhausted:
+            a = analysis_of(self.out).analysis
             step = next_step(
-                analysis_of(self.out).analysis,
+                a,
                 drawn=len(self.plan.item_ids),
                 target_items=self.target_items,
                 refine=self.plan.refine,
@@ -532,7 +540,7 @@ class _Sweep:
                 batch=self.opening.batch,
             )
             before = self.plan.model_copy(deep=True)
-            todo = self.grow(step) if step is not None else None
+            todo = self.grow(step, a) if step is not None else None
             if todo is None:
                 return
             done = self.runner.log.done()
@@ -550,8 +558,10 @@ class _Sweep:
             self.save()
             asyncio.run(self.runner.run(todo))
 
-    def grow(self, step: Step) -> list[Sample] | None:
-        """Apply one step of the design to the plan; the samples it adds (None: nothing to add)."""
+    def grow(self, step: Step, a: Analysis) -> list[Sample] | None:
+        """Apply one step of the design to the plan; the samples it adds (None: nothing to add).
+        ``a``: the analysis the step was chosen from (the repeats' agreement sets how often new
+        items are asked)."""
         plan = self.plan
         where = ", ".join(f"{x:g}" for x in step.levels)
         if step.kind == "items":
@@ -561,7 +571,16 @@ class _Sweep:
                 return None
             plan.item_ids = plan.item_ids + new_ids
             drawn = len(plan.item_ids)
+            repeats = repeats_for_new_items(a, plan.spec.repeats)
+            before = [plan.repeats_at(b) for b in range(len(plan.batches))]
             plan.batches = [*plan.batches, drawn]
+            plan.batch_repeats = [*before, repeats]
+            if repeats != plan.spec.repeats and plan.spec.repeats == before[-1]:
+                self.console.print(
+                    f"an item's repeats agree (intraclass correlation {a.repeat_icc:.2f}): items "
+                    f"added from here on are asked {repeats} time(s) at each level, not "
+                    f"{plan.spec.repeats} (more items, not repeats, buy the precision)"
+                )
             plan.n_at = plan.n_at | {level_key(lv): drawn for lv in step.levels}
             if plan.spec.control:
                 plan.n_control = drawn

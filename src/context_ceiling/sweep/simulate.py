@@ -25,7 +25,7 @@ from typing import Any
 
 from context_ceiling.core.prices import Price
 from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded
-from context_ceiling.sweep.design import Opening, next_step, opening
+from context_ceiling.sweep.design import Opening, next_step, opening, repeats_for_new_items
 from context_ceiling.sweep.plan import levels_for
 from context_ceiling.sweep.statistics import items_for
 
@@ -260,6 +260,7 @@ class SimSweep:
         self.n_control = self.drawn
         self.batches = [self.drawn]
         self.refined: list[float] = []
+        self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
 
     def _opening_tokens(self, n: int) -> int:
         return n * (
@@ -280,7 +281,7 @@ class SimSweep:
     def _measure(self, lv: float | None, ids: list[int]) -> None:
         tokens = self._call_tokens(lv)
         for i in ids:
-            outs = self.model.outcomes(i, lv, self.repeats)
+            outs = self.model.outcomes(i, lv, self.item_reps.get(i, self.repeats))
             for r, ok in enumerate(outs):
                 self.spend.calls += 1
                 self.spend.input_tokens += tokens
@@ -319,6 +320,7 @@ class SimSweep:
             refined=tuple(self.refined),
             horizon=self.open.horizon,
             cap=self.open.target,
+            item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
         )
 
     def analyse(self, tolerance: float | None = None) -> Analysis:
@@ -363,12 +365,15 @@ class SimSweep:
                 self.n_at[lv] = hi
             elif step.kind == "items":
                 new = self.order[self.drawn : self.drawn + step.new_items]
+                reps = repeats_for_new_items(a, self.repeats)
                 cost = len(new) * (
                     self._call_tokens(None)
-                    + self.repeats * sum(self._call_tokens(lv) for lv in step.levels)
+                    + reps * sum(self._call_tokens(lv) for lv in step.levels)
                 )
                 if not new or not self._fits(cost):
                     break
+                if reps != self.repeats:
+                    self.item_reps |= dict.fromkeys(new, reps)
                 self.drawn += len(new)
                 self.batches.append(self.drawn)
                 self._measure(None, new)
