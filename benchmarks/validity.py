@@ -122,7 +122,7 @@ def _legacy_decided(s: Any, tolerance: float, cap: int | None = None) -> bool:
 def legacy() -> Iterator[None]:
     """The previous release's design: t-bounds at 5% for every level (no sequential control,
     no split for refinement), its resolution rule, no futility stop, the opening on half of its
-    planned items."""
+    planned items, every item asked ``repeats`` times."""
     patches: list[tuple[object, str, object]] = [
         (analysis, "difference_bounds", _legacy_bounds),
         (analysis, "futile", lambda *_: False),
@@ -130,6 +130,7 @@ def legacy() -> Iterator[None]:
         (analysis, "GRID_ALPHA", 0.05),
         (analysis, "refine_alpha", lambda k: 0.05),
         (simulate, "items_for", _legacy_items),
+        (simulate, "repeats_for_new_items", lambda a, repeats: repeats),
         (design, "START_SHARE", 2),
     ]
     saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
