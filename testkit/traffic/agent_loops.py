@@ -80,6 +80,9 @@ class Loop:
     thinking: bool = False
     #: Anthropic tool results as search_result blocks (the documented RAG-by-tool pattern)
     search_results: bool = False
+    #: words of each call's input (a file written through the tool, as coding agents do), drawn
+    #: per call: with inputs about twice the results, tool results are a third of the history
+    input_words: tuple[int, int] = (0, 0)
 
     def turns(self) -> Iterator[dict[str, Any]]:
         rng = random.Random(self.seed)
@@ -96,7 +99,7 @@ class Loop:
             history = [{"role": "user", "content": task}]
         for r in range(self.rounds):
             calls = [
-                (f"call_{r}_{k}", rng.choice(TOOLS), {"path": f"src/mod{r}_{k}.py"})
+                (f"call_{r}_{k}", rng.choice(TOOLS), self._input(rng, r, k))
                 for k in range(self.parallel)
             ]
             outs = [words(rng, rng.randint(*self.output_words)) for _ in calls]
@@ -104,6 +107,12 @@ class Loop:
                 history = history + self._instruction("Now also " + words(rng, 30))
             history = history + self._round(calls, outs, words(rng, 120))
             yield self._body(history)
+
+    def _input(self, rng: random.Random, r: int, k: int) -> dict[str, Any]:
+        args: dict[str, Any] = {"path": f"src/mod{r}_{k}.py"}
+        if self.input_words[1]:
+            args["content"] = words(rng, rng.randint(*self.input_words))
+        return args
 
     def _instruction(self, text: str) -> list[Any]:
         """The model's answer to the instruction so far, then the user's next one."""
@@ -318,8 +327,11 @@ def prefix_share(previous: bytes, current: bytes) -> float:
     """The share of the previous forwarded request (its history, serialized as sent) that the
     current one repeats byte for byte at its start."""
     prev = previous.rstrip(b"]}")
-    n = 0
-    limit = min(len(prev), len(current))
-    while n < limit and prev[n] == current[n]:
-        n += 1
-    return n / max(1, len(prev))
+    lo, hi = 0, min(len(prev), len(current))
+    while lo < hi:  # the longest common prefix, by halving (slices compare in C)
+        mid = (lo + hi + 1) // 2
+        if prev[:mid] == current[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo / max(1, len(prev))

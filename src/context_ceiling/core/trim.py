@@ -41,6 +41,7 @@ Application code can call :func:`fit` in its own request builder; the sidecar is
 
 from __future__ import annotations
 
+import functools
 import re
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -230,6 +231,11 @@ class TrimRules(ABC):
         """A result's replacement by ``text`` that keeps its call id."""
         return text if j < 0 else {**m[self.blocks_key][j], "content": text}
 
+    def result_overhead(self, m: dict[str, Any], j: int, counter: TextCounter) -> int:
+        """Tokens of a result's part that are not its text and stay when it is replaced or
+        shortened (its framing)."""
+        return self.result_frame
+
     def result_text(self, m: dict[str, Any], j: int) -> Any:
         """A result's text as it stands (a placeholder, when it was cleared before)."""
         if j >= 0:
@@ -250,22 +256,120 @@ class TrimRules(ABC):
         return False
 
 
-def _batch_end(freed: list[int], step: int, needed: int) -> int:
-    """How many candidates (oldest first) to take so that at least ``needed`` is freed, taken in
-    whole batches. A batch ends where ``step`` more has been freed since the last batch ended:
-    where the batches end depends only on the candidates before, so a longer history (an agent
-    loop's next turn) keeps them, and the same cut repeats until one more batch is needed."""
-    if needed <= 0:
-        return 0
-    total = since = 0
-    for k, f in enumerate(freed, 1):
-        total += f
-        since += f
-        if since >= step:
-            if total >= needed:
-                return k
-            since = 0
-    return len(freed)
+@dataclass(slots=True)
+class _Unit:
+    """A run of messages that starts where the history may be cut: a reply of the model with
+    its calls, their results and any user message that follows (with the task kept), or a
+    whole turn (without)."""
+
+    start: int
+    end: int
+    #: what dropping it frees (its system messages stay)
+    whole: int = 0
+    #: what clearing its tool results (and, by the policy, their calls' inputs) frees
+    clearable: int = 0
+    #: its results that clearing replaces: (the use, what it frees, the placeholder)
+    results: list[tuple[ToolUse, int, str]] = field(default_factory=list)
+    #: never cut (it holds the latest server-side compaction)
+    fixed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCut:
+    """One plan over a history's units: ``[0, drop)`` dropped, ``[drop, clear)`` cleared, the
+    rest sent as they are; the units in ``kept`` are sent as they are wherever they fall."""
+
+    drop: int = 0
+    clear: int = 0
+    kept: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCosts:
+    """What the units of a history are worth, for :func:`history_cut`: per unit, its tokens as
+    sent (``size``), what dropping it frees (``drop``: its system messages stay) and what
+    clearing its results frees (``clear``); per history of the first ``e`` units, its first
+    protected unit (``protect[e]``: it and every later one stay) and the units of its newest
+    tool uses (``keep[e]``); and the request's tokens outside the units (``base``)."""
+
+    size: list[int]
+    drop: list[int]
+    clear: list[int]
+    protect: list[int]
+    keep: list[frozenset[int]]
+    base: int
+
+
+def _sums(values: list[int]) -> list[int]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def history_cut(
+    costs: UnitCosts,
+    *,
+    budget: int,
+    step: int,
+    drop: bool = True,
+    clear: bool = True,
+    units: int | None = None,
+) -> HistoryCut:
+    """The cut that fits the history of the first ``units`` units (all: the request) into
+    ``budget``: a function of the history alone, and the same cut every earlier turn of the
+    conversation got, extended only where needed.
+
+    The history is read as the conversation grew, one unit at a time, as each earlier request
+    was. While a history fits with the cut so far, the cut stays. Where it no longer fits, the
+    cut grows once, enough to leave ``step`` tokens of room (a clearing event): older tool
+    results cleared, oldest first, up to the protected units; when clearing cannot free that
+    much, all of them cleared and the oldest units dropped in the same event; when nothing
+    more can go, everything before the protected units. The units of the newest tool uses
+    (``costs.keep``) are passed over when the cut grows, and stay as they are until the next
+    event.
+
+    Why: replicas keep no conversation state, so the cut must follow from the history; read
+    this way, it is what the previous turn was sent (the provider's prefix cache keeps hitting
+    between events), what is cut at one turn stays cut at every later one, and each event
+    frees about ``step`` whatever share of the history tool results are, so events come about
+    once per ``step`` tokens of growth."""
+    n = len(costs.size) if units is None else units
+    size, dropped, cleared = _sums(costs.size[:n]), _sums(costs.drop[:n]), _sums(costs.clear[:n])
+    step = max(1, step)
+
+    def freed(c: HistoryCut) -> int:
+        held = sum(costs.drop[u] if u < c.drop else costs.clear[u] for u in c.kept)
+        return dropped[c.drop] + cleared[max(c.drop, c.clear)] - cleared[c.drop] - held
+
+    cut = HistoryCut()
+    for e in range(1, n + 1):
+        now = freed(cut)
+        over = costs.base + size[e] - now - budget
+        if over <= 0:
+            continue
+        q = max(costs.protect[e], cut.drop, cut.clear)
+        keep = costs.keep[e]
+        target = now + over + step
+
+        def grown(d: int, c: int, keep: frozenset[int] = keep) -> HistoryCut:
+            held = frozenset(u for u in keep if u < max(d, c))
+            return HistoryCut(d, c, held)
+
+        # clearing alone, as little as leaves the room
+        lo = max(cut.clear, cut.drop)
+        if clear:
+            x = next((x for x in range(lo, q + 1) if freed(grown(cut.drop, x)) >= target), None)
+            if x is not None:
+                cut = grown(cut.drop, x)
+                continue
+        reach = q if clear else lo
+        if not drop:
+            cut = grown(cut.drop, reach)
+            continue
+        d = next((d for d in range(cut.drop, q + 1) if freed(grown(d, max(d, reach))) >= target), q)
+        cut = grown(d, max(d, reach))
+    return cut
 
 
 class _Trimmer:
@@ -301,6 +405,9 @@ class _Trimmer:
         self.boundary = self._cache_boundary()
         self.count = count
         self._marker_tokens: int | None = None
+        self._uses: list[ToolUse] | None = None
+        #: the newest results may be shortened too (nothing older was left to cut)
+        self.lift_keep = False
 
     @property
     def marker_tokens(self) -> int:
@@ -364,11 +471,30 @@ class _Trimmer:
             tokens = self._content_tokens(i)
         else:
             tokens = sum(p.tokens for p in self.parts.get(i, ()) if p.block == j)
-        return tokens - self.rules.result_frame
+        return tokens - self.rules.result_overhead(self.messages[i], j, self.counter)
 
     def _tool_uses(self) -> list[ToolUse]:
         """Every tool use whose result is in the request, in order, with its call's place."""
-        return self.rules.tool_uses(self.messages, self._result_tokens)
+        if self._uses is None:
+            self._uses = self.rules.tool_uses(self.messages, self._result_tokens)
+        return self._uses
+
+    def _newest(self) -> set[tuple[int, int]]:
+        """The results of the ``keep`` newest tool uses while the model works with them (the
+        request ends with tool results): the last thing any stage cuts. A request that ends
+        with a new user message carries them forward like any older result."""
+        uses = self._tool_uses()
+        asks = next(
+            (
+                m
+                for m in reversed(self.messages)
+                if not (isinstance(m, dict) and self.rules.is_reply(m))
+            ),
+            None,
+        )
+        if not self.policy.keep or asks is None or self.rules.starts_turn(asks):
+            return set()
+        return {u.result for u in uses[len(uses) - self.policy.keep :]}
 
     def _tail(self) -> int:
         """Where what this turn appended to the previous one starts: the latest reply of the
@@ -383,76 +509,187 @@ class _Trimmer:
         """What message ``i`` is still worth."""
         return sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
 
-    def clear(self, allow_prefix: bool) -> None:
-        """Older tool results replaced whole, in batches; then, in the latest turn, older whole
-        tool rounds dropped, in batches (see the module's docstring)."""
+    # -- the cut: clearing and dropping on one grid ----------------------------------------------
+
+    def _head_end(self, messages: list[Any]) -> int:
+        """Where the cuttable history starts: after the task (the first user message that starts
+        a turn, and everything before it) when it is kept; else after the leading system
+        messages."""
+        if self.policy.keep_first_user:
+            for i, m in enumerate(messages):
+                if self.rules.starts_turn(m):
+                    return i + 1
+        i = 0
+        while i < len(messages) and self._system(i):
+            i += 1
+        return i
+
+    def _boundaries(self, start: int, end: int, uses: list[ToolUse]) -> list[int]:
+        """Where the history between ``start`` and ``end`` may be cut so that what is kept is
+        valid for the provider: before a reply of the model (the task kept: the message before
+        the kept part is a user message, so turns still alternate), or before a user message
+        that starts a turn (the task not kept); never between a call and its result."""
+        open_ = [False] * (end + 1)
+        for u in uses:
+            if u.call is not None:
+                for i in range(u.call[0] + 1, min(u.result[0], end) + 1):
+                    open_[i] = True
+        out = []
+        for b in range(start + 1, end):
+            m, prev = self.messages[b], self.messages[b - 1]
+            if open_[b] or not isinstance(m, dict):
+                continue
+            if self.policy.keep_first_user:
+                ok = self.rules.is_reply(m) and not (
+                    isinstance(prev, dict) and self.rules.is_reply(prev)
+                )
+            else:
+                ok = self.rules.starts_turn(m)
+            if ok:
+                out.append(b)
+        return out
+
+    def _units(self, uses: list[ToolUse], clear: bool) -> tuple[list[_Unit], UnitCosts]:
+        """The cuttable units of the history and what they are worth (see :class:`UnitCosts`):
+        per history of the first ``e`` units, the latest unit holding what the model answers
+        (a user message or tool results, with the reply they answer; an assistant prefill after
+        it stays too), the units from the call of its ``keep``-th newest tool use on, and the
+        unit of the latest compaction are never cut."""
+        end = len(self.messages)
+        head = self._head_end(self.messages)
+        if head >= end:
+            return [], UnitCosts([], [], [], [0], [frozenset()], self.report.after)
+        starts = [head, *self._boundaries(head, end, uses)]
+        units = [
+            _Unit(s, starts[k + 1] if k + 1 < len(starts) else end) for k, s in enumerate(starts)
+        ]
+        unit_of = {i: k for k, u in enumerate(units) for i in range(u.start, u.end)}
+        comp = self._latest_compaction()
+        excluded = set(self.policy.exclude_tools)
+        by_message: dict[int, list[ToolUse]] = defaultdict(list)
+        for u in uses:
+            by_message[u.result[0]].append(u)
+        size: list[int] = []
+        for unit in units:
+            unit.fixed = unit.start <= comp < unit.end
+            left = [(i, self._left(i)) for i in range(unit.start, unit.end)]
+            size.append(sum(t for _, t in left))
+            if unit.fixed:
+                continue
+            unit.whole = sum(
+                t for i, t in left if not self._system(i) and i not in self.drop_messages
+            )
+            if not clear:
+                continue
+            for i in range(unit.start, unit.end):
+                for u in by_message.get(i, ()):
+                    if u.name in excluded or u.result in self.replace or i in self.drop_messages:
+                        continue
+                    if self._already_cleared(u):
+                        continue  # a placeholder (an earlier round's, or the client resent ours)
+                    text = CLEARED.format(name=u.name or "tool", id=u.call_id or "?", n=u.tokens)
+                    # two tokens of slack a result: the recount of a replaced block can differ
+                    gain = u.tokens - self.counter.count(text) - 2
+                    if gain > 0:
+                        unit.results.append((u, gain, text))
+                        unit.clearable += gain
+                        if self.policy.clear_tool_inputs and u.call is not None:
+                            unit.clearable += self._input_saving(u.call)
+        # the first protected unit of each history of e units: its last unit, and the unit of
+        # the call of its keep-th newest tool use (uses are in the order of their results)
+        protect, keep = self._protection(units, unit_of, uses)
+        base = self.report.after - sum(size)
+        costs = UnitCosts(
+            size, [u.whole for u in units], [u.clearable for u in units], protect, keep, base
+        )
+        return units, costs
+
+    def _protection(
+        self, units: list[_Unit], unit_of: dict[int, int], uses: list[ToolUse]
+    ) -> tuple[list[int], list[frozenset[int]]]:
+        """Per history of the first ``e`` units: the first unit that stays with every later one
+        (the latest holding what the model answers; the latest user message too while fewer
+        than ``keep`` tool uses came since), and the units of its ``keep`` newest tool uses."""
+        protect = [0]
+        keep: list[frozenset[int]] = [frozenset()]
+        seen: list[ToolUse] = []
+        pending = sorted(uses, key=lambda u: u.result)
+        asks = -1  # the latest unit holding what the model answers (not only its own reply)
+        user = -1  # the latest unit holding a user message that starts a turn
+        for e in range(1, len(units) + 1):
+            while pending and unit_of.get(pending[0].result[0], -1) < e:
+                seen.append(pending.pop(0))
+            unit = units[e - 1]
+            here = self.messages[unit.start : unit.end]
+            if any(not (isinstance(m, dict) and self.rules.is_reply(m)) for m in here):
+                asks = e - 1
+            if any(self.rules.starts_turn(m) for m in here):
+                user = e - 1
+            guard = asks if asks >= 0 else e - 1
+            newest = seen[len(seen) - self.policy.keep :] if self.policy.keep else []
+            if self.policy.keep and len(seen) < self.policy.keep and user >= 0:
+                guard = min(guard, user)  # fewer rounds than keep since the latest user message
+            protect.append(guard)
+            held = {unit_of[u.result[0]] for u in newest if u.result[0] in unit_of}
+            held |= {unit_of[u.call[0]] for u in newest if u.call and u.call[0] in unit_of}
+            keep.append(frozenset(k for k in held if k < guard))
+        return protect, keep
+
+    def _cut(self, stage: Stage, allow_prefix: bool, drop: bool, clear: bool) -> None:
+        """Cut the history on the grid (see :func:`history_cut`); a clearing event when the cut
+        differs from the one the turn before got."""
         if self.fits():
             return
-        tail = self._tail()
-        tail_tokens = (
-            sum(self._left(i) for i in range(tail, len(self.messages))) if tail >= 0 else 0
-        )
-        step = self._step()
-        # 1. results replaced by a placeholder
-        uses = self._tool_uses()
-        older = uses[: max(0, len(uses) - self.policy.keep)]
-        excluded = set(self.policy.exclude_tools)
-        cands: list[tuple[ToolUse, int, str]] = []
-        for u in older:
-            i, j = u.result
-            if u.name in excluded or u.result in self.replace or i in self.drop_messages:
-                continue
-            if self._already_cleared(u):
-                continue  # a placeholder (an earlier round's, or the client resent ours)
-            if self._protected(i, j, allow_prefix):
-                continue
-            text = CLEARED.format(name=u.name or "tool", id=u.call_id or "?", n=u.tokens)
-            gain = u.tokens - self.counter.count(text)
-            if gain > 0:
-                cands.append((u, gain, text))
-        freed = [f for _, f, _ in cands]
-        needed = self.report.after - self.report.budget
-        end = _batch_end(freed, step, needed)
-        prev_uses = [u for u in uses if tail >= 0 and u.result[0] < tail]
-        prev_older = {u.result for u in prev_uses[: max(0, len(prev_uses) - self.policy.keep)]}
-        n_prev = sum(1 for u, _, _ in cands if u.result in prev_older)
-        prev_needed = needed - tail_tokens if tail >= 0 else needed
-        prev_end = _batch_end(freed[:n_prev], step, prev_needed) if tail >= 0 else 0
-        event = end > prev_end
-        for k, (u, f, text) in enumerate(cands[:end]):
-            i, j = u.result
-            m = self.messages[i]
-            self.replace[(i, j)] = self.rules.placeholder(m, j, text)
-            self._take("clear", i, j, f, cut=event and k >= prev_end)
-            self.report.cleared_tool_uses += 1
-            if self.policy.clear_tool_inputs and u.call is not None:
-                self._clear_input(u.call)
-        self.report.clearing_event |= event
-        if self.fits() or not self.policy.drop_tool_rounds:
+        if (
+            self.boundary is not None
+            and not allow_prefix
+            and self.boundary[0] >= self._head_end(self.messages)
+        ):
+            return  # every cut would edit the cached prefix: only when nothing else fits
+        units, costs = self._units(self._tool_uses(), clear)
+        if not units:
             return
-        # 2. whole rounds of the latest turn (a single-task loop is one turn)
-        starts = [i for i, m in enumerate(self.messages) if self.rules.starts_turn(m)]
-        first = starts[-1] if starts else -1
-        comp = self._latest_compaction()
-        rounds = [r for r in self._rounds(first + 1, len(self.messages)) if comp not in r]
-        older_rounds = rounds[: max(0, len(rounds) - max(1, self.policy.keep))]
-        picks = [r for r in older_rounds if not self._protected(r[0], -1, allow_prefix)]
-        worth = [sum(self._left(i) for i in r if not self._system(i)) for r in picks]
-        needed = self.report.after - self.report.budget
-        end = _batch_end(worth, step, needed)
-        prev_rounds = [r for r in rounds if tail >= 0 and r[-1] < tail]
-        n_prev = len(prev_rounds[: max(0, len(prev_rounds) - max(1, self.policy.keep))])
-        prev_end = _batch_end(worth[:n_prev], step, needed - tail_tokens) if tail >= 0 else 0
-        event = end > prev_end
-        for k, r in enumerate(picks[:end]):
-            for i in r:
-                if self._system(i) or i in self.drop_messages:
-                    continue
-                self.drop_messages.add(i)
-                self.dropped_in_rounds += 1
-                self._take("clear", i, -1, self._left(i), cut=event and k >= prev_end)
-            self.report.dropped_tool_rounds += 1
+        grid = functools.partial(
+            history_cut, costs, budget=self.report.budget, step=self._step(), drop=drop, clear=clear
+        )
+        cut = grid()
+        if not cut.clear:
+            return
+        tail = self._tail()
+        # the turn before sent the history up to the latest reply: the units that end there
+        e = sum(1 for u in units if u.end <= tail) if tail > 0 else 0
+        before = grid(units=e) if e else HistoryCut()
+        event = cut != before
+        for k, unit in enumerate(units):
+            if unit.fixed or k in cut.kept:
+                continue
+            if k < cut.drop:
+                changed = event and (k >= before.drop or k in before.kept)
+                for i in range(unit.start, unit.end):
+                    if self._system(i) or i in self.drop_messages:
+                        continue
+                    self.drop_messages.add(i)
+                    if stage == "clear":
+                        self.dropped_in_rounds += 1
+                    self._take(stage, i, -1, self._left(i), cut=changed)
+                if stage == "clear":
+                    self.report.dropped_tool_rounds += 1
+            elif k < cut.clear:
+                changed = event and (k >= before.clear or k in before.kept)
+                for u, gain, text in unit.results:
+                    i, j = u.result
+                    self.replace[(i, j)] = self.rules.placeholder(self.messages[i], j, text)
+                    self._take("clear", i, j, gain + 2, cut=changed)
+                    self.report.cleared_tool_uses += 1
+                    if self.policy.clear_tool_inputs and u.call is not None:
+                        self._clear_input(u.call)
         self.report.clearing_event |= event
+
+    def clear(self, allow_prefix: bool) -> None:
+        """Older tool results replaced whole and the oldest rounds dropped, on the grid (see the
+        module's docstring); only where the request uses tools."""
+        if self._tool_uses():
+            self._cut("clear", allow_prefix, drop=self.policy.drop_tool_rounds, clear=True)
 
     def _already_cleared(self, u: ToolUse) -> bool:
         i, j = u.result
@@ -463,28 +700,23 @@ class _Trimmer:
         m = self.messages[i]
         return isinstance(m, dict) and m.get("role") in ("system", "developer")
 
-    def _rounds(self, start: int, end: int) -> list[list[int]]:
-        """The complete tool rounds among messages ``start`` .. ``end`` - 1: each ends with the
-        last of a run of messages that carry results."""
-        rounds: list[list[int]] = []
-        current: list[int] = []
-        for i in range(start, end):
-            current.append(i)
-            if self._is_result(i) and not (i + 1 < end and self._is_result(i + 1)):
-                rounds.append(current)
-                current = []
-        return rounds
-
-    def _clear_input(self, call: tuple[int, int]) -> None:
+    def _input_saving(self, call: tuple[int, int]) -> int:
+        """What emptying a call's input frees."""
         i, k = call
         old = self.rules.call_input(self.messages[i], k)
         old = old if isinstance(old, str) else json_text(old)
-        saved = self.counter.count(old) - self.counter.count("{}")
+        return max(0, self.counter.count(old) - self.counter.count("{}"))
+
+    def _clear_input(self, call: tuple[int, int]) -> None:
+        saved = self._input_saving(call)
         if saved > 0 and call not in self.clear_inputs:
             self.clear_inputs.add(call)
-            self._take("clear", i, k, saved, cut=False)
+            self._take("clear", call[0], call[1], saved, cut=False)
 
     def tool_results(self, allow_prefix: bool) -> None:
+        """Tool results shortened around a marker, oldest first, the ``keep`` newest only once
+        nothing else is left to cut."""
+        newest = set() if self.lift_keep else self._newest()
         for i, m in enumerate(self.messages):
             if self.fits():
                 return
@@ -496,6 +728,8 @@ class _Trimmer:
                 if text is None:
                     continue  # structured output (images, files): left whole
                 if (i, j) in self.replace or self._protected(i, j, allow_prefix):
+                    continue
+                if (i, j) in newest:
                     continue
                 tokens = self._result_tokens(i, j)
                 new = self._truncate(text, tokens, self._target(tokens))
@@ -601,34 +835,11 @@ class _Trimmer:
         self._take("retrieved", p.message, p.block, tokens)
 
     def history(self, allow_prefix: bool) -> None:
-        starts = [i for i, m in enumerate(self.messages) if self.rules.starts_turn(m)]
-        turns = [
-            (s, starts[k + 1] if k + 1 < len(starts) else len(self.messages))
-            for k, s in enumerate(starts)
-        ]
-        if len(turns) < 2:
-            turns = []  # one turn: nothing of it goes whole
-        # server-side compaction summarised everything before its latest item: that history
-        # may go (the first task included), the compaction itself never
+        """The oldest units of the history dropped whole, on the same grid as the clear stage:
+        the task, the system messages, what the model answers now and the reply a kept user
+        message answers stay."""
+        self._cut("history", allow_prefix, drop=True, clear=False)
         comp = self._latest_compaction()
-        first_kept = self.policy.keep_first_user and not (
-            comp >= 0 and turns and turns[0][1] <= comp
-        )
-        protected = {len(turns) - 1} | ({0} if first_kept else set())
-        protected |= {k for k, (start, end) in enumerate(turns) if start <= comp < end}
-        for k, (start, end) in enumerate(turns):
-            if self.fits():
-                return
-            if k in protected or self._protected(start, -1, allow_prefix):
-                continue
-            for i in range(start, end):
-                m = self.messages[i]
-                if isinstance(m, dict) and m.get("role") in ("system", "developer"):
-                    continue
-                if i not in self.drop_messages:
-                    self.drop_messages.add(i)
-                    left = sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
-                    self._take("history", i, -1, left)
         if self.rules.drops_before_compaction and comp > 0 and not self.fits():
             # the items before the latest compaction item, as OpenAI's guide allows: the
             # compaction carries what they said (Anthropic's block sits in an assistant message,
@@ -676,6 +887,9 @@ class _Trimmer:
                     break
             if self.fits():
                 break
+        if not self.fits() and "tool_results" in self.policy.stages and self._newest():
+            self.lift_keep = True  # nothing older is left: the newest results are shortened
+            self.tool_results(True)
         if (
             self.boundary is not None
             and self.first_cut is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -413,8 +413,10 @@ def _answers_call(m: Any) -> bool:
 class GenerateRules(TrimRules):
     """The contents play the part of messages and their parts the blocks: tool results are
     ``functionResponse`` parts of a user content, answering the ``functionCall`` parts of a
-    ``model`` content by id (without ids: the oldest open call of the same name). Results are
-    replaced whole (``response.result``), never shortened."""
+    ``model`` content by id (without ids: the oldest open call of the same name). A result
+    whose response is one text field (``result``, ``output``...) is shortened in that field;
+    any other response is shortened as its JSON text under ``result``; a result is cleared
+    under ``result``."""
 
     blocks_key = "parts"
     items_key = "contents"
@@ -457,14 +459,36 @@ class GenerateRules(TrimRules):
 
     def placeholder(self, m: dict[str, Any], j: int, text: str) -> Any:
         part = m["parts"][j]
+        key = _text_field(part["functionResponse"].get("response")) or "result"
         return {
             **part,
-            "functionResponse": {**part["functionResponse"], "response": {"result": text}},
+            "functionResponse": {**part["functionResponse"], "response": {key: text}},
         }
 
     def result_text(self, m: dict[str, Any], j: int) -> Any:
         response = m["parts"][j]["functionResponse"].get("response")
-        return response.get("result") if isinstance(response, dict) else None
+        key = _text_field(response)
+        return response[key] if key else None
+
+    def results(self, m: dict[str, Any]) -> Iterator[tuple[int, str | None]]:
+        parts = m.get("parts")
+        for j, part in enumerate(parts if isinstance(parts, list) else []):
+            fr = part.get("functionResponse") if isinstance(part, dict) else None
+            if not isinstance(fr, dict):
+                continue
+            response = fr.get("response")
+            key = _text_field(response)
+            if key and isinstance(response, dict):
+                yield j, response[key]
+            else:
+                yield j, json_text(response) if isinstance(response, dict) else None
+
+    def result_overhead(self, m: dict[str, Any], j: int, counter: TextCounter) -> int:
+        # the part is counted as its functionResponse's JSON: the id, the name and the keys
+        # stay when the result is replaced or shortened
+        fr = m["parts"][j]["functionResponse"]
+        key = _text_field(fr.get("response")) or "result"
+        return counter.count(json_text({**fr, "response": {key: ""}}))
 
     def call_input(self, m: dict[str, Any], k: int) -> Any:
         return m["parts"][k]["functionCall"].get("args", {})
@@ -475,6 +499,16 @@ class GenerateRules(TrimRules):
             for k, p in enumerate(m["parts"])
         ]
         return m
+
+
+def _text_field(response: Any) -> str | None:
+    """The one field of a response that holds its text (``{"result": "..."}``); None: the
+    response is structured otherwise."""
+    if isinstance(response, dict) and len(response) == 1:
+        key, value = next(iter(response.items()))
+        if isinstance(value, str):
+            return str(key)
+    return None
 
 
 def too_long(tokens: int, budget: int, detail: str) -> str:
