@@ -50,7 +50,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from benchmarks.trim_validity import LITELLM, LITELLM_SCRIPT
-from context_ceiling import count
+from context_ceiling import count, fit
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import CountCache, RequestMemo, TiktokenCounter
 from context_ceiling.core.vocabulary import Shape
@@ -335,10 +335,14 @@ def _median_ms(run: Any, raw: bytes, repeats: int = 15) -> float:
     return statistics.median(times) * 1e3
 
 
-def cpu_per_turn(api: Shape, seed: int) -> list[tuple[int, int, float, float, float, float]]:
+CpuRow = tuple[int, int, float, float, float, float, float, float]
+
+
+def cpu_per_turn(api: Shape, seed: int) -> list[CpuRow]:
     """(round, body bytes, parse ms, count ms with texts cached, with messages and history cached, the
-    new messages alone) at each of :data:`CPU_ROUNDS`, the turns before counted as the sidecar
-    would have (both caches warm)."""
+    new messages alone, the public ``count()``, the public ``fit()`` at a 60k budget) at each of
+    :data:`CPU_ROUNDS`, the turns before counted as the sidecar (and an application calling the
+    public functions) would have (caches warm)."""
     pattern = re.compile(DEFAULT_CHUNK_PATTERN)
     cache = CountCache(64 * 2**20)
     counter = cache.wrap(TiktokenCounter("o200k_base"))
@@ -349,6 +353,7 @@ def cpu_per_turn(api: Shape, seed: int) -> list[tuple[int, int, float, float, fl
     for n, body in enumerate(Shape_("", 300, (150, 1500), 1, 0).loop(api, seed).turns(), 1):
         raw = orjson.dumps(body)
         fn(orjson.loads(raw), RequestMemo(counter), None, pattern, memo=cache)
+        fit(orjson.loads(raw), api=api, budget=60_000)  # the application's own turn
         history = body[key]
         if n in CPU_ROUNDS:
             fresh = orjson.dumps({**body, key: history[previous:]})
@@ -364,6 +369,8 @@ def cpu_per_turn(api: Shape, seed: int) -> list[tuple[int, int, float, float, fl
                     _median_ms(
                         lambda b: fn(b, TiktokenCounter("o200k_base"), None, pattern), fresh
                     ),
+                    _median_ms(lambda b: count(b, api=api), raw),
+                    _median_ms(lambda b: fit(b, api=api, budget=60_000), raw),
                 )
             )
         previous = len(history)
@@ -379,16 +386,16 @@ def _parse_ms(raw: bytes, repeats: int = 15) -> float:
     return statistics.median(times) * 1e3
 
 
-def cpu_report(rows: dict[Shape, list[tuple[int, int, float, float, float, float]]]) -> str:
+def cpu_report(rows: dict[Shape, list[CpuRow]]) -> str:
     lines = [
-        "| API | round | body | parse | count, texts cached | count, messages and history cached | new messages alone |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| API | round | body | parse | count, texts cached | count, messages and history cached | new messages alone | public count() | public fit(), 60k |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for api, got in rows.items():
-        for n, size, parse, text, message, new in got:
+        for n, size, parse, text, message, new, public, fitted in got:
             lines.append(
                 f"| {api} | {n} | {size / 1e6:.2f} MB | {parse:.2f} ms | {text:.2f} ms | "
-                f"{message:.2f} ms | {new:.2f} ms |"
+                f"{message:.2f} ms | {new:.2f} ms | {public:.2f} ms | {fitted:.2f} ms |"
             )
     return "\n".join(lines)
 

@@ -2,31 +2,36 @@
 
 Stages, in a configurable order, each run only while the request is still over budget:
 
-- ``clear``: replace older tool results whole by a one-line placeholder that names the tool, the
-  call id and the tokens cleared, oldest first, keeping the latest ``keep`` tool uses and never
-  the tools in ``exclude_tools`` (optionally clearing the cleared calls' inputs too). Calls and
-  results keep their ids, so the request stays valid for every provider. Cache-aware and
-  stateless: results are cleared in batches whose boundaries depend only on the history before
-  them, each batch freeing at least ``clear_at_least``, so the next turns of an agent loop only
-  append to what was forwarded until the next clearing event (the provider's prefix cache keeps
-  hitting);
+- ``clear`` (requests that use tools): the history after the task is cut into units, each
+  starting where the model replies (its calls, their results and any user message that follows:
+  a harness's format error, a reminder, a simulated user's answer). Older tool results are
+  replaced whole by a one-line placeholder that names the tool, the call id and the tokens
+  cleared (optionally clearing the cleared calls' inputs too), oldest first; when clearing
+  cannot free enough, the oldest units are dropped whole in the same event. The system prompt,
+  the task, what the model answers now, the units of the latest ``keep`` tool uses and the tools
+  in ``exclude_tools`` stay. Cache-aware and stateless: the cut is read from the history as it
+  grew (:func:`history_cut`), so every earlier turn got the same cut, it only grows, and it grows
+  by at least ``clear_at_least`` at a time (a clearing event), so the turns between two events
+  only append to what was forwarded (the provider's prefix cache keeps hitting);
 - ``tool_results``: shorten tool results carried forward, oldest first, each only as far as the
   budget still needs and never below N tokens, keeping its head and tail around a visible marker
-  that says how many tokens were removed;
+  that says how many tokens were removed; the latest ``keep`` results, while the model works with
+  them, only once nothing else is left;
 - ``retrieved``: drop retrieved chunks (Anthropic ``document``/``search_result`` blocks, text
   matching the chunk pattern) in user and tool messages, whole chunks only, the lowest-ranked
   (last) first, until it fits;
-- ``history``: drop the oldest whole turns, keeping system messages, the first user turn
-  (configurable) and the latest turn; then, inside the turns it keeps (a single-task agent loop
-  is one turn), the oldest whole tool rounds (an assistant message with its calls and the
-  results that answer them), keeping the latest ``keep``, in the same cache-aware batches.
+- ``history``: drop the oldest units whole by the same rule (in a conversation without tools,
+  the oldest exchanges: a reply of the model and the user message after it), keeping system
+  messages, the task (configurable; without it the units are whole turns) and what the model
+  answers now.
 
 A turn is what the providers' rules make one unit: a user message that starts it, then every
 assistant message with its tool calls and the messages that answer them (OpenAI ``tool``
 messages; Anthropic user messages that hold ``tool_result`` blocks, whatever else they hold, such
 as the text reminders coding agents attach), thinking and redacted-thinking blocks included, never
-modified. Dropping whole turns keeps Anthropic's alternation and a user message first; no tool
-call or tool result is ever orphaned; assistant messages are never edited.
+modified. Cutting only before a reply of the model (after the task) or before a turn keeps
+Anthropic's alternation and a user message first; no tool call or tool result is ever
+orphaned; assistant messages are edited only to empty a cleared call's input.
 
 Anthropic ``cache_control`` prefixes are cut only when nothing else fits, and the cache loss is
 counted. The request is counted once (the sidecar passes its count in); trimming works on the
@@ -80,19 +85,18 @@ class Policy(Strict):
     keep_first_user: bool = True
     #: never edit what sits before an Anthropic cache_control breakpoint
     protect_cache_prefix: bool = True
-    #: the latest tool uses whose results are never cleared, and the latest tool rounds never
-    #: dropped (the ``clear`` and ``history`` stages)
+    #: the latest tool uses whose rounds are never cleared or dropped, and whose results are
+    #: the last thing the ``tool_results`` stage shortens
     keep: int = Field(default=3, ge=0)
     #: tools whose results are never cleared
     exclude_tools: list[str] = Field(default_factory=list)
     #: when a result is cleared, clear its call's input too (edits the assistant message)
     clear_tool_inputs: bool = False
-    #: each clearing event frees at least this much: a share of the budget below 1, tokens from
-    #: 1 up. Larger batches mean fewer events, and between events every turn only appends to the
+    #: each clearing event leaves at least this much room: a share of the budget below 1, tokens
+    #: from 1 up. Larger means fewer events, and between events every turn only appends to the
     #: previous forwarded request, which the provider's prompt cache serves at a tenth of the price
     clear_at_least: float = Field(default=0.6, gt=0)
-    #: inside the turns the history stage keeps, drop the oldest whole tool rounds when clearing
-    #: was not enough
+    #: the clear stage drops the oldest whole rounds when clearing results is not enough
     drop_tool_rounds: bool = True
 
 

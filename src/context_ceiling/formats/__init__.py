@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, RequestCount
 from context_ceiling.core.models import ChatFormat
-from context_ceiling.core.tokenizers import TextCounter, TiktokenCounter
+from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.trim import FitReport, Policy, fit_with
 from context_ceiling.core.vocabulary import Api, Shape
 from context_ceiling.formats import (
@@ -38,6 +38,7 @@ __all__ = [
     "GENERATION_APIS",
     "MODULES",
     "ROUTES",
+    "SHARED_CACHE",
     "client_api_of",
     "count",
     "error_body",
@@ -115,6 +116,20 @@ def _pattern(chunk_pattern: str | re.Pattern[str] | None) -> re.Pattern[str] | N
     return re.compile(chunk_pattern) if isinstance(chunk_pattern, str) else chunk_pattern
 
 
+#: the count cache :func:`count` and :func:`fit` share unless told otherwise: an application
+#: calls them every turn with its whole history, and with the messages it counted before
+#: remembered a turn costs about what it added (bounded; in process memory only)
+SHARED_CACHE = CountCache(64 * 2**20)
+
+
+def _cached(
+    counter: TextCounter | None, cache: CountCache | Literal[False] | None
+) -> tuple[TextCounter, CountCache | None]:
+    memo = SHARED_CACHE if cache is None else (cache or None)
+    base = counter or TiktokenCounter("o200k_base")
+    return (memo.wrap(base) if memo is not None else base), memo
+
+
 def count(
     body: Mapping[str, Any],
     *,
@@ -122,12 +137,17 @@ def count(
     counter: TextCounter | None = None,
     chat_format: ChatFormat | None = None,
     chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+    cache: CountCache | Literal[False] | None = None,
 ) -> RequestCount:
     """Count a request body the way the sidecar does: its input tokens (``.total``) and their
     breakdown by component, with ``counter`` (default: tiktoken's ``o200k_base``) and the
-    model's ``chat_format`` framing. Raises :class:`ValueError` for a body of the wrong shape."""
-    counter = counter or TiktokenCounter("o200k_base")
-    return FORMATS[api].count(body, counter, chat_format, _pattern(chunk_pattern))
+    model's ``chat_format`` framing. Raises :class:`ValueError` for a body of the wrong shape.
+
+    ``cache``: where the counts of long texts and whole messages are remembered (default: one
+    cache shared by :func:`count` and :func:`fit`, 64 MiB; ``False``: none), so an agent that
+    counts its growing history every turn pays for what the turn added."""
+    counter, memo = _cached(counter, cache)
+    return FORMATS[api].count(body, counter, chat_format, _pattern(chunk_pattern), memo=memo)
 
 
 def fit(
@@ -140,6 +160,7 @@ def fit(
     policy: Policy | None = None,
     chat_format: ChatFormat | None = None,
     chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
+    cache: CountCache | Literal[False] | None = None,
 ) -> tuple[dict[str, Any], FitReport]:
     """Fit an OpenAI chat, OpenAI Responses, Anthropic messages or Gemini body (any registered
     format; ``api``: its shape) into ``budget`` input tokens.
@@ -147,13 +168,14 @@ def fit(
     Returns the fitted body (the input is never mutated; untouched messages are shared, not
     copied) and a report whose ``after`` is a recount of that body. ``report.fits`` is False
     when even the full policy cannot make it fit; the body returned then is the best effort. Pass
-    ``count`` to reuse an existing count (of ``body``, with ``counter``).
+    ``count`` to reuse an existing count (of ``body``, with ``counter``); ``cache`` as for
+    :func:`count`.
     """
     fmt = FORMATS[api]
-    counter = counter or TiktokenCounter("o200k_base")
+    counter, memo = _cached(counter, cache)
     pattern = _pattern(chunk_pattern)
     if count is None:
-        count = fmt.count(body, counter, chat_format, pattern)
+        count = fmt.count(body, counter, chat_format, pattern, memo=memo)
     return fit_with(
         body,
         fmt.count,
