@@ -32,6 +32,12 @@ from context_ceiling.core.utilization import Component
 from context_ceiling.core.vocabulary import ModeValue
 
 SCHEMA_VERSION: Literal[1] = 1
+#: the largest version: a signed 64-bit integer, what every consumer (the version gauge, a
+#: ConfigMap's annotations, other languages' clients) can hold
+MAX_VERSION = 2**63 - 1
+#: the largest token count a ceiling, window or reservation may state (a thousand times the
+#: longest window offered today): beyond it a number is a typo, and floats lose integers
+MAX_TOKENS = 10**12
 
 
 class Provenance(Strict):
@@ -58,11 +64,15 @@ class Provenance(Strict):
 class TrafficFingerprint(Strict):
     """The shape of the requests the ceiling was measured on (means per request)."""
 
-    system_tokens: float = Field(ge=0, default=0)
-    tool_definition_tokens: float = Field(ge=0, default=0)
-    retrieved_chunks: float = Field(ge=0, default=0)
+    system_tokens: float = Field(ge=0, le=MAX_TOKENS, default=0, allow_inf_nan=False)
+    tool_definition_tokens: float = Field(ge=0, le=MAX_TOKENS, default=0, allow_inf_nan=False)
+    retrieved_chunks: float = Field(ge=0, le=MAX_TOKENS, default=0, allow_inf_nan=False)
     retrieved_chunk_tokens: float = Field(
-        ge=0, default=0, description="mean tokens per retrieved chunk"
+        ge=0,
+        le=MAX_TOKENS,
+        default=0,
+        allow_inf_nan=False,
+        description="mean tokens per retrieved chunk",
     )
 
 
@@ -82,13 +92,17 @@ def traffic_shape(count: RequestCount) -> dict[str, float]:
 class CeilingEntry(Strict):
     model: str = Field(min_length=1)
     workload: str = Field(default="default", min_length=1)
-    ceiling_tokens: int = Field(gt=0, description="the input cap enforced by the sidecar")
-    ceiling_utilization: float = Field(gt=0, le=1, description="ceiling_tokens / window")
-    window: int = Field(gt=0)
-    output_reservation: int = Field(ge=0, default=0)
+    ceiling_tokens: int = Field(
+        gt=0, le=MAX_TOKENS, description="the input cap enforced by the sidecar"
+    )
+    ceiling_utilization: float = Field(
+        gt=0, le=1, allow_inf_nan=False, description="ceiling_tokens / window"
+    )
+    window: int = Field(gt=0, le=MAX_TOKENS)
+    output_reservation: int = Field(ge=0, le=MAX_TOKENS, default=0)
     metric: str = "accuracy"
-    tolerance: float = Field(ge=0, le=1, default=0.05)
-    margin: float = Field(ge=0, lt=1, default=0.1)
+    tolerance: float = Field(ge=0, le=1, default=0.05, allow_inf_nan=False)
+    margin: float = Field(ge=0, lt=1, default=0.1, allow_inf_nan=False)
     #: when the ceiling was derived (the sweep writes it); unset in a hand-written entry, whose
     #: age is then unknown: a document is the same document however often it is parsed
     created_at: datetime | None = None
@@ -123,7 +137,7 @@ class CeilingEntry(Strict):
 
 class CeilingsDocument(Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_VERSION)
     updated_at: datetime | None = None
     entries: list[CeilingEntry] = Field(default_factory=list)
 

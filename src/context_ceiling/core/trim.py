@@ -620,19 +620,21 @@ class _Trimmer:
         pending = sorted(uses, key=lambda u: u.result)
         asks = -1  # the latest unit holding what the model answers (not only its own reply)
         user = -1  # the latest unit holding a user message that starts a turn
+        since = 0  # tool uses after it
         for e in range(1, len(units) + 1):
             while pending and unit_of.get(pending[0].result[0], -1) < e:
                 seen.append(pending.pop(0))
+                since += 1
             unit = units[e - 1]
             here = self.messages[unit.start : unit.end]
             if any(not (isinstance(m, dict) and self.rules.is_reply(m)) for m in here):
                 asks = e - 1
             if any(self.rules.starts_turn(m) for m in here):
-                user = e - 1
+                user, since = e - 1, 0  # a unit's results come before its user message
             guard = asks if asks >= 0 else e - 1
             newest = seen[len(seen) - self.policy.keep :] if self.policy.keep else []
-            if self.policy.keep and len(seen) < self.policy.keep and user >= 0:
-                guard = min(guard, user)  # fewer rounds than keep since the latest user message
+            if self.policy.keep and since < self.policy.keep and user >= 0:
+                guard = min(guard, user)  # fewer tool uses than keep since the latest user message
             protect.append(guard)
             held = {unit_of[u.result[0]] for u in newest if u.result[0] in unit_of}
             held |= {unit_of[u.call[0]] for u in newest if u.call and u.call[0] in unit_of}
