@@ -182,7 +182,8 @@ def replay(row: Row, bodies: list[dict[str, Any]], send: Send, keep: int = 3) ->
                 row.reappeared += 1
                 row.cut.discard(cid)
         ids = list(given)
-        newest, older = ids[len(ids) - keep :], ids[: len(ids) - keep]
+        cut_at = max(0, len(ids) - keep)
+        newest, older = ids[cut_at:], ids[:cut_at]
         if any(got.get(c) != given[c] for c in newest) and any(
             got.get(c) == given[c] for c in older
         ):

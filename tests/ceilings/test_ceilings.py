@@ -33,7 +33,7 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 MSG: list[Any] = [{"role": "user", "content": "hello"}]
 
 
-def wait_for(pred: Callable[[], bool], timeout: float = 6.0) -> bool:
+def wait_for(pred: Callable[[], bool], timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():

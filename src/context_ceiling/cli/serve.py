@@ -86,6 +86,32 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_and_stop(settings: Any) -> None:
+    """Build the app as ``serve`` does and run its lifespan's startup and shutdown (the ceilings
+    file applied, the metrics set, the capture store and background tasks started): whatever
+    would stop ``serve`` stops the check, with its message."""
+    import asyncio
+    from collections.abc import MutableMapping
+
+    from context_ceiling.core.errors import UserError
+    from context_ceiling.sidecar.app import create_app
+
+    app = create_app(settings)
+    events = iter(({"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}))
+    failed: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(events)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"].endswith(".failed"):
+            failed.append(str(message.get("message") or message["type"]))
+
+    asyncio.run(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    if failed:
+        raise UserError(f"the sidecar would not start: {failed[0]}")
+
+
 def _check(settings: Any, as_json: bool = False) -> int:
     """What startup would load, without listening: the registry (tokenizer files), the
     ceilings file against that registry, the admin token file."""
@@ -107,6 +133,7 @@ def _check(settings: Any, as_json: bool = False) -> int:
             raise CeilingsError(str(settings.ceilings_file), problems)
         ceilings = f"ceilings version {doc.version} ({len(doc.entries)} entries)"
         version, entries = doc.version, len(doc.entries)
+    _start_and_stop(settings)  # exactly what serve runs on start, without listening
     capture = "capture off"
     store = None
     if settings.capture.enabled:

@@ -498,7 +498,7 @@ class _Trimmer:
         )
         if not self.policy.keep or asks is None or self.rules.starts_turn(asks):
             return set()
-        return {u.result for u in uses[len(uses) - self.policy.keep :]}
+        return {u.result for u in uses[max(0, len(uses) - self.policy.keep) :]}
 
     def _tail(self) -> int:
         """Where what this turn appended to the previous one starts: the latest reply of the
@@ -632,7 +632,7 @@ class _Trimmer:
             if any(self.rules.starts_turn(m) for m in here):
                 user, since = e - 1, 0  # a unit's results come before its user message
             guard = asks if asks >= 0 else e - 1
-            newest = seen[len(seen) - self.policy.keep :] if self.policy.keep else []
+            newest = seen[max(0, len(seen) - self.policy.keep) :] if self.policy.keep else []
             if self.policy.keep and since < self.policy.keep and user >= 0:
                 guard = min(guard, user)  # fewer tool uses than keep since the latest user message
             protect.append(guard)

@@ -9,12 +9,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Literal
 from urllib.parse import urlsplit
 
 import anyio
 import httpx
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -124,6 +125,40 @@ class Ops:
         return Response(exposed, media_type=CONTENT_TYPE_LATEST)
 
 
+#: how long a failed background task waits before it runs again, doubling up to the second
+RESTART_S = (0.5, 30.0)
+
+
+async def supervised(name: str, run: Callable[[], Awaitable[None]], failures: Counter) -> None:
+    """Run a background task for the server's life: an exception is logged, counted
+    (``llm_context_background_failures_total{task}``) and the task started again after a
+    growing pause; only cancellation (the server stopping) ends it."""
+    pause = RESTART_S[0]
+    while True:
+        try:
+            await run()
+            return
+        except Exception:
+            failures.labels(task=name).inc()
+            log.exception("background task failed; restarting", extra={"fields": {"task": name}})
+        await anyio.sleep(pause)
+        pause = min(pause * 2, RESTART_S[1])
+
+
+def _guarded(state: SidecarState, source: Literal["sighup"]) -> Callable[[], None]:
+    """The SIGHUP handler: a reload that fails in any way is logged and counted, and the handler
+    stays installed."""
+
+    def reload() -> None:
+        try:
+            state.ceilings.reload_file(source)
+        except Exception:
+            state.metrics.background_failures.labels(task="sighup_reload").inc()
+            log.exception("ceilings reload on SIGHUP failed")
+
+    return reload
+
+
 def _lifespan(
     state: SidecarState,
     probe: UpstreamProbe,
@@ -141,7 +176,7 @@ def _lifespan(
         loop = asyncio.get_running_loop()
         hup = False
         try:
-            loop.add_signal_handler(signal.SIGHUP, state.ceilings.reload_file, "sighup")
+            loop.add_signal_handler(signal.SIGHUP, _guarded(state, "sighup"))
             hup = True
         except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests)
             pass
@@ -157,12 +192,13 @@ def _lifespan(
             state.answers.start()
         try:
             async with anyio.create_task_group() as tg:
+                failures = state.metrics.background_failures
                 if settings.ceilings_watch:
-                    tg.start_soon(state.ceilings.watch)
+                    tg.start_soon(supervised, "ceilings_watch", state.ceilings.watch, failures)
                 if probing:
-                    tg.start_soon(probe.run)
+                    tg.start_soon(supervised, "upstream_probe", probe.run, failures)
                 if group is not None:
-                    tg.start_soon(group.follow)
+                    tg.start_soon(supervised, "worker_group", group.follow, failures)
                 try:
                     yield
                 finally:

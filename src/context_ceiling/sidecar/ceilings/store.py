@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 #: is tried before giving up until its next change
 SETTLE_S = 0.25
 SETTLE_TRIES = 40
+#: how long a file rewritten in place (the same inode as the last one read) must stay the same:
+#: a writer that pauses mid-write leaves a truncated file that can parse as a smaller valid
+#: document; a file moved into place (a rename, Kubernetes' ConfigMap swap) is whole at once
+IN_PLACE_S = 6.0
+#: the largest ceilings document read, parsed off the event loop (a document is a few KB per
+#: hundred entries; YAML parses at about a second per MB)
+MAX_DOCUMENT_BYTES = 4 * 2**20
 #: worker: a push taken by another worker of this pod (``workers`` > 1), see sidecar/workers/group.py
 Source = Literal["startup", "file", "sighup", "api", "worker"]
 
@@ -64,6 +71,10 @@ class CeilingStore:
         self.version = metrics.config_version
         #: called with every document applied (the worker group's snapshot)
         self.listeners: list[Callable[[CeilingsDocument], None]] = []
+        #: the inode of the file as last read: the same one again means a rewrite in place
+        self._inode: int | None = None
+        self.in_place_s = IN_PLACE_S
+        self.max_bytes = MAX_DOCUMENT_BYTES
         metrics.watch_ceilings(self)
 
     # -- validation and apply --------------------------------------------------------------
@@ -131,10 +142,13 @@ class CeilingStore:
         )
 
     def _read(self, source: Source) -> bytes | str:
-        """The file's bytes, or ``missing`` / ``failure``."""
+        """The file's bytes, or ``missing`` / ``failure`` (unreadable, or over
+        ``MAX_DOCUMENT_BYTES``)."""
         assert self.path is not None
         try:
-            return self.path.read_bytes()
+            with self.path.open("rb") as f:
+                self._inode = os.fstat(f.fileno()).st_ino
+                data = f.read(self.max_bytes + 1)
         except FileNotFoundError:
             return "missing"
         except OSError as exc:
@@ -144,25 +158,51 @@ class CeilingStore:
                 extra={"fields": {"path": str(self.path), "error": str(exc)}},
             )
             return "failure"
+        if len(data) > self.max_bytes:
+            self.reloads.labels(source=source, result="failure").inc()
+            log.warning(
+                "ceilings file too large; not read",
+                extra={"fields": {"path": str(self.path), "max_bytes": self.max_bytes}},
+            )
+            return "failure"
+        return data
 
     async def settled(self, source: Source) -> bytes | str:
-        """The file once it has stopped changing: read until two reads ``SETTLE_S`` apart agree
-        (at most ``SETTLE_TRIES`` times). A file written in place passes through partial states
-        (truncated, half written); one of those can parse as a smaller valid document, which
-        must never run."""
+        """The file once it has stopped changing: read until reads ``SETTLE_S`` apart agree
+        (``IN_PLACE_S`` long when the file was rewritten in place) or ``SETTLE_TRIES`` more
+        reads than that. A file written in place passes through partial states (truncated,
+        half written); one of those can parse as a smaller valid document, which must never
+        run."""
         assert self.path is not None
+        known = self._inode
         data = self._read(source)
-        for _ in range(SETTLE_TRIES):
+        hold = self.in_place_s if known is not None and self._inode == known else SETTLE_S
+        steady = 0.0
+        for _ in range(SETTLE_TRIES + int(hold / SETTLE_S)):
             await anyio.sleep(SETTLE_S)
             again = self._read(source)
-            if again == data:
+            if again != data:
+                data, steady = again, 0.0
+                continue
+            steady += SETTLE_S
+            if steady >= hold:
                 return data
-            data = again
         return "unsettled"
 
-    def reload_file(self, source: Source, data: bytes | None = None) -> str:
-        """Re-read the file (or take ``data``, read from it); returns ``success``,
-        ``unchanged``, ``missing`` or ``failure``."""
+    async def reload_off_loop(self, source: Source, data: bytes) -> str:
+        """:meth:`reload_file` with the parse on a worker thread, so a large document never
+        stalls serving; the swap itself happens back on the event loop."""
+        parsed = await anyio.to_thread.run_sync(_parse_or_error, data, str(self.path))
+        return self.reload_file(source, data, parsed)
+
+    def reload_file(
+        self,
+        source: Source,
+        data: bytes | None = None,
+        parsed: CeilingsDocument | CeilingsError | None = None,
+    ) -> str:
+        """Re-read the file (or take ``data``, read from it, and ``parsed``, its parse); returns
+        ``success``, ``unchanged``, ``missing`` or ``failure``."""
         if self.path is None:
             return "missing"
         if data is None:
@@ -173,9 +213,14 @@ class CeilingStore:
         digest = hashlib.sha256(data).digest()
         if digest == self._digest and source != "sighup":  # SIGHUP always re-reads
             return "unchanged"
+        changed = digest != self._digest
         self._digest = digest  # success or not, the same bytes are not retried on every event
         try:
-            doc = parse_document(data, str(self.path))
+            if parsed is None:
+                parsed = _parse_or_error(data, str(self.path))
+            if isinstance(parsed, CeilingsError):
+                raise parsed
+            doc = parsed
         except CeilingsError as exc:
             self.reloads.labels(source=source, result="failure").inc()
             log.warning(
@@ -188,6 +233,22 @@ class CeilingStore:
         if self.current is not EMPTY and doc == self.current:
             self.reloads.labels(source=source, result="unchanged").inc()
             return "unchanged"
+        if self.current is not EMPTY and doc.version < self.current.version and changed:
+            # the file was rewritten with an older document: a failed reload, never a rollback
+            self.reloads.labels(source=source, result="failure").inc()
+            log.warning(
+                "ceilings file rejected",
+                extra={
+                    "fields": {
+                        "path": str(self.path),
+                        "reasons": [
+                            f"version {doc.version} is older than the running version "
+                            f"{self.current.version}"
+                        ],
+                    }
+                },
+            )
+            return "failure"
         if self.current is not EMPTY and doc.version < self.current.version:
             # a push through the admin API with persisting off: the file is simply behind the
             # running document, which is not a failed reload (the alert would fire on a healthy
@@ -232,7 +293,7 @@ class CeilingStore:
                 ):
                     data = await self.settled("file")
                     if isinstance(data, bytes):
-                        self.reload_file("file", data)
+                        await self.reload_off_loop("file", data)
                     elif data == "unsettled":
                         log.warning(
                             "ceilings file keeps changing; not applied until it settles "
@@ -240,3 +301,10 @@ class CeilingStore:
                             extra={"fields": {"path": str(self.path)}},
                         )
             await anyio.sleep(poll_interval)
+
+
+def _parse_or_error(data: bytes, where: str) -> CeilingsDocument | CeilingsError:
+    try:
+        return parse_document(data, where)
+    except CeilingsError as exc:
+        return exc

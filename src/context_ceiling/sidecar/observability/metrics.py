@@ -380,6 +380,15 @@ class Metrics:
             registry=r,
         )
 
+        # background tasks (ceilings watch, upstream probe, the worker group's follower): a
+        # failure is logged, counted and the task restarted, never the end of the server
+        self.background_failures = Counter(
+            "llm_context_background_failures",
+            "Background tasks that failed and were restarted, by task.",
+            ["task"],
+            registry=r,
+        )
+
         # the ceilings document: reloads and the running version (set by the ceilings store)
         self.config_reloads = Counter(
             "llm_context_config_reloads",
