@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 #: the largest integer a document may hold: what a Prometheus sample, JSON in other languages
 #: and a signed 64-bit column hold exactly enough to compare
 MAX_INT = 2**63 - 1
+#: the largest float: beyond it a float no longer holds every integer (and a timeout or a size
+#: that large is a typo that would overflow a timer)
+MAX_FLOAT = float(2**53)
 
 
 def _bounded(value: Any) -> Any:
@@ -24,6 +27,8 @@ def _bounded(value: Any) -> Any:
             f"a {value.bit_length()}-bit integer is out of range (at most {MAX_INT}, a signed "
             "64-bit integer)"
         )
+    if isinstance(value, float) and not -MAX_FLOAT <= value <= MAX_FLOAT:
+        raise ValueError(f"{value:.3e} is out of range (at most {MAX_FLOAT:.0f})")
     if isinstance(value, list | tuple | set | frozenset):
         for v in value:
             _bounded(v)
