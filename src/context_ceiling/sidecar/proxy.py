@@ -53,6 +53,7 @@ from context_ceiling.sidecar.upstream.client import (
     response_headers,
     with_beta,
 )
+from context_ceiling.sidecar.upstream.credentials import accepts, owner_of, refusal_message
 from context_ceiling.sidecar.upstream.relay import SSERelay, Tap
 
 log = logging.getLogger(__name__)
@@ -290,6 +291,10 @@ class Proxy:
                 f"{route.api} requests on this sidecar",
             )
         ex.upstream, client, upstream_cfg = target
+        owner = owner_of(request.headers, request.url.path)
+        if not accepts(owner, route.api, upstream_cfg):
+            assert owner is not None
+            raise Refused(404, refusal_message(owner))
         ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
         bypass_token = request.headers.get(BYPASS_HEADER)
         if bypass_token is not None:

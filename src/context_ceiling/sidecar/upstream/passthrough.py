@@ -47,6 +47,7 @@ from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
 from context_ceiling.sidecar.state import SidecarState
 from context_ceiling.sidecar.upstream.bodies import BodyTooLarge, capped, check_declared, read_body
 from context_ceiling.sidecar.upstream.client import request_headers, response_headers
+from context_ceiling.sidecar.upstream.credentials import accepts, owner_of, refusal
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,11 @@ class Passthrough:
         picked = pick_upstream(st, request, body_model(peeked))
         rid = uuid.uuid4().hex
         target = st.route(*picked) if picked else None
+        owner = owner_of(request.headers, request.url.path)
+        if owner is not None and (
+            picked is None or target is None or not accepts(owner, picked[0], target[2])
+        ):
+            return refusal(owner, client_api(request), headers={"x-ceiling-request-id": rid})
         if picked is None or target is None:
             asked = client_api(request)
             return error_response(
