@@ -473,6 +473,17 @@ def test_an_oversized_head_is_refused_while_it_is_read(sidecar: Sidecar) -> None
     assert ok.status_code != 431
 
 
+def test_too_many_header_fields_are_refused_while_they_are_read(sidecar: Sidecar) -> None:
+    """Hundreds of tiny headers, together under the byte cap: past ``max_header_count`` (100) the
+    request is answered 431 and the connection closed; 100 headers are fine."""
+    lines = b"".join(b"X-H%d: 1\r\n" % k for k in range(500))  # 5 KB: under the byte cap
+    got, closed = _raw(sidecar.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines)
+    assert got.startswith(b"HTTP/1.1 431 "), got[:80]
+    assert b"more than 100 header fields" in got and closed
+    ok = httpx.get(sidecar.url + "/healthz", headers={f"x-h{k}": "1" for k in range(95)})
+    assert ok.status_code == 200
+
+
 def test_a_malformed_request_is_answered_in_json(sidecar: Sidecar) -> None:
     got, closed = _raw(
         sidecar.url,

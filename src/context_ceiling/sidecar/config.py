@@ -141,6 +141,9 @@ class Limits(_Section):
     max_event_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     #: request headers larger than this in all are a 431
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    #: most header fields a request may carry (as Envoy's default): more is answered 431 while
+    #: the head is still arriving, so a flood of tiny headers holds no memory
+    max_header_count: int = Field(default=100, ge=8, le=10_000)
     #: a connection whose request headers have not arrived whole within this many seconds is
     #: closed (slow-loris clients)
     header_read_timeout: float = Field(default=10.0, gt=0)

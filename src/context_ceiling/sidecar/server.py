@@ -53,9 +53,11 @@ class HeaderDeadline(HttpToolsProtocol):
 
     header_timeout = 10.0
     max_head_bytes = 65536
+    max_header_count = 100
     _timer: asyncio.TimerHandle | None = None
     _in_head = True
     _head_bytes = 0
+    _head_lines = 0
     _tail = b""
 
     def _arm(self) -> None:
@@ -81,24 +83,29 @@ class HeaderDeadline(HttpToolsProtocol):
             # count only the head: up to the blank line that ends it (a body may share the read)
             seen = self._tail + data
             end = seen.find(b"\r\n\r\n")
-            self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            part = len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            self._head_bytes += part
+            # lines of the head: the request line, one per header field, the blank line
+            self._head_lines += (self._tail[-1:] + data[:part]).count(b"\r\n")
             self._tail = seen[-3:]
             if self._head_bytes > self.max_head_bytes:
-                self._reject_head()
+                self._reject_head(
+                    f"the request line and headers exceed {self.max_head_bytes} bytes"
+                )
+                return
+            if self._head_lines - 2 > self.max_header_count:
+                self._reject_head(
+                    f"the request has more than {self.max_header_count} header fields"
+                )
                 return
         super().data_received(data)
 
-    def _reject_head(self) -> None:
+    def _reject_head(self, why: str) -> None:
         self._disarm()
         self._in_head = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(
-                _error(
-                    431,
-                    "Request Header Fields Too Large",
-                    f"the request line and headers exceed {self.max_head_bytes} bytes",
-                    "invalid_request_error",
-                )
+                _error(431, "Request Header Fields Too Large", why, "invalid_request_error")
             )
             self.transport.close()
 
@@ -113,7 +120,7 @@ class HeaderDeadline(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        self._in_head, self._head_bytes, self._tail = False, 0, b""
+        self._in_head, self._head_bytes, self._head_lines, self._tail = False, 0, 0, b""
         limit = self.limit_concurrency
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             app, self.app = self.app, _busy  # uvicorn's own answer here is plain text
@@ -158,6 +165,7 @@ def protocol_for(settings: Settings) -> type[HeaderDeadline]:
         {
             "header_timeout": settings.limits.header_read_timeout,
             "max_head_bytes": settings.limits.max_header_bytes,
+            "max_header_count": settings.limits.max_header_count,
         },
     )
 
