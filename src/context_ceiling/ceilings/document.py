@@ -13,10 +13,11 @@ overwrite a newer ceiling.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -212,6 +213,31 @@ def fit_problems(doc: CeilingsDocument, windows: Mapping[str, int]) -> list[str]
                 f"{e.model}/{e.workload}: ceiling {e.ceiling_tokens} is above the window {window}"
             )
     return reasons
+
+
+def unused_entries(
+    doc: CeilingsDocument, labels: Collection[str], workloads: Collection[str]
+) -> list[str]:
+    """Why each entry of ``doc`` would enforce nothing on a sidecar whose registry has these
+    model ``labels`` and these ``workloads``: its model is no label there (with the closest
+    label), or its workload is not declared. An unused ceiling is a ceiling silently not
+    enforced, so every caller reports it where the document is written."""
+    out: list[str] = []
+    for e in doc.entries:
+        if e.model not in labels:
+            close = difflib.get_close_matches(e.model, list(labels), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            known = ", ".join(sorted(labels)) or "none"
+            out.append(
+                f"{e.model}/{e.workload}: no model entry is labelled {e.model!r}{hint} "
+                f"(labels: {known}); this ceiling enforces nothing"
+            )
+        elif e.workload != "default" and e.workload not in workloads:
+            out.append(
+                f"{e.model}/{e.workload}: workload {e.workload!r} is not declared "
+                f"(workloads: {', '.join(workloads)}); this ceiling enforces nothing"
+            )
+    return out
 
 
 def parse_document(data: bytes | str, where: str = "ceilings") -> CeilingsDocument:

@@ -85,7 +85,7 @@ def _refused(dry_run: bool) -> str:
 
 def _validate(
     client: httpx.Client, base: str, token: str, doc: CeilingsDocument, force: bool
-) -> str:
+) -> tuple[str, list[str]]:
     """The sidecar's own verdict on ``doc`` (``POST /admin/ceilings/validate``), applying
     nothing; raises :class:`PushError` with its reasons when it would refuse the document."""
     r = client.post(
@@ -101,7 +101,8 @@ def _validate(
         )
     if r.status_code != 200:
         raise PushError(f"{base}: would be refused ({r.status_code}): {_reason(r)}")
-    return f"{base}: would apply version {doc.version} (dry run: validated by the sidecar)"
+    line = f"{base}: would apply version {doc.version} (dry run: validated by the sidecar)"
+    return line, _unused_of(r)
 
 
 class Target(Protocol):
@@ -151,25 +152,50 @@ class _Sidecar:
 
     checks_version = False
 
-    def __init__(self, client: httpx.Client, base: str, token: str) -> None:
-        self.client, self.where, self.token = client, base, token
+    def __init__(self, client: httpx.Client, base: str, token: str, strict: bool = False) -> None:
+        self.client, self.where, self.token, self.strict = client, base, token, strict
 
     def read(self, force: bool) -> CeilingsDocument:
         return fetch_running(self.client, self.where, self.token)
 
     def validate(self, doc: CeilingsDocument, force: bool) -> str:
-        return _validate(self.client, self.where, self.token, doc, force)
+        line, unused = _validate(self.client, self.where, self.token, doc, force)
+        if unused and self.strict:
+            raise PushError(f"{self.where}: would be refused (strict): " + "; ".join(unused))
+        return line + _unused_note(unused)
 
     def write(self, doc: CeilingsDocument, force: bool) -> str:
+        params = {"force": "true"} if force else {}
+        if self.strict:
+            params["strict"] = "true"
         r = self.client.put(
             _admin_url(self.where),
             content=dump_document(doc, "json"),
-            params={"force": "true"} if force else None,
+            params=params or None,
             headers={"authorization": f"Bearer {self.token}", "content-type": "application/json"},
         )
         if r.status_code != 200:
             raise PushError(f"{self.where}: rejected ({r.status_code}): {_reason(r)}")
-        return f"{self.where}: applied version {doc.version}{_workers(self.where, r)}"
+        unused = _unused_of(r)
+        return (
+            f"{self.where}: applied version {doc.version}{_workers(self.where, r)}"
+            + _unused_note(unused)
+        )
+
+
+def _unused_of(r: httpx.Response) -> list[str]:
+    try:
+        got = r.json().get("unused")
+    except ValueError:
+        return []
+    return [str(x) for x in got] if isinstance(got, list) else []
+
+
+def _unused_note(unused: list[str]) -> str:
+    """The report's warning for entries that enforce nothing (empty: none)."""
+    if not unused:
+        return ""
+    return f"; WARNING {len(unused)} entries enforce nothing: " + "; ".join(unused)
 
 
 class _File:
@@ -201,13 +227,15 @@ def push(
     dry_run: bool = False,
     force: bool = False,
     timeout: float = 10.0,
+    strict: bool = False,
 ) -> list[str]:
     """Push; returns the report lines. Raises CeilingsError for a bad document or token and
     PushError (after trying every target) when any target failed.
 
     ``configmap`` is ``NAME`` or ``NAME/KEY`` (key ``ceilings.yaml`` by default) in the pod's own
     namespace (or ``namespace``), updated with the pod's service account: the source of truth that
-    every replica mounted from it reloads."""
+    every replica mounted from it reloads. ``strict``: a sidecar refuses a document with entries
+    that would enforce nothing there (they are reported either way)."""
     doc = load_document(path)
     lines: list[str] = []
     failures: list[str] = []
@@ -226,7 +254,7 @@ def push(
         with httpx.Client(timeout=timeout, trust_env=False) as client:
             for base in to:
                 try:
-                    _apply(_Sidecar(client, base, token), doc, dry_run, force, lines)
+                    _apply(_Sidecar(client, base, token, strict), doc, dry_run, force, lines)
                 except (PushError, CeilingsError) as exc:
                     failures.append(str(exc))
                 except httpx.HTTPError as exc:

@@ -28,6 +28,11 @@ def add_parser(sub: Any) -> None:
         help="also check it against this sidecar config: windows against its model registry, "
         "models and workloads it does not know (offline; the admin API's checks but the version)",
     )
+    v.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --config: entries that would enforce nothing are an error (exit 2)",
+    )
     add_json(v)
     c.set_defaults(func=ceilings_command)
 
@@ -38,6 +43,7 @@ def ceilings_command(args: argparse.Namespace) -> int:
         fit_problems,
         json_schema,
         load_document,
+        unused_entries,
     )
 
     if args.action == "schema":
@@ -63,16 +69,9 @@ def ceilings_command(args: argparse.Namespace) -> int:
     problems = fit_problems(doc, windows)
     if problems:
         raise CeilingsError(f"{args.path} against {args.config}", problems)
-    notes = []
-    for e in doc.entries:
-        if e.model not in windows:
-            notes.append(
-                f"{e.model}/{e.workload}: no model labelled {e.model!r} in the config (kept, unused)"
-            )
-        elif e.workload not in settings.workloads:
-            notes.append(
-                f"{e.model}/{e.workload}: workload {e.workload!r} is not configured (kept, unused)"
-            )
+    notes = unused_entries(doc, windows, settings.workloads)
+    if args.strict and notes:
+        raise CeilingsError(f"{args.path} against {args.config} (strict)", notes)
     if args.json:
         print_json(
             result
@@ -84,5 +83,5 @@ def ceilings_command(args: argparse.Namespace) -> int:
         f"{len(doc.entries) - len(notes)} of {len(doc.entries)} entries in use"
     )
     for n in notes:
-        print(f"  note: {n}")
+        print(f"  warning: {n}")
     return 0

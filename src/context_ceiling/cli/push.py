@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from context_ceiling.cli import add_json, print_json
@@ -34,6 +35,12 @@ def add_parser(sub: Any) -> None:
         "would refuse at startup (a window it disagrees with, a ceiling above it): use it with "
         "--to-configmap and --file, whose readers are pods that start later",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a document with entries that would enforce nothing (no model label or "
+        "workload matches them): sidecars refuse it, and with --config nothing is touched",
+    )
     add_json(p)
     p.set_defaults(func=push_command)
 
@@ -46,15 +53,25 @@ def push_command(args: argparse.Namespace) -> int:
             "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
         )
     if args.config:
-        from context_ceiling.ceilings.document import CeilingsError, fit_problems, load_document
+        from context_ceiling.ceilings.document import (
+            CeilingsError,
+            fit_problems,
+            load_document,
+            unused_entries,
+        )
         from context_ceiling.sidecar.config import load_settings
 
         settings = load_settings(args.config)
-        problems = fit_problems(
-            load_document(args.document), {m.metric_label: m.window for m in settings.models}
-        )
+        doc = load_document(args.document)
+        labels = {m.metric_label: m.window for m in settings.models}
+        problems = fit_problems(doc, labels)
+        unused = unused_entries(doc, labels, settings.workloads)
+        if args.strict:
+            problems += unused
         if problems:
             raise CeilingsError(f"{args.document} against {args.config}", problems)
+        for u in unused:
+            print(f"ceiling push: warning: {u}", file=sys.stderr)
     try:
         lines = push(
             args.document,
@@ -64,6 +81,7 @@ def push_command(args: argparse.Namespace) -> int:
             namespace=args.namespace,
             dry_run=args.dry_run,
             force=args.force,
+            strict=args.strict,
         )
     except PushError as exc:
         if args.json:

@@ -9,6 +9,7 @@ never given a window it does not have.
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -97,7 +98,8 @@ class ModelSpec(Strict):
 
     match: str = Field(min_length=1, description="exact model name or a glob such as 'gpt-4o*'")
     label: str | None = Field(
-        default=None, description="metric label; defaults to the match string (bounded either way)"
+        default=None,
+        description="metric label; defaults to the match string without its glob (gpt-4o* -> gpt-4o)",
     )
     window: int = Field(gt=0, description="context window in tokens")
     max_output_tokens: int = Field(gt=0, default=4096)
@@ -149,7 +151,13 @@ class ModelSpec(Strict):
 
     @property
     def metric_label(self) -> str:
-        return self.label or self.match
+        """The model's name in metrics and ceilings documents: ``label``, else ``match`` with
+        its glob cut off (``gpt-4o*`` -> ``gpt-4o``, ``claude-*`` -> ``claude``), so a ceiling
+        written for the model's plain name applies to the entry that matches it."""
+        if self.label:
+            return self.label
+        head = re.split(r"[*?\[]", self.match, maxsplit=1)[0].rstrip("-_.:/@")
+        return head or self.match
 
 
 def build_counter(spec: TokenizerSpec, bpe: Bpe = "auto") -> TextCounter:

@@ -133,6 +133,7 @@ class SidecarState:
         store = CeilingStore(
             registry, metrics, staleness, settings.ceilings_file, settings.ceilings_persist
         )
+        store.workloads = list(settings.workloads)
         chunk_pattern = re.compile(pattern) if pattern else None
         threads = _count_threads(settings)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ceiling-count") if threads else None

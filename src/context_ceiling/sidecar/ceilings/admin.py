@@ -70,6 +70,15 @@ class Admin:
             return read
         doc, force = read
         group = self.state.group
+        unused = store.unused_in(doc)
+        if unused and request.query_params.get("strict", "").lower() in ("1", "true", "yes"):
+            store.reloads.labels(source="api", result="failure").inc()
+            return _error(
+                422,
+                "unused_ceilings",
+                "entries would enforce nothing (strict); nothing changed",
+                unused,
+            )
         try:
             if group is None:
                 store.apply(doc, "api", force=force)
@@ -95,6 +104,7 @@ class Admin:
             "applied": True,
             "version": doc.version,
             "entries": len(doc.entries),
+            "unused": unused,
         }
         if group is not None and digest is not None:
             # the other workers apply it from the shared file: answer once every one runs it,
@@ -125,6 +135,7 @@ class Admin:
                 "version": doc.version,
                 "running_version": store.current.version,
                 "entries": len(doc.entries),
+                "unused": store.unused_in(doc),
             }
         )
 

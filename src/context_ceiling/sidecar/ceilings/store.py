@@ -28,6 +28,7 @@ from context_ceiling.ceilings.document import (
     dump_document,
     fit_problems,
     parse_document,
+    unused_entries,
     write_atomically,
 )
 from context_ceiling.core.models import Registry
@@ -75,6 +76,10 @@ class CeilingStore:
         self._inode: int | None = None
         self.in_place_s = IN_PLACE_S
         self.max_bytes = MAX_DOCUMENT_BYTES
+        #: why each entry of the running document enforces nothing here (reported, counted)
+        self.unused: list[str] = []
+        self._unused_gauge = metrics.ceilings_unused
+        self.workloads: list[str] = ["default"]
         metrics.watch_ceilings(self)
 
     # -- validation and apply --------------------------------------------------------------
@@ -89,6 +94,11 @@ class CeilingStore:
             )
         windows = {s.metric_label: s.window for s in self.registry.specs}
         return reasons + fit_problems(doc, windows)
+
+    def unused_in(self, doc: CeilingsDocument) -> list[str]:
+        """Why each entry of ``doc`` would enforce nothing on this sidecar."""
+        labels = {s.metric_label for s in self.registry.specs}
+        return unused_entries(doc, labels, self.workloads)
 
     def dry_run(self, doc: CeilingsDocument, force: bool = False) -> list[str]:
         """Everything :meth:`apply` would refuse, the file it would write included; changes
@@ -123,7 +133,15 @@ class CeilingStore:
                 ) from exc
             self._digest = hashlib.sha256(text.encode()).digest()
         old = self.current
+        unused = self.unused_in(doc)
         self.current = doc  # the swap: one reference, read once per request
+        self.unused = unused
+        self._unused_gauge.set(len(unused))
+        if unused:
+            log.warning(
+                "ceilings entries enforce nothing",
+                extra={"fields": {"source": source, "unused": unused}},
+            )
         self.reloads.labels(source=source, result="success").inc()
         self.last_success.set(time.time())
         self.version.set(doc.version)

@@ -390,6 +390,13 @@ class Metrics:
         )
 
         # the ceilings document: reloads and the running version (set by the ceilings store)
+        self.ceilings_unused = Gauge(
+            "llm_context_ceilings_unused_entries",
+            "Entries of the running ceilings document that enforce nothing here: their model is "
+            "no label of the registry, or their workload is not declared.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.config_reloads = Counter(
             "llm_context_config_reloads",
             "Ceilings reload attempts by source and result.",
