@@ -235,12 +235,17 @@ def panels() -> list[dict[str, Any]]:
                     f"sum by (source, result) (increase(llm_context_config_reloads_total{{{JOB_SEL}}}[1h]))",
                     "{{source}} {{result}}",
                 ),
+                (
+                    f"max(llm_context_ceilings_unused_entries{{{JOB_SEL}}})",
+                    "entries enforcing nothing",
+                ),
             ],
             18,
             24,
             w=6,
             description="Ceilings documents applied or rejected in the last hour, by where they "
-            "came from (file, admin API, signal).",
+            "came from (file, admin API, signal), and the running document's entries that "
+            "enforce nothing (no model label or workload matches them: a typo in a push).",
             runbook=("LLMContextConfigReloadFailing",),
         ),
         _panel(

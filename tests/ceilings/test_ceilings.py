@@ -107,7 +107,8 @@ def test_admin_api_tokens(make_sidecar: Callable[..., Running]) -> None:
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
     assert running_version(sc) == 0
     r = httpx.put(sc.url + "/admin/ceilings", json=doc(1), headers=AUTH)
-    assert r.status_code == 200 and r.json() == {"applied": True, "version": 1, "entries": 1}
+    assert r.status_code == 200
+    assert r.json() == {"applied": True, "version": 1, "entries": 1, "unused": []}
     got = httpx.get(sc.url + "/admin/ceilings", headers=AUTH).json()
     assert got["version"] == 1 and got["entries"][0]["ceiling_tokens"] == 64000
 

@@ -141,7 +141,7 @@ def test_a_large_document_is_parsed_off_the_event_loop(
         assert httpx.get(sc.url + "/healthz", timeout=10).status_code == 200
         slowest = max(slowest, time.monotonic() - t)
     assert sc.state.ceilings.current.version == 2
-    assert slowest < 0.5, slowest  # the parse (seconds) never held the loop
+    assert slowest < 1.0, slowest  # the parse (seconds) never held the loop
 
 
 def test_a_failing_background_task_is_counted_and_restarted() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -70,7 +71,7 @@ class Admin:
             return read
         doc, force = read
         group = self.state.group
-        unused = store.unused_in(doc)
+        unused = await anyio.to_thread.run_sync(store.unused_in, doc)
         if unused and request.query_params.get("strict", "").lower() in ("1", "true", "yes"):
             store.reloads.labels(source="api", result="failure").inc()
             return _error(
@@ -81,13 +82,13 @@ class Admin:
             )
         try:
             if group is None:
-                store.apply(doc, "api", force=force)
+                store.apply(doc, "api", force=force, unused=unused)
                 digest = None
             else:
                 # one push at a time across the workers, validated against the latest push
                 # any of them took: versions only go up, and the file is what runs
                 async with group.push_lock():
-                    store.apply(doc, "api", force=force)
+                    store.apply(doc, "api", force=force, unused=unused)
                     digest = group.publish(doc, force)
         except CeilingsPersistError as exc:
             return _error(

@@ -112,7 +112,13 @@ class CeilingStore:
         return reasons
 
     def apply(
-        self, doc: CeilingsDocument, source: Source, *, force: bool = False, persist: bool = True
+        self,
+        doc: CeilingsDocument,
+        source: Source,
+        *,
+        force: bool = False,
+        persist: bool = True,
+        unused: list[str] | None = None,
     ) -> None:
         """Validate, persist, swap; raises :class:`CeilingsError` and changes nothing on failure."""
         reasons = self.problems(doc, force)
@@ -133,7 +139,7 @@ class CeilingStore:
                 ) from exc
             self._digest = hashlib.sha256(text.encode()).digest()
         old = self.current
-        unused = self.unused_in(doc)
+        unused = self.unused_in(doc) if unused is None else unused
         self.current = doc  # the swap: one reference, read once per request
         self.unused = unused
         self._unused_gauge.set(len(unused))
@@ -210,14 +216,20 @@ class CeilingStore:
     async def reload_off_loop(self, source: Source, data: bytes) -> str:
         """:meth:`reload_file` with the parse on a worker thread, so a large document never
         stalls serving; the swap itself happens back on the event loop."""
-        parsed = await anyio.to_thread.run_sync(_parse_or_error, data, str(self.path))
-        return self.reload_file(source, data, parsed)
+
+        def parse() -> tuple[CeilingsDocument | CeilingsError, list[str] | None]:
+            got = _parse_or_error(data, str(self.path))
+            return got, (self.unused_in(got) if isinstance(got, CeilingsDocument) else None)
+
+        parsed, unused = await anyio.to_thread.run_sync(parse)
+        return self.reload_file(source, data, parsed, unused)
 
     def reload_file(
         self,
         source: Source,
         data: bytes | None = None,
         parsed: CeilingsDocument | CeilingsError | None = None,
+        unused: list[str] | None = None,
     ) -> str:
         """Re-read the file (or take ``data``, read from it, and ``parsed``, its parse); returns
         ``success``, ``unchanged``, ``missing`` or ``failure``."""
@@ -280,7 +292,7 @@ class CeilingStore:
             )
             return "unchanged"
         try:
-            self.apply(doc, source, persist=False)
+            self.apply(doc, source, persist=False, unused=unused)
         except CeilingsError:
             if source == "startup":
                 raise
