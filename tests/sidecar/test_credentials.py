@@ -84,3 +84,16 @@ def test_a_google_key_goes_only_to_a_gemini_upstream(
         sc.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-1"}, json=chat
     )
     assert ok.status_code == 200 and len(sc.double.received) == before + 1
+
+
+def test_a_websocket_client_is_told_in_words(make_sidecar: Callable[..., Running]) -> None:
+    import websockets.exceptions
+    import websockets.sync.client
+
+    sc = make_sidecar()
+    url = sc.url.replace("http://", "ws://") + "/v1/realtime?model=gpt-4o-realtime-preview"
+    with pytest.raises(websockets.exceptions.InvalidStatus) as err:
+        websockets.sync.client.connect(url, open_timeout=5)
+    response = err.value.response
+    assert response.status_code == 501
+    assert b"Realtime" in response.body and b'"error"' in response.body

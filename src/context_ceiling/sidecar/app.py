@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from context_ceiling import __version__
 from context_ceiling.core.tokenizers import bpe_engine
@@ -123,6 +124,28 @@ class Ops:
     async def metrics(self, _: Request) -> Response:
         exposed = generate_latest(self.state.metrics.exposed)
         return Response(exposed, media_type=CONTENT_TYPE_LATEST)
+
+
+#: what a WebSocket client (the OpenAI Realtime API) is told
+WEBSOCKETS_501 = (
+    "WebSocket routes (such as the OpenAI Realtime API) are not proxied by context-ceiling: "
+    "connect to the provider directly; HTTP routes are measured or passed through"
+)
+
+
+async def _no_websockets(scope: Scope, receive: Receive, send: Send) -> None:
+    """A WebSocket handshake is answered 501 with a JSON body in the OpenAI error shape (where
+    the server can send an HTTP answer to a handshake; else the socket is closed with the reason)
+    and logged, instead of the bare 403 of a server with no WebSocket route."""
+    ws = WebSocket(scope, receive, send)
+    log.warning(
+        "websocket refused: not proxied",
+        extra={"fields": {"route": "websocket", "status": 501}},
+    )
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await ws.send_denial_response(error_response("openai", 501, WEBSOCKETS_501))
+    else:
+        await ws.close(code=1008, reason="not proxied by context-ceiling")
 
 
 #: how long a failed background task waits before it runs again, doubling up to the second
@@ -322,6 +345,9 @@ class HotPath:
         return bool(admin_path != on_admin)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await _no_websockets(scope, receive, send)
+            return
         if self.admin_port is not None and scope["type"] == "http" and self._wrong_port(scope):
             await JSONResponse(
                 {"error": {"message": "not found on this port", "type": "not_found"}},
