@@ -291,3 +291,30 @@ def test_the_input_token_count_endpoint_feeds_the_estimate_error(
         "outcome": "ok",
     }
     assert sample(state, "llm_context_requests_total", **labels) == 1
+
+
+def test_a_responses_stream_cut_short_ends_with_an_error_the_sdk_raises() -> None:
+    """The event the sidecar appends to a Responses stream it cannot finish is the API's own
+    ``event: error``, and the official SDK raises on it."""
+    import httpx
+    import openai
+
+    from context_ceiling.formats.responses import ResponsesStreamTap
+
+    tail = ResponsesStreamTap.error_event("the upstream stream ended early")
+    assert tail.startswith(b"event: error\ndata: ")
+
+    def hosted_double(_: httpx.Request) -> httpx.Response:
+        created = b'event: response.created\ndata: {"type":"response.created","sequence_number":0,"response":{"id":"r","object":"response","created_at":1,"status":"in_progress","model":"gpt-4o","output":[],"parallel_tool_calls":true,"tool_choice":"auto","tools":[]}}\n\n'
+        return httpx.Response(
+            200, content=created + tail, headers={"content-type": "text/event-stream"}
+        )
+
+    client = openai.OpenAI(
+        api_key="k",
+        base_url="http://double/v1",
+        http_client=httpx.Client(transport=httpx.MockTransport(hosted_double)),
+    )
+    with pytest.raises(openai.APIError, match="ended early"):
+        for _ in client.responses.create(model="gpt-4o", input="hi", stream=True):
+            pass

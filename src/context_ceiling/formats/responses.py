@@ -48,7 +48,6 @@ from context_ceiling.formats.base import (
     text_of,
 )
 from context_ceiling.formats.openai_chat import (
-    ChatStreamTap,
     count_tools,
     error_body,
     too_long,
@@ -298,7 +297,18 @@ class ResponsesStreamTap(StreamTap):
 
     __slots__ = ()
 
-    error_event = staticmethod(ChatStreamTap.error_event)
+    @staticmethod
+    def error_event(message: str) -> bytes:
+        """The Responses API's mid-stream failure: ``event: error`` whose data is an ``error``
+        event (``code``, ``message``), carrying the ``error`` object the SDK raises on too."""
+        err = {
+            "type": "error",
+            "code": "stream_failed",
+            "message": message,
+            "param": None,
+            "error": {"message": message, "type": "server_error", "code": "stream_failed"},
+        }
+        return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
 
     def on_chunk(self, chunk: bytes) -> bytes | None:
         if b"response.completed" in chunk or b"response.incomplete" in chunk:
