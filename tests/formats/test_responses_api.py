@@ -313,7 +313,7 @@ def test_a_responses_stream_cut_short_ends_with_an_error_the_sdk_raises() -> Non
     client = openai.OpenAI(
         api_key="k",
         base_url="http://double/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(hosted_double)),
+        http_client=httpx.Client(transport=httpx.MockTransport(hosted_double)),  # type: ignore[arg-type]
     )
     with pytest.raises(openai.APIError, match="ended early"):
         for _ in client.responses.create(model="gpt-4o", input="hi", stream=True):
