@@ -97,3 +97,26 @@ def test_a_websocket_client_is_told_in_words(make_sidecar: Callable[..., Running
     response = err.value.response
     assert response.status_code == 501
     assert b"Realtime" in response.body and b'"error"' in response.body
+
+
+def test_a_credential_sent_as_the_model_name_is_refused_unrecorded(
+    make_sidecar: Callable[..., Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    sc = make_sidecar()
+    key = "sk-proj-" + "abcdEFGH1234ijklMNOP5678qrstUVWX"
+    before = len(sc.double.received)
+    with caplog.at_level("DEBUG"):
+        r = httpx.post(
+            sc.url + "/v1/chat/completions",
+            json={"model": key, "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert r.status_code == 400 and "looks like a credential" in r.json()["error"]["message"]
+    assert key not in r.text and key not in caplog.text
+    assert len(sc.double.received) == before
+    metrics = httpx.get(sc.url + "/metrics").text
+    assert key not in metrics
+    ok = httpx.post(
+        sc.url + "/v1/chat/completions",
+        json={"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert ok.status_code == 200

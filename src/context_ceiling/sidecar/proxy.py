@@ -29,6 +29,7 @@ from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats.base import Route, Usage
 from context_ceiling.sidecar import schedule
+from context_ceiling.sidecar.capture.redact import looks_like_credential
 from context_ceiling.sidecar.capture.writer import CollectingTap
 from context_ceiling.sidecar.config import Upstream
 from context_ceiling.sidecar.enforce import context_error
@@ -219,6 +220,13 @@ class Proxy:
         model = route.model(obj, request.url.path)
         if not isinstance(model, str) or not model:
             raise Refused(400, "'model' is required and must be a string")
+        if looks_like_credential(model):
+            # refused before anything records it: the name is never logged, traced or labelled
+            raise Refused(
+                400,
+                "'model' looks like a credential (an API key or token), not a model name; "
+                "the request was refused and the value not recorded",
+            )
         ex.model = model
         return raw, obj
 

@@ -5,6 +5,7 @@ replaced value is counted by the kind of rule that found it."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -117,3 +118,16 @@ class Redactor:
                 n += m
             return items, n
         return obj, 0
+
+
+@functools.lru_cache(maxsize=4096)
+def looks_like_credential(value: str) -> bool:
+    """Whether a short identifier (a model name) matches a credential rule: a key pasted into
+    the ``model`` field would otherwise reach the log, the spans and the metrics' labels. Model
+    names repeat, so the answer is remembered (in process memory, never written)."""
+    if _BUILTIN.search(value) is not None:
+        return True
+    return bool(default_rules().find(value))
+
+
+_BUILTIN = re.compile("|".join(f"(?:{p})" for p in BUILTIN_PATTERNS))
