@@ -22,7 +22,7 @@ from context_ceiling.ceilings.document import (
     load_document,
     parse_document,
 )
-from testkit import REPO
+from testkit import REPO, wait_for
 from testkit.cli import ceiling
 from testkit.serving import ceiling_serve, free_port
 from testkit.traffic.ceiling_docs import doc, entry
@@ -31,15 +31,6 @@ from tests.conftest import Running
 TOKEN = "admin-token-Z9"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 MSG: list[Any] = [{"role": "user", "content": "hello"}]
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 def running_version(sc: Running) -> int:

@@ -18,21 +18,13 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter
 
 from context_ceiling.sidecar.app import supervised
+from testkit import wait_for
 from testkit.cli import ceiling
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
 
 TOKEN = "admin-token-Z9"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
-
-
-def _wait(pred: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 def test_a_version_out_of_range_is_refused_and_nothing_changes(
@@ -80,7 +72,7 @@ def test_a_file_rewritten_in_place_applies_only_once_whole(
             f.flush()
             time.sleep(1.5)
             f.write(full[len(half) :])
-        assert _wait(lambda: sc.state.ceilings.current.version == 2)
+        assert wait_for(lambda: sc.state.ceilings.current.version == 2)
     finally:
         stop.set()
         watcher.join()
@@ -112,7 +104,7 @@ def test_a_document_over_the_size_cap_is_refused_and_serving_goes_on(
         yaml.safe_dump(doc(2, *(entry(model=f"m{k}", tokens=1000) for k in range(2000))))
     )
     big.rename(path)  # moved into place: read at once
-    assert _wait(
+    assert wait_for(
         lambda: (
             (sc.sample("llm_context_config_reloads_total", source="file", result="failure") or 0)
             >= 1
