@@ -17,10 +17,9 @@ import pytest
 from benchmarks import targets
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
-from testkit import REPO
+from testkit import REPO, wait_for
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import serve
-from tests.ceilings.test_ceilings import wait_for
 
 pytestmark = [pytest.mark.slow]
 

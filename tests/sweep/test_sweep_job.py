@@ -20,10 +20,10 @@ from context_ceiling.ceilings.kube import Cluster, ConfigMaps, KubeError
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sweep.taskset import load_taskset
+from testkit import wait_for
 from testkit.doubles.kube_apiserver import KubeApiServerDouble
 from testkit.doubles.scripted_model import ScriptedModelDouble
 from testkit.serving import serve
-from tests.ceilings.test_ceilings import wait_for
 from tests.deploy.test_helm import CHART, by_kind, helm, render  # noqa: F401  (helm is a fixture)
 
 pytestmark = [pytest.mark.helm, pytest.mark.slow]
