@@ -245,6 +245,8 @@ def test_dropped_documents_keep_citation_indices() -> None:
     assert len(kept) == 6  # stubs in place of the dropped ones: index 4 is still doc 4
     assert kept[4]["title"] == "doc 4"
     assert out["messages"][1] == body["messages"][1]  # type: ignore[index]
+    assert not any("tool result" in a for a in report.actions), report.actions
+    assert any("retrieved chunk" in a for a in report.actions)
 
 
 def test_compaction_items_are_counted_and_never_dropped() -> None:

@@ -410,6 +410,8 @@ class _Trimmer:
         self.count = count
         self._marker_tokens: int | None = None
         self._uses: list[ToolUse] | None = None
+        #: cited documents dropped to a stub (retrieved chunks, not tool results)
+        self.stubs = 0
         #: the newest results may be shortened too (nothing older was left to cut)
         self.lift_keep = False
 
@@ -826,6 +828,7 @@ class _Trimmer:
             )
             if saved > 0:
                 self.replace[key] = stub
+                self.stubs += 1
                 self._take("retrieved", p.message, p.block, saved)
             return
         if p.span is None:
@@ -926,13 +929,15 @@ class _Trimmer:
             out.append(f"cleared the inputs of {len(self.clear_inputs)} tool call(s)")
         if self.report.dropped_tool_rounds:
             out.append(f"dropped {self.report.dropped_tool_rounds} older tool round(s)")
-        n_tools = sum(1 for _ in self.replace) - self.report.cleared_tool_uses
+        n_tools = len(self.replace) - self.report.cleared_tool_uses - self.stubs
         if n_tools:
             out.append(
                 f"capped {n_tools} tool result(s) at {self.policy.tool_result_max_tokens} tokens"
             )
-        n_chunks = sum(len(v) for v in self.spans.values()) + sum(
-            len(v) for v in self.drop_blocks.values()
+        n_chunks = (
+            sum(len(v) for v in self.spans.values())
+            + sum(len(v) for v in self.drop_blocks.values())
+            + self.stubs
         )
         if n_chunks:
             out.append(f"dropped {n_chunks} retrieved chunk(s)")
