@@ -786,6 +786,33 @@ def test_a_ceilings_document_the_pods_would_refuse_fails_at_template_time(
     assert ok.returncode == 0, ok.stderr  # within the window: renders
 
 
+def test_a_ceiling_no_model_uses_fails_at_template_time(helm: list[str], tmp_path: Path) -> None:
+    """An entry whose model is no label of config.models would enforce nothing: the render
+    fails naming it and the labels (a glob entry is labelled without its glob), unless
+    ``ceilingsUnused: allow``."""
+    from testkit.traffic.ceiling_docs import doc, entry
+
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"config": {"models": [{"match": "gpt-4o*", "window": 128000}]}})
+    )
+    base = [*helm, "template", "t", str(CHART), "--kube-version", "1.30.0", "-f", str(values)]
+    good, typo = tmp_path / "good.yaml", tmp_path / "typo.yaml"
+    good.write_text(yaml.safe_dump(doc(3, entry(model="gpt-4o"))))
+    typo.write_text(yaml.safe_dump(doc(3, entry(model="gpt4o"))))
+    ok = subprocess.run([*base, "--set-file", f"ceilings={good}"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    r = subprocess.run([*base, "--set-file", f"ceilings={typo}"], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert 'no model entry is labelled "gpt4o" (config.models: gpt-4o)' in r.stderr
+    allowed = subprocess.run(
+        [*base, "--set-file", f"ceilings={typo}", "--set", "ceilingsUnused=allow"],
+        capture_output=True,
+        text=True,
+    )
+    assert allowed.returncode == 0, allowed.stderr
+
+
 def test_image_digest_kube_version_and_notes(helm: list[str]) -> None:
     digest = "sha256:" + "ab" * 32
     docs = render(helm, None, "--set", f"image.digest={digest}")
