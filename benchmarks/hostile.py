@@ -4,6 +4,8 @@
   ``limits.max_header_bytes`` (1 MiB of one header), against a sidecar at rest: its RSS at the
   peak against idle (target: within 50 MB), and how many got the 431; then the same with heads
   of 5,000 tiny header fields each (under the byte cap, over ``limits.max_header_count``);
+- **a large reload**: a ceilings document just under the size cap moved into place while
+  requests keep coming: the slowest request during the reload (target: none delayed over 50 ms);
 - **racing pushes**: 1,000 pushes over 4 workers from 32 threads, many of them of the same
   version with other content: versions accepted twice (target 0), workers serving different
   documents after the race (target 0), the file on disk against what runs.
@@ -108,6 +110,50 @@ def heads(n: int, tmp: Path, head: bytes = BIG_HEAD, what: str = "a 1 MiB header
         proc.wait(timeout=30)
 
 
+def reload_stall(tmp: Path) -> None:
+    """A ceilings document just under the size cap moved into place while requests keep
+    coming: the slowest answer during the reload (target: no request delayed by more than
+    50 ms)."""
+    from context_ceiling.sidecar.ceilings.store import MAX_DOCUMENT_BYTES
+
+    ceilings = tmp / "reload.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=90000))))
+    proc, url = _start(tmp, ceilings_file=str(ceilings))
+    try:
+        time.sleep(1.0)
+        one = len(yaml.safe_dump([entry(model="m-00000", tokens=90000)]))
+        n = int(MAX_DOCUMENT_BYTES * 0.95) // one
+        big = tmp / "big.yaml"
+        big.write_text(
+            yaml.safe_dump(doc(2, *(entry(model=f"m-{k:05d}", tokens=90000) for k in range(n))))
+        )
+        size = big.stat().st_size
+        with httpx.Client(timeout=10) as client:
+            baseline = []
+            for _ in range(200):
+                t = time.perf_counter()
+                client.get(url + "/healthz")
+                baseline.append(time.perf_counter() - t)
+            big.rename(ceilings)
+            started, during = time.perf_counter(), []
+            while time.perf_counter() - started < 60:
+                t = time.perf_counter()
+                client.get(url + "/healthz")
+                during.append(time.perf_counter() - t)
+                r = client.get(url + "/metrics")
+                if "llm_context_config_version 2.0" in r.text:
+                    break
+        print(
+            f"reload of a {size / 2**20:.1f} MiB document ({n} entries) by rename: applied after "
+            f"{time.perf_counter() - started:.1f} s; slowest request during it "
+            f"{max(during) * 1e3:.0f} ms over {len(during)} requests (at rest "
+            f"{max(baseline) * 1e3:.0f} ms; target no request delayed over 50 ms)"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def pushes(n: int, tmp: Path) -> None:
     ceilings = tmp / "ceilings.yaml"
     ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=90000))))
@@ -163,6 +209,7 @@ def main() -> None:
         if args.heads:
             heads(args.heads, Path(tmp))
             heads(args.heads, Path(tmp), MANY_HEADERS, "5,000 tiny header fields")
+        reload_stall(Path(tmp))
         if args.pushes:
             pushes(args.pushes, Path(tmp))
 

@@ -256,14 +256,32 @@ def parse_document(data: bytes | str, where: str = "ceilings") -> CeilingsDocume
         raise CeilingsError(
             where, ["the document must be a mapping with schema_version, version and entries"]
         )
+    # entries one at a time: a validator call holds the interpreter for its whole input, and a
+    # large document is parsed on a thread beside a serving event loop
+    reasons: list[str] = []
+    entries = raw.get("entries")
+    if isinstance(entries, list):
+        checked: list[Any] = []
+        for k, e in enumerate(entries):
+            try:
+                checked.append(CeilingEntry.model_validate(e))
+            except ValidationError as exc:
+                reasons += _reasons(exc, ("entries", k))
+        raw = {**raw, "entries": checked if not reasons else []}
     try:
-        return CeilingsDocument.model_validate(raw)
+        doc = CeilingsDocument.model_validate(raw)
     except ValidationError as exc:
-        reasons = [
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
-            for e in exc.errors()
-        ]
-        raise CeilingsError(where, reasons) from exc
+        reasons = _reasons(exc) + reasons
+    if reasons:
+        raise CeilingsError(where, reasons)
+    return doc
+
+
+def _reasons(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[str]:
+    return [
+        f"{'.'.join(str(p) for p in (*prefix, *e['loc'])) or '(top level)'}: {e['msg']}"
+        for e in exc.errors()
+    ]
 
 
 def load_document(path: str | Path) -> CeilingsDocument:

@@ -146,7 +146,7 @@ class CeilingStore:
         if unused:
             log.warning(
                 "ceilings entries enforce nothing",
-                extra={"fields": {"source": source, "unused": unused}},
+                extra={"fields": {"source": source, "count": len(unused), "unused": unused[:20]}},
             )
         self.reloads.labels(source=source, result="success").inc()
         self.last_success.set(time.time())
