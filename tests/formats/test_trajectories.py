@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from benchmarks.agent_trajectories import CEILINGS, Row, in_process, replay
 from context_ceiling import Policy, count, fit
-from context_ceiling.core.trim import HistoryCut, UnitCosts, history_cut
+from context_ceiling.core.trim import HistoryCut, UnitCosts, history_cut, history_cuts
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import FORMATS, SHARED_CACHE
 from testkit.traffic.agent_loops import Loop, history_of, provider_valid
@@ -174,8 +174,11 @@ def test_a_unit_cut_at_one_turn_stays_cut_at_every_later_one(
     costs, budget, step = history
     n = len(costs.size)
     previous = [0] * n
+    scanned = list(history_cuts(costs, budget=budget, step=step, drop=drop, clear=clear))
+    assert len(scanned) == n
     for e in range(1, n + 1):
         cut = history_cut(costs, budget=budget, step=step, drop=drop, clear=clear, units=e)
+        assert scanned[e - 1] == cut, "one scan gives every earlier turn's cut"
         states = _states(cut, e)
         assert all(s >= p for s, p in zip(states, previous, strict=False)), e
         assert all(s == 0 for s in states[costs.protect[e] :]), "protected units stay"

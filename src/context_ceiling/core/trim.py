@@ -46,7 +46,6 @@ Application code can call :func:`fit` in its own request builder; the sidecar is
 
 from __future__ import annotations
 
-import functools
 import re
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -320,9 +319,24 @@ def history_cut(
     clear: bool = True,
     units: int | None = None,
 ) -> HistoryCut:
-    """The cut that fits the history of the first ``units`` units (all: the request) into
-    ``budget``: a function of the history alone, and the same cut every earlier turn of the
-    conversation got, extended only where needed.
+    """The cut for the history of the first ``units`` units (all: the request); see
+    :func:`history_cuts`."""
+    cuts = list(history_cuts(costs, budget=budget, step=step, drop=drop, clear=clear, units=units))
+    return cuts[-1] if cuts else HistoryCut()
+
+
+def history_cuts(
+    costs: UnitCosts,
+    *,
+    budget: int,
+    step: int,
+    drop: bool = True,
+    clear: bool = True,
+    units: int | None = None,
+) -> Iterator[HistoryCut]:
+    """The cut that fits each history of the first 1, 2, ... ``units`` units (all: the request)
+    into ``budget``, one per history, in order: a function of the history alone, and the same
+    cut every earlier turn of the conversation got, extended only where needed.
 
     The history is read as the conversation grew, one unit at a time, as each earlier request
     was. While a history fits with the cut so far, the cut stays. Where it no longer fits, the
@@ -351,6 +365,7 @@ def history_cut(
         now = freed(cut)
         over = costs.base + size[e] - now - budget
         if over <= 0:
+            yield cut
             continue
         q = max(costs.protect[e], cut.drop, cut.clear)
         keep = costs.keep[e]
@@ -366,14 +381,16 @@ def history_cut(
             x = next((x for x in range(lo, q + 1) if freed(grown(cut.drop, x)) >= target), None)
             if x is not None:
                 cut = grown(cut.drop, x)
+                yield cut
                 continue
         reach = q if clear else lo
         if not drop:
             cut = grown(cut.drop, reach)
+            yield cut
             continue
         d = next((d for d in range(cut.drop, q + 1) if freed(grown(d, max(d, reach))) >= target), q)
         cut = grown(d, max(d, reach))
-    return cut
+        yield cut
 
 
 class _Trimmer:
@@ -458,7 +475,7 @@ class _Trimmer:
         return max(self.policy.tool_result_max_tokens, tokens - needed)
 
     def _step(self) -> int:
-        """What one clearing batch frees at least (``clear_at_least``: a share of the budget
+        """The room a clearing event leaves at least (``clear_at_least``: a share of the budget
         below 1, tokens from 1 up)."""
         v = self.policy.clear_at_least
         return max(1, int(v * self.report.budget) if v < 1 else int(v))
@@ -515,7 +532,7 @@ class _Trimmer:
         """What message ``i`` is still worth."""
         return sum(p.tokens for p in self.parts.get(i, ())) - self.taken.get(i, 0)
 
-    # -- the cut: clearing and dropping on one grid ----------------------------------------------
+    # -- the cut: clearing and dropping, read from the history ----------------------------------
 
     def _head_end(self, messages: list[Any]) -> int:
         """Where the cuttable history starts: after the task (the first user message that starts
@@ -559,8 +576,9 @@ class _Trimmer:
         """The cuttable units of the history and what they are worth (see :class:`UnitCosts`):
         per history of the first ``e`` units, the latest unit holding what the model answers
         (a user message or tool results, with the reply they answer; an assistant prefill after
-        it stays too), the units from the call of its ``keep``-th newest tool use on, and the
-        unit of the latest compaction are never cut."""
+        it stays too) and every unit after it, and the unit of the latest compaction, are never
+        cut; the units of its ``keep`` newest tool uses are passed over (see
+        :meth:`_protection`)."""
         end = len(self.messages)
         head = self._head_end(self.messages)
         if head >= end:
@@ -644,7 +662,7 @@ class _Trimmer:
         return protect, keep
 
     def _cut(self, stage: Stage, allow_prefix: bool, drop: bool, clear: bool) -> None:
-        """Cut the history on the grid (see :func:`history_cut`); a clearing event when the cut
+        """Cut the history (see :func:`history_cuts`); a clearing event when the cut
         differs from the one the turn before got."""
         if self.fits():
             return
@@ -657,16 +675,18 @@ class _Trimmer:
         units, costs = self._units(self._tool_uses(), clear)
         if not units:
             return
-        grid = functools.partial(
-            history_cut, costs, budget=self.report.budget, step=self._step(), drop=drop, clear=clear
+        cuts = list(
+            history_cuts(
+                costs, budget=self.report.budget, step=self._step(), drop=drop, clear=clear
+            )
         )
-        cut = grid()
+        cut = cuts[-1]
         if not cut.clear:
             return
         tail = self._tail()
         # the turn before sent the history up to the latest reply: the units that end there
         e = sum(1 for u in units if u.end <= tail) if tail > 0 else 0
-        before = grid(units=e) if e else HistoryCut()
+        before = cuts[e - 1] if e else HistoryCut()
         event = cut != before
         for k, unit in enumerate(units):
             if unit.fixed or k in cut.kept:
@@ -694,7 +714,7 @@ class _Trimmer:
         self.report.clearing_event |= event
 
     def clear(self, allow_prefix: bool) -> None:
-        """Older tool results replaced whole and the oldest rounds dropped, on the grid (see the
+        """Older tool results replaced whole and the oldest rounds dropped, as the history grew (see the
         module's docstring); only where the request uses tools."""
         if self._tool_uses():
             self._cut("clear", allow_prefix, drop=self.policy.drop_tool_rounds, clear=True)
@@ -844,7 +864,7 @@ class _Trimmer:
         self._take("retrieved", p.message, p.block, tokens)
 
     def history(self, allow_prefix: bool) -> None:
-        """The oldest units of the history dropped whole, on the same grid as the clear stage:
+        """The oldest units of the history dropped whole, by the same rule as the clear stage:
         the task, the system messages, what the model answers now and the reply a kept user
         message answers stay."""
         self._cut("history", allow_prefix, drop=True, clear=False)
