@@ -136,7 +136,7 @@ class Admin:
                 "version": doc.version,
                 "running_version": store.current.version,
                 "entries": len(doc.entries),
-                "unused": store.unused_in(doc),
+                "unused": await anyio.to_thread.run_sync(store.unused_in, doc),
             }
         )
 

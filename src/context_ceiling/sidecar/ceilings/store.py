@@ -213,9 +213,17 @@ class CeilingStore:
                 return data
         return "unsettled"
 
+    def _file_rejected(self, source: Source, reasons: list[str]) -> None:
+        """A file that cannot run: counted as a failed reload and logged with its reasons."""
+        self.reloads.labels(source=source, result="failure").inc()
+        log.warning(
+            "ceilings file rejected", extra={"fields": {"path": str(self.path), "reasons": reasons}}
+        )
+
     async def reload_off_loop(self, source: Source, data: bytes) -> str:
-        """:meth:`reload_file` with the parse on a worker thread, so a large document never
-        stalls serving; the swap itself happens back on the event loop."""
+        """:meth:`reload_file` with the parse (and the report of unused entries) on a worker
+        thread, so serving goes on while a large document is read; the swap itself happens back
+        on the event loop."""
 
         def parse() -> tuple[CeilingsDocument | CeilingsError, list[str] | None]:
             got = _parse_or_error(data, str(self.path))
@@ -252,11 +260,7 @@ class CeilingStore:
                 raise parsed
             doc = parsed
         except CeilingsError as exc:
-            self.reloads.labels(source=source, result="failure").inc()
-            log.warning(
-                "ceilings file rejected",
-                extra={"fields": {"path": str(self.path), "reasons": exc.reasons}},
-            )
+            self._file_rejected(source, exc.reasons)
             if source == "startup":
                 raise
             return "failure"
@@ -265,18 +269,9 @@ class CeilingStore:
             return "unchanged"
         if self.current is not EMPTY and doc.version < self.current.version and changed:
             # the file was rewritten with an older document: a failed reload, never a rollback
-            self.reloads.labels(source=source, result="failure").inc()
-            log.warning(
-                "ceilings file rejected",
-                extra={
-                    "fields": {
-                        "path": str(self.path),
-                        "reasons": [
-                            f"version {doc.version} is older than the running version "
-                            f"{self.current.version}"
-                        ],
-                    }
-                },
+            self._file_rejected(
+                source,
+                [f"version {doc.version} is older than the running version {self.current.version}"],
             )
             return "failure"
         if self.current is not EMPTY and doc.version < self.current.version:
