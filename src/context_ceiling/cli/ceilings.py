@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from context_ceiling.cli import add_json, print_json
+
+if TYPE_CHECKING:
+    from context_ceiling.ceilings.document import CeilingsDocument
 
 
 def add_parser(sub: Any) -> None:
@@ -40,10 +43,8 @@ def add_parser(sub: Any) -> None:
 def ceilings_command(args: argparse.Namespace) -> int:
     from context_ceiling.ceilings.document import (
         CeilingsError,
-        fit_problems,
         json_schema,
         load_document,
-        unused_entries,
     )
 
     if args.action == "schema":
@@ -62,14 +63,7 @@ def ceilings_command(args: argparse.Namespace) -> int:
         else:
             print(f"{args.path}: valid, version {doc.version}, {len(doc.entries)} entries")
         return 0
-    from context_ceiling.sidecar.config import load_settings
-
-    settings = load_settings(args.config)
-    windows = {s.metric_label: s.window for s in settings.models}
-    problems = fit_problems(doc, windows)
-    if problems:
-        raise CeilingsError(f"{args.path} against {args.config}", problems)
-    notes = unused_entries(doc, windows, settings.workloads)
+    notes = against_config(doc, args.path, args.config)
     if args.strict and notes:
         raise CeilingsError(f"{args.path} against {args.config} (strict)", notes)
     if args.json:
@@ -85,3 +79,18 @@ def ceilings_command(args: argparse.Namespace) -> int:
     for n in notes:
         print(f"  warning: {n}")
     return 0
+
+
+def against_config(doc: CeilingsDocument, path: str, config: str) -> list[str]:
+    """A document checked against a sidecar config as that sidecar would at startup: raises
+    :class:`CeilingsError` for what it would refuse (a window the registry disagrees with, a
+    ceiling above it); returns why each entry would enforce nothing there."""
+    from context_ceiling.ceilings.document import CeilingsError, fit_problems, unused_entries
+    from context_ceiling.sidecar.config import load_settings
+
+    settings = load_settings(config)
+    windows = {s.metric_label: s.window for s in settings.models}
+    problems = fit_problems(doc, windows)
+    if problems:
+        raise CeilingsError(f"{path} against {config}", problems)
+    return unused_entries(doc, windows, settings.workloads)

@@ -53,23 +53,12 @@ def push_command(args: argparse.Namespace) -> int:
             "say where to push: --to URL (a sidecar), --file PATH and/or --to-configmap NAME"
         )
     if args.config:
-        from context_ceiling.ceilings.document import (
-            CeilingsError,
-            fit_problems,
-            load_document,
-            unused_entries,
-        )
-        from context_ceiling.sidecar.config import load_settings
+        from context_ceiling.ceilings.document import CeilingsError, load_document
+        from context_ceiling.cli.ceilings import against_config
 
-        settings = load_settings(args.config)
-        doc = load_document(args.document)
-        labels = {m.metric_label: m.window for m in settings.models}
-        problems = fit_problems(doc, labels)
-        unused = unused_entries(doc, labels, settings.workloads)
-        if args.strict:
-            problems += unused
-        if problems:
-            raise CeilingsError(f"{args.document} against {args.config}", problems)
+        unused = against_config(load_document(args.document), args.document, args.config)
+        if args.strict and unused:
+            raise CeilingsError(f"{args.document} against {args.config} (strict)", unused)
         for u in unused:
             print(f"ceiling push: warning: {u}", file=sys.stderr)
     try:
