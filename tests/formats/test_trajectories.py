@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from benchmarks.agent_trajectories import CEILINGS, Row, in_process, replay
 from context_ceiling import Policy, count, fit
-from context_ceiling.core.trim import HistoryCut, UnitCosts, history_cut, history_cuts
+from context_ceiling.core.history_cut import HistoryCut, UnitCosts, history_cut, history_cuts
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import FORMATS, SHARED_CACHE
 from testkit.traffic.agent_loops import Loop, history_of, provider_valid

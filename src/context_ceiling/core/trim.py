@@ -10,7 +10,7 @@ Stages, in a configurable order, each run only while the request is still over b
   cannot free enough, the oldest units are dropped whole in the same event. The system prompt,
   the task, what the model answers now, the units of the latest ``keep`` tool uses and the tools
   in ``exclude_tools`` stay. Cache-aware and stateless: the cut is read from the history as it
-  grew (:func:`history_cut`), so every earlier turn got the same cut, it only grows, and it grows
+  grew (``context_ceiling.core.history_cut``), so every earlier turn got the same cut, it only grows, and it grows
   by at least ``clear_at_least`` at a time (a clearing event), so the turns between two events
   only append to what was forwarded (the provider's prefix cache keeps hitting);
 - ``tool_results``: shorten tool results carried forward, oldest first, each only as far as the
@@ -56,6 +56,7 @@ from typing import Any
 from pydantic import Field
 
 from context_ceiling.core.counting import Part, RequestCount, json_text, prior_of
+from context_ceiling.core.history_cut import HistoryCut, UnitCosts, history_cuts
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import TextCounter
@@ -275,122 +276,6 @@ class _Unit:
     results: list[tuple[ToolUse, int, str]] = field(default_factory=list)
     #: never cut (it holds the latest server-side compaction)
     fixed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryCut:
-    """One plan over a history's units: ``[0, drop)`` dropped, ``[drop, clear)`` cleared, the
-    rest sent as they are; the units in ``kept`` are sent as they are wherever they fall."""
-
-    drop: int = 0
-    clear: int = 0
-    kept: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class UnitCosts:
-    """What the units of a history are worth, for :func:`history_cut`: per unit, its tokens as
-    sent (``size``), what dropping it frees (``drop``: its system messages stay) and what
-    clearing its results frees (``clear``); per history of the first ``e`` units, its first
-    protected unit (``protect[e]``: it and every later one stay) and the units of its newest
-    tool uses (``keep[e]``); and the request's tokens outside the units (``base``)."""
-
-    size: list[int]
-    drop: list[int]
-    clear: list[int]
-    protect: list[int]
-    keep: list[frozenset[int]]
-    base: int
-
-
-def _sums(values: list[int]) -> list[int]:
-    out = [0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
-
-
-def history_cut(
-    costs: UnitCosts,
-    *,
-    budget: int,
-    step: int,
-    drop: bool = True,
-    clear: bool = True,
-    units: int | None = None,
-) -> HistoryCut:
-    """The cut for the history of the first ``units`` units (all: the request); see
-    :func:`history_cuts`."""
-    cuts = list(history_cuts(costs, budget=budget, step=step, drop=drop, clear=clear, units=units))
-    return cuts[-1] if cuts else HistoryCut()
-
-
-def history_cuts(
-    costs: UnitCosts,
-    *,
-    budget: int,
-    step: int,
-    drop: bool = True,
-    clear: bool = True,
-    units: int | None = None,
-) -> Iterator[HistoryCut]:
-    """The cut that fits each history of the first 1, 2, ... ``units`` units (all: the request)
-    into ``budget``, one per history, in order: a function of the history alone, and the same
-    cut every earlier turn of the conversation got, extended only where needed.
-
-    The history is read as the conversation grew, one unit at a time, as each earlier request
-    was. While a history fits with the cut so far, the cut stays. Where it no longer fits, the
-    cut grows once, enough to leave ``step`` tokens of room (a clearing event): older tool
-    results cleared, oldest first, up to the protected units; when clearing cannot free that
-    much, all of them cleared and the oldest units dropped in the same event; when nothing
-    more can go, everything before the protected units. The units of the newest tool uses
-    (``costs.keep``) are passed over when the cut grows, and stay as they are until the next
-    event.
-
-    Why: replicas keep no conversation state, so the cut must follow from the history; read
-    this way, it is what the previous turn was sent (the provider's prefix cache keeps hitting
-    between events), what is cut at one turn stays cut at every later one, and each event
-    frees about ``step`` whatever share of the history tool results are, so events come about
-    once per ``step`` tokens of growth."""
-    n = len(costs.size) if units is None else units
-    size, dropped, cleared = _sums(costs.size[:n]), _sums(costs.drop[:n]), _sums(costs.clear[:n])
-    step = max(1, step)
-
-    def freed(c: HistoryCut) -> int:
-        held = sum(costs.drop[u] if u < c.drop else costs.clear[u] for u in c.kept)
-        return dropped[c.drop] + cleared[max(c.drop, c.clear)] - cleared[c.drop] - held
-
-    cut = HistoryCut()
-    for e in range(1, n + 1):
-        now = freed(cut)
-        over = costs.base + size[e] - now - budget
-        if over <= 0:
-            yield cut
-            continue
-        q = max(costs.protect[e], cut.drop, cut.clear)
-        keep = costs.keep[e]
-        target = now + over + step
-
-        def grown(d: int, c: int, keep: frozenset[int] = keep) -> HistoryCut:
-            held = frozenset(u for u in keep if u < max(d, c))
-            return HistoryCut(d, c, held)
-
-        # clearing alone, as little as leaves the room
-        lo = max(cut.clear, cut.drop)
-        if clear:
-            x = next((x for x in range(lo, q + 1) if freed(grown(cut.drop, x)) >= target), None)
-            if x is not None:
-                cut = grown(cut.drop, x)
-                yield cut
-                continue
-        reach = q if clear else lo
-        if not drop:
-            cut = grown(cut.drop, reach)
-            yield cut
-            continue
-        d = next((d for d in range(cut.drop, q + 1) if freed(grown(d, max(d, reach))) >= target), q)
-        cut = grown(d, max(d, reach))
-        yield cut
 
 
 class _Trimmer:
