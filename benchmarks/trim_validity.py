@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, Part
 from context_ceiling.core.tokenizers import TiktokenCounter
@@ -75,7 +75,7 @@ def largest_unit(api: str, body: dict[str, Any], parts: list[Part]) -> int:
 
 
 def run_api(api: str, n: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    shape = cast("Shape", api)  # KINDS names the four shapes
+    shape: Shape = api
     rng = random.Random(seed)
     invalid = fits_over = after_off = 0
     ratios: list[float] = []

@@ -64,7 +64,7 @@ def test_trimmed_agent_traffic_stays_valid_and_honest(
     policy = Policy(
         keep_first_user=keep_first, tool_result_max_tokens=cap, protect_cache_prefix=protect
     )
-    out, report = fit(body, api=api, budget=budget, policy=policy)  # type: ignore[arg-type]
+    out, report = fit(body, api=api, budget=budget, policy=policy)
     assert body == original, "the input is never mutated"
     assert violations(api, out) == [], "the output follows the provider's rules"
     assert report.after == recount(out, api), "after is a recount of what is sent"
@@ -87,10 +87,10 @@ def test_trimmed_agent_traffic_stays_valid_and_honest(
     for m in out["messages"]:
         if m["role"] == "assistant":
             assert m in body["messages"], "assistant messages are never edited"
-    again, _ = fit(body, api=api, budget=budget, policy=policy)  # type: ignore[arg-type]
+    again, _ = fit(body, api=api, budget=budget, policy=policy)
     assert again == out, "deterministic"
     memo = RequestMemo(TiktokenCounter("o200k_base"), min_chars=8)
-    fast, fast_report = fit(body, api=api, budget=budget, policy=policy, counter=memo)  # type: ignore[arg-type]
+    fast, fast_report = fit(body, api=api, budget=budget, policy=policy, counter=memo)
     assert (fast, fast_report) == (out, report), "the per-request memo changes nothing but time"
 
 
@@ -155,7 +155,7 @@ def test_one_token_over_removes_about_one_token_of_tool_output(api: str) -> None
     total = recount(body, api)
     _out, report = fit(
         body,
-        api=api,  # type: ignore[arg-type]
+        api=api,
         budget=total - 1,
         policy=Policy(stages=["tool_results"], tool_result_max_tokens=16),
     )

@@ -308,7 +308,7 @@ def test_extract_every_wire_format(
     from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
     from context_ceiling.sidecar.capture.extract import extract
 
-    ex = extract(shape, body, _re.compile(DEFAULT_CHUNK_PATTERN))  # type: ignore[arg-type]
+    ex = extract(shape, body, _re.compile(DEFAULT_CHUNK_PATTERN))
     assert (ex.system, ex.question) == (system, question)
     assert [src for _, src in ex.chunks or []] == chunks
 
@@ -355,7 +355,7 @@ def test_response_text_every_wire_format(
 ) -> None:
     from context_ceiling.sidecar.capture.extract import response_text
 
-    assert response_text(shape, raw, stream) == (text, finish)  # type: ignore[arg-type]
+    assert response_text(shape, raw, stream) == (text, finish)
 
 
 def test_a_store_deleted_under_the_writer_is_reopened_and_the_loss_counted(

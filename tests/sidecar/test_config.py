@@ -35,7 +35,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_good_file(tmp_path: Path) -> None:
     s = load_settings(write(tmp_path, GOOD))
     assert s.listen.port == 9100
-    assert s.upstreams.openai is not None and s.upstreams.openai.pool_size == 20
+    up = s.upstreams.of("openai")
+    assert up is not None and up.pool_size == 20
     assert s.workloads == ["default", "rag"]
     assert s.ceilings_file == tmp_path / "ceilings.yaml"  # relative to the config file
     assert s.models[0].tokenizer.kind == "tiktoken"
@@ -47,8 +48,9 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("CEILING_WORKLOADS", '["agent"]')
     s = load_settings(write(tmp_path, GOOD))
     assert s.listen.port == 9200
-    assert s.upstreams.openai is not None and s.upstreams.openai.timeouts.read == 30
-    assert s.upstreams.openai.timeouts.connect == 3  # the rest of the section still from the file
+    up = s.upstreams.of("openai")
+    assert up is not None and up.timeouts.read == 30
+    assert up.timeouts.connect == 3  # the rest of the section still from the file
     assert s.workloads == ["default", "agent"]
 
 
@@ -56,7 +58,7 @@ def test_env_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CEILING_UPSTREAMS__ANTHROPIC__BASE_URL", "https://api.anthropic.com")
     monkeypatch.setenv("CEILING_MODELS", '[{"match": "claude-*", "window": 200000}]')
     s = load_settings(None)
-    assert s.upstreams.anthropic is not None and s.models[0].window == 200000
+    assert s.upstreams.of("anthropic") is not None and s.models[0].window == 200000
 
 
 @pytest.mark.parametrize(

@@ -364,7 +364,7 @@ def test_genai_metrics_follow_the_semantic_conventions(tmp_path: Path) -> None:
     eu, us = RecordingUpstreamDouble("eu"), RecordingUpstreamDouble("us")
     with serve(hosted.app()) as h, serve(eu.app()) as e, serve(us.app()) as u:
         settings = _azure(tmp_path, e, u)
-        settings.upstreams.openai = type(settings.upstreams.named["azure-eu"])(
+        settings.upstreams.openai = type(settings.upstreams.named["azure-eu"])(  # type: ignore[attr-defined]
             api="openai", base_url=h + "/v1"
         )
         settings.models.append(

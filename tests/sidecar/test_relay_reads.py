@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context_ceiling.formats.anthropic import MessagesStreamTap as AnthropicStreamTap
+from context_ceiling.formats.framing import EventSplitter
 from context_ceiling.formats.gemini import GenerateStreamTap as GeminiStreamTap
 from context_ceiling.formats.openai_chat import ChatStreamTap as OpenAIStreamTap
 from context_ceiling.formats.responses import ResponsesStreamTap
 from context_ceiling.sidecar.upstream.relay import Tap, forward_read
-from context_ceiling.sidecar.upstream.sse import EventSplitter
 
 TEXTS = st.sampled_from(["hel", "lo", " usage", "error: none", "[DONE] is text", 'a "quote"', ""])
 

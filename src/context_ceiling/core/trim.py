@@ -254,6 +254,12 @@ class TrimRules(ABC):
     def without_inputs(self, m: dict[str, Any], calls: set[int]) -> dict[str, Any]:
         """Message ``m`` (a copy) with the inputs of its calls ``calls`` emptied."""
 
+    def cache_point(self, block: Any) -> bool:
+        """Whether a block marks a prompt-cache breakpoint (with :attr:`cache_control` set):
+        Anthropic's ``cache_control`` on the block itself; a format with breakpoint blocks of
+        their own says so here."""
+        return isinstance(block, dict) and bool(block.get("cache_control"))
+
     def cites_documents(self, messages: list[Any]) -> bool:
         """Whether an assistant message cites documents by index: then a dropped document
         leaves a stub in its place, so every kept citation names the document it named."""
@@ -344,7 +350,7 @@ class _Trimmer:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
                 for j, b in enumerate(content):
-                    if isinstance(b, dict) and b.get("cache_control"):
+                    if self.rules.cache_point(b):
                         last = (i, j)
         return last
 

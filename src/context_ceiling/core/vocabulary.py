@@ -4,8 +4,9 @@ one removes tokens from.
 
 Why one module: the sidecar renders errors per ``Api``, the trimmer works per ``Shape``, the
 config, the ceilings document and the command line all accept a ``Mode``, and the metrics and
-spans report trimmed tokens per component. Defined apart, they drifted (two ``Api`` literals with
-different members); here a new API or stage is one edit that mypy then follows everywhere.
+spans report trimmed tokens per component. Defined apart, they drifted; here a new stage is one
+edit that mypy then follows everywhere. APIs and shapes are the format registry's names: a new
+provider is a module under ``formats/``, not an edit of this vocabulary.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from pydantic import BeforeValidator
 
 from context_ceiling.core.utilization import Component
 
-#: whose client called: the error body's format and the SDK that must parse it
-Api = Literal["openai", "anthropic", "gemini"]
+#: whose client called: the error body's format and the SDK that must parse it. A name the
+#: format registry defines (``context_ceiling.formats.APIS``): a provider module adds one
+#: without an edit here
+Api = str
 
 #: the APIs a sweep calls a model through (chat completions or Anthropic messages)
 SweepApi = Literal["openai", "anthropic"]
 
-#: the request body's shape (OpenAI's Responses API is an OpenAI client with another shape); the
-#: trimmer knows all four
-Shape = Literal["openai", "anthropic", "responses", "gemini"]
+#: the request body's shape (OpenAI's Responses API is an OpenAI client with another shape): a
+#: name the format registry defines (``context_ceiling.formats.FORMATS``), whose format module
+#: gives the trimmer its rules
+Shape = str
 
 #: ``off``: forward untouched; ``observe``: measure and report what enforcing would do;
 #: ``enforce``: trim (or reject) to the ceiling

@@ -30,9 +30,10 @@ from context_ceiling.formats import (
     responses,
     vertex_anthropic,
 )
-from context_ceiling.formats.base import Format, Route
+from context_ceiling.formats.base import ApiInfo, Format, Route
 
 __all__ = [
+    "APIS",
     "API_FORMATS",
     "FORMATS",
     "GENERATION_APIS",
@@ -60,19 +61,38 @@ MODULES: tuple[ModuleType, ...] = (
 #: every measured route
 ROUTES: tuple[Route, ...] = tuple(r for m in MODULES for r in m.ROUTES)
 
-#: each format by its shape
-FORMATS: Mapping[Shape, Format] = MappingProxyType({r.format.shape: r.format for r in ROUTES})
+#: every API a client may speak, by name: the modules that define one (``API``)
+APIS: Mapping[Api, ApiInfo] = MappingProxyType(
+    {m.API.name: m.API for m in MODULES if isinstance(getattr(m, "API", None), ApiInfo)}
+)
 
 
-def _first_per_api() -> dict[Api, Format]:
-    first: dict[Api, Format] = {}
-    for f in FORMATS.values():
-        first.setdefault(f.api, f)
-    return first
+def _canonical() -> dict[Shape, Format]:
+    # a shape's own format is the one whose API is named after the module that defines the
+    # API; a shape served on another API too (Anthropic messages on Bedrock) keeps its own
+    out: dict[Shape, Format] = {}
+    for r in ROUTES:
+        f = r.format
+        if f.shape not in out or (out[f.shape].api != f.shape and f.api == f.shape):
+            out[f.shape] = f
+    return out
 
 
-#: each API's first format, in registry order: it renders the API's errors and knows its clients
-API_FORMATS: Mapping[Api, Format] = MappingProxyType(_first_per_api())
+#: each body shape's own format (the public :func:`count` and :func:`fit` take a shape)
+FORMATS: Mapping[Shape, Format] = MappingProxyType(_canonical())
+
+
+def _api_formats() -> dict[Api, Format]:
+    out: dict[Api, Format] = {}
+    for api in APIS:
+        own = [r.format for r in ROUTES if r.format.api == api]
+        out[api] = next((f for f in own if f.shape == api), own[0])
+    return out
+
+
+#: each API's own format (the one whose shape is named after the API, else its first): it
+#: renders the API's errors and knows its clients
+API_FORMATS: Mapping[Api, Format] = MappingProxyType(_api_formats())
 
 
 #: the ``api`` label values of requests that generate (a model call, not a token count): the
@@ -102,9 +122,10 @@ def client_api_of(headers: Mapping[str, str], path: str) -> Api:
     return "openai"
 
 
-def format_of(shape: Shape) -> Format:
-    """The format of a body shape."""
-    return FORMATS[shape]
+def format_of(shape: Shape | Format) -> Format:
+    """The format of a body shape (a :class:`Format` is its own: a route's format may be a
+    shape's variant on another API, as Anthropic messages on Bedrock)."""
+    return shape if isinstance(shape, Format) else FORMATS[shape]
 
 
 def error_body(api: Api, status: int, message: str, code: str | None = None) -> bytes:
@@ -133,7 +154,7 @@ def _cached(
 def count(
     body: Mapping[str, Any],
     *,
-    api: Shape,
+    api: Shape | Format,
     counter: TextCounter | None = None,
     chat_format: ChatFormat | None = None,
     chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
@@ -147,13 +168,13 @@ def count(
     cache shared by :func:`count` and :func:`fit`, 64 MiB; ``False``: none), so an agent that
     counts its growing history every turn pays for what the turn added."""
     counter, memo = _cached(counter, cache)
-    return FORMATS[api].count(body, counter, chat_format, _pattern(chunk_pattern), memo=memo)
+    return format_of(api).count(body, counter, chat_format, _pattern(chunk_pattern), memo=memo)
 
 
 def fit(
     body: Mapping[str, Any],
     *,
-    api: Shape,
+    api: Shape | Format,
     budget: int,
     counter: TextCounter | None = None,
     count: RequestCount | None = None,
@@ -171,7 +192,7 @@ def fit(
     ``count`` to reuse an existing count (of ``body``, with ``counter``); ``cache`` as for
     :func:`count`.
     """
-    fmt = FORMATS[api]
+    fmt = format_of(api)
     counter, memo = _cached(counter, cache)
     pattern = _pattern(chunk_pattern)
     if count is None:

@@ -37,6 +37,7 @@ from context_ceiling.core.trim import Policy, ToolUse, TrimRules, block_texts
 from context_ceiling.core.utilization import Component
 from context_ceiling.formats.base import (
     Answer,
+    ApiInfo,
     Expect,
     Format,
     Native,
@@ -55,6 +56,7 @@ from context_ceiling.formats.base import (
 )
 
 __all__ = [
+    "API",
     "CONTEXT_BETA",
     "FORMAT",
     "PDF_PAGE_TOKENS",
@@ -715,6 +717,14 @@ PASSTHROUGH_ROUTES = MappingProxyType(
     }
 )
 
+
+#: Anthropic's API
+API = ApiInfo(
+    "anthropic",
+    "the default upstream of Anthropic routes (messages, count_tokens, message batches)",
+    "https://api.anthropic.com",
+    prices="anthropic",
+)
 
 FORMAT = Format(
     shape="anthropic",

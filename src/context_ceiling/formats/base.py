@@ -8,34 +8,40 @@ knowledge, and kept in their own modules they each branched on the format's name
 format is one module that fills in one :class:`Format`; everything else reads the record it is
 handed, so a new provider is one module and one line in the registry.
 
-Nothing here does I/O: the parts are pure functions of a parsed body or of response bytes.
+Nothing here does I/O: the parts are pure functions of a parsed body or of response bytes
+(a :class:`Signer` alone may read credentials, and is called on a thread).
 """
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
 from context_ceiling.core.counting import Prior, RequestCount
+from context_ceiling.core.errors import CeilingError
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import CountCache, TextCounter
 from context_ceiling.core.trim import Policy, TrimRules
 from context_ceiling.core.vocabulary import Api, Shape
+from context_ceiling.formats.framing import SSE, Framing, json_events
 
 __all__ = [
     "NOTHING",
     "Answer",
+    "ApiInfo",
     "Count",
     "Expect",
     "Format",
     "Native",
     "Prompt",
     "Route",
+    "Signer",
+    "SigningRefused",
     "StreamTap",
     "Tools",
     "Usage",
@@ -110,19 +116,6 @@ def event_data(event: bytes) -> tuple[bytes | None, bytes]:
         elif line.startswith(b"event:"):
             name = line[6:].strip()
     return name, b"\n".join(data)
-
-
-def json_events(raw: bytes) -> Iterator[Any]:
-    """The JSON ``data:`` payloads of a whole relayed stream, in order (``[DONE]`` and anything
-    that is not JSON skipped)."""
-    for line in raw.split(b"\n"):
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-            if data[:1] in (b"{", b"["):
-                try:
-                    yield orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
 
 
 class StreamTap(ABC):
@@ -284,6 +277,61 @@ class Native:
         return any(host.endswith(h) if h.startswith(".") else host == h for h in self.hosts)
 
 
+class SigningRefused(CeilingError):
+    """The request cannot be sent signed: it was changed (trimmed) and the sidecar has no
+    credentials to sign it again, or the credentials could not be read. The message says
+    which, for the client; ``status`` and ``outcome`` are what the sidecar answers and
+    records."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        outcome: Literal["rejected", "unreachable"] = "rejected",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.outcome = status, outcome
+
+
+class Signer(Protocol):
+    """A route's signing step, where the provider's signature covers the request's body and
+    host (AWS SigV4): the request the sidecar sends upstream is signed again with the sidecar's
+    own credentials. May read credentials (a file, an instance's metadata): the sidecar calls it
+    on a thread."""
+
+    def sign(
+        self, url: str, headers: list[tuple[str, str]], body: bytes, changed: bool
+    ) -> list[tuple[str, str]]:
+        """The headers to send ``body`` to ``url`` with. ``changed``: the sidecar changed the
+        client's body (a signature of the client's no longer holds). Raises
+        :class:`SigningRefused` when the request cannot go."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApiInfo:
+    """One API a client speaks, as the configuration and the credential checks see it: its
+    name (the key under ``upstreams`` and a named upstream's ``api``), what its upstream is,
+    and the credentials only its upstreams may receive."""
+
+    name: Api
+    #: what ``upstreams.<name>`` points at (the configuration reference's words)
+    upstream: str
+    #: a ``base_url`` for it, as the configuration examples give it
+    example: str
+    #: whether a request carries credentials that only this API's upstreams may see (a SigV4
+    #: signature, a Google API key): such a request never goes to another API's upstream
+    owns: Callable[[Mapping[str, str]], bool] | None = None
+    #: those credentials, in a refusal's words
+    credentials: str = ""
+    #: the provider's id in the genai-prices data set (list prices of its models)
+    prices: str | None = None
+    #: the signing step, where the provider's signature covers the host and the body (every
+    #: request to this API's upstreams is signed last; None: the client's credentials go
+    #: upstream as sent)
+    signer: Signer | None = None
+
+
 def _no_preparation(_obj: dict[str, Any], body: bytes | None) -> tuple[bytes | None, bool]:
     return body, False
 
@@ -347,6 +395,12 @@ class Format:
     #: a serving engine's chat template renders this body (its tokenize endpoint counts it
     #: exactly: ``tokenizer: upstream``)
     chat_template: bool = False
+    #: how a streamed answer's bytes split into events (the relay's splitter, the answer
+    #: checker's and the capture store's reading of a whole stream)
+    framing: Framing = SSE
+    #: the headers an error response carries beside :attr:`error_body` (status, code): what
+    #: the API's SDK reads the error's type from (botocore: ``x-amzn-ErrorType``)
+    error_headers: Callable[[int, str | None], Mapping[str, str]] = lambda _s, _c: {}
 
     def streams(self, obj: Mapping[str, Any], path: str) -> bool:
         """Whether a request asks for a streamed answer."""

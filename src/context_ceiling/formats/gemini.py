@@ -32,6 +32,7 @@ from context_ceiling.core.trim import PLACEHOLDER, ToolUse, TrimRules
 from context_ceiling.core.utilization import Component
 from context_ceiling.formats.base import (
     Answer,
+    ApiInfo,
     Expect,
     Format,
     Prompt,
@@ -49,6 +50,7 @@ from context_ceiling.formats.base import (
 )
 
 __all__ = [
+    "API",
     "FORMAT",
     "IMAGE_TOKENS",
     "PASSTHROUGH_ROUTES",
@@ -534,6 +536,17 @@ PASSTHROUGH_ROUTES = MappingProxyType(
     }
 )
 
+
+#: Google's Gemini API and Vertex AI; a Google API key goes to no other upstream
+API = ApiInfo(
+    "gemini",
+    "Google's Gemini API (``https://generativelanguage.googleapis.com``) or Vertex AI "
+    "(``https://REGION-aiplatform.googleapis.com``)",
+    "https://generativelanguage.googleapis.com",
+    owns=lambda headers: "x-goog-api-key" in headers,
+    credentials="a Google API key (x-goog-api-key)",
+    prices="google",
+)
 
 FORMAT = Format(
     shape="gemini",

@@ -36,6 +36,7 @@ from context_ceiling.core.trim import ToolUse, TrimRules, block_texts
 from context_ceiling.core.utilization import Component
 from context_ceiling.formats.base import (
     Answer,
+    ApiInfo,
     Expect,
     Format,
     Prompt,
@@ -54,6 +55,7 @@ from context_ceiling.formats.base import (
 )
 
 __all__ = [
+    "API",
     "FORMAT",
     "PASSTHROUGH_ROUTES",
     "ROUTES",
@@ -617,6 +619,14 @@ PASSTHROUGH_ROUTES = MappingProxyType(
     }
 )
 
+
+#: the OpenAI-style API (OpenAI, Azure OpenAI, vLLM, llama.cpp, LiteLLM ...)
+API = ApiInfo(
+    "openai",
+    "the default upstream of OpenAI-style routes (chat completions, Responses, the pass-through)",
+    "https://api.openai.com/v1",
+    prices="openai",
+)
 
 FORMAT = Format(
     shape="openai",

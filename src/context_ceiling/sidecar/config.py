@@ -11,14 +11,17 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
+    WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -35,7 +38,8 @@ from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import Bpe
 from context_ceiling.core.trim import Policy
-from context_ceiling.core.vocabulary import Mode, ModeValue, Strategy
+from context_ceiling.core.vocabulary import Api, Mode, ModeValue, Strategy
+from context_ceiling.formats import APIS
 
 ENV_PREFIX = "CEILING_"
 #: ``CEILING_*`` variables that are not sidecar settings: the config file's path, the cache of
@@ -92,28 +96,36 @@ class Upstream(_Section):
         return v.rstrip("/")
 
 
-class NamedUpstream(Upstream):
-    """One more upstream, of either API style, that models are routed to by name (a local vLLM
-    beside hosted OpenAI, a second Anthropic account, ...)."""
+def _registered_api(v: str) -> str:
+    if v not in APIS:
+        raise ValueError(f"{v!r} is not an API this sidecar speaks ({', '.join(APIS)})")
+    return v
 
-    api: Literal["openai", "anthropic", "gemini"]
+
+#: a registered API's name (``context_ceiling.formats.APIS``), in the schema as an enum
+ApiName = Annotated[
+    str,
+    AfterValidator(_registered_api),
+    WithJsonSchema({"type": "string", "enum": list(APIS)}),
+]
+
+
+class NamedUpstream(Upstream):
+    """One more upstream, of any API, that models are routed to by name (a local vLLM beside
+    hosted OpenAI, a second Anthropic account, a Bedrock region, ...)."""
+
+    api: ApiName
     #: an Azure OpenAI resource (``https://NAME.openai.azure.com``, no /v1): clients call it on
     #: ``/openai/deployments/{deployment}/...?api-version=...`` with an ``api-key`` header, and
     #: those paths are forwarded as they are
     azure: bool = False
 
 
-class Upstreams(_Section):
-    """``openai`` and ``anthropic``: where each API's requests go by default. ``named``: any
-    number of further upstreams; a model entry's ``upstream`` sends its requests to one."""
+class _Upstreams(_Section):
+    """Where each API's requests go by default (one key per API the format registry defines),
+    and ``named``: any number of further upstreams; a model entry's ``upstream`` sends its
+    requests to one."""
 
-    #: the default upstream of OpenAI-style routes (chat completions, Responses, the pass-through)
-    openai: Upstream | None = None
-    #: the default upstream of Anthropic routes (messages, count_tokens, message batches)
-    anthropic: Upstream | None = None
-    #: Google's Gemini API (``https://generativelanguage.googleapis.com``) or Vertex AI
-    #: (``https://REGION-aiplatform.googleapis.com``)
-    gemini: Upstream | None = None
     #: further upstreams by name; a model entry's `upstream` routes its requests to one
     named: dict[str, NamedUpstream] = Field(default_factory=dict)
 
@@ -121,13 +133,42 @@ class Upstreams(_Section):
     @classmethod
     def _names(cls, v: dict[str, NamedUpstream]) -> dict[str, NamedUpstream]:
         for name in v:
-            if name in ("openai", "anthropic", "gemini") or not re.fullmatch(
-                r"[a-z0-9][a-z0-9_.-]{0,62}", name
-            ):
+            if name in APIS or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
                 raise ValueError(
-                    f"{name!r}: upstream names are lowercase [a-z0-9_.-] and not openai/anthropic"
+                    f"{name!r}: upstream names are lowercase [a-z0-9_.-] and not an API's "
+                    f"name ({', '.join(APIS)})"
                 )
         return v
+
+    def of(self, api: Api) -> Upstream | None:
+        """The default upstream of ``api`` (None: not configured)."""
+        up = getattr(self, api, None) if api in APIS else None
+        return up if isinstance(up, Upstream) else None
+
+    def defaults(self) -> dict[Api, Upstream]:
+        """The default upstreams configured, by API."""
+        return {api: up for api in APIS if (up := self.of(api)) is not None}
+
+
+if TYPE_CHECKING:
+    Upstreams = _Upstreams
+else:
+    # one optional field per registered API (a provider module adds its upstream here without
+    # an edit): real fields, so the schema, the environment variables
+    # (CEILING_UPSTREAMS__BEDROCK__BASE_URL) and the configuration reference list each
+    Upstreams = create_model(
+        "Upstreams",
+        __base__=_Upstreams,
+        __doc__=_Upstreams.__doc__,
+        __module__=__name__,
+        **{
+            api: (
+                Upstream | None,
+                Field(default=None, description=f"{info.upstream} (e.g. ``{info.example}``)"),
+            )
+            for api, info in APIS.items()
+        },
+    )
 
 
 class Limits(_Section):
@@ -402,7 +443,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _model_upstreams(self) -> Settings:
-        known = {"openai", "anthropic", "gemini", *self.upstreams.named}
+        known = {*APIS, *self.upstreams.named}
         for spec in self.models:
             if spec.upstream is not None and spec.upstream not in known:
                 raise ValueError(
@@ -511,10 +552,11 @@ def load_settings(path: str | Path | None = None) -> Settings:
     except SettingsError as exc:
         raise _settings_error(exc) from exc
     u = settings.upstreams
-    if u.openai is None and u.anthropic is None and u.gemini is None and not u.named:
+    if not u.defaults() and not u.named:
         raise ConfigError(
-            f"{p or 'config'}: upstreams: configure at least one upstream (upstreams.openai, "
-            "upstreams.anthropic, upstreams.gemini or a named one)"
+            f"{p or 'config'}: upstreams: configure at least one upstream ("
+            + ", ".join(f"upstreams.{api}" for api in APIS)
+            + " or a named one)"
         )
     if p is not None:
         for name in ("ceilings_file", "admin_token_file", "budget_token_file"):

@@ -47,7 +47,7 @@ class Decision:
 
 def budget_of(
     obj: dict[str, Any],
-    api: Shape,
+    api: Shape | Format,
     spec: ModelSpec | None,
     label: str,
     workload: str,
@@ -92,7 +92,7 @@ def budget_of(
 def trim_to(
     base: Decision,
     obj: dict[str, Any],
-    api: Shape,
+    api: Shape | Format,
     count: RequestCount,
     spec: ModelSpec | None,
     counter: TextCounter,

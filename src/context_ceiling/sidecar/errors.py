@@ -12,7 +12,7 @@ import re
 from starlette.responses import Response
 
 from context_ceiling.core.vocabulary import Api
-from context_ceiling.formats import error_body
+from context_ceiling.formats import API_FORMATS, error_body
 
 #: credentials a message could carry from what the client sent (a Gemini ``?key=``, a key in a
 #: model name or a field's value): never echoed back
@@ -35,9 +35,12 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
+    """An error the sidecar answers itself, in ``api``'s body and with the headers its SDK
+    reads the error's type from."""
+    own = API_FORMATS[api].error_headers(status, code)
     return Response(
         error_body(api, status, scrub(message), code),
         status_code=status,
         media_type="application/json",
-        headers=headers,
+        headers={**own, **headers} if own and headers else (headers or dict(own) or None),
     )

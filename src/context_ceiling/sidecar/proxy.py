@@ -27,7 +27,8 @@ from context_ceiling.core.models import OTHER, UpstreamSpec
 from context_ceiling.core.shape_checks import RequestShapeError
 from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.vocabulary import Api
-from context_ceiling.formats.base import Route, Usage
+from context_ceiling.formats import APIS
+from context_ceiling.formats.base import Route, SigningRefused, Usage
 from context_ceiling.sidecar import schedule
 from context_ceiling.sidecar.capture.redact import looks_like_credential
 from context_ceiling.sidecar.capture.writer import CollectingTap
@@ -55,7 +56,7 @@ from context_ceiling.sidecar.upstream.client import (
     with_beta,
 )
 from context_ceiling.sidecar.upstream.credentials import accepts, owner_of, refusal_message
-from context_ceiling.sidecar.upstream.relay import SSERelay, Tap
+from context_ceiling.sidecar.upstream.relay import StreamRelay, Tap
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,12 @@ class Proxy:
         with a model. Sets the exchange's model."""
         st = self.state
         if route.api not in st.clients and not any(a == route.api for a, _, _ in st.named.values()):
-            raise Refused(404, f"no {route.api} upstream is configured on this sidecar")
+            example = APIS[route.api].example if route.api in APIS else "..."
+            raise Refused(
+                404,
+                f"no {route.api} upstream is configured on this sidecar; the request was not "
+                f"forwarded anywhere (add upstreams.{route.api}: {{base_url: {example}}})",
+            )
         limits = st.settings.limits
         if sum(len(k) + len(v) for k, v in request.headers.raw) > limits.max_header_bytes:
             raise Refused(431, f"request headers exceed {limits.max_header_bytes} bytes")
@@ -372,8 +378,10 @@ class Proxy:
                 beta = (header, native.beta)
         ex.stream = not route.count_only and route.format.streams(obj, request.url.path)
         injected = False
+        changed = body is None  # trimmed, or given the provider's context management
         if ex.stream:
             body, injected = route.format.prepare_stream(obj, body)
+        changed = changed or injected
         content = body if body is not None else orjson.dumps(obj)
         headers = request_headers(request.headers.items())
         ex.accepts_gzip = accepts_gzip(request.headers.get("accept-encoding"))
@@ -389,12 +397,11 @@ class Proxy:
             headers = [(k, v) for k, v in headers if k.lower() not in carrier] + list(
                 carrier.items()
             )
+        path, params, headers = await self._addressed(
+            request, route, client, headers, content, changed
+        )
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
-        if route.path_as_sent:
-            path, params = request.url.path, list(request.query_params.multi_items())
-        else:
-            path, params = route.path, None
         try:
             # asyncio's own timeout: the proxy runs on asyncio only, and anyio's cancel scope
             # costs ~3x more per use on this path (measured with py-spy under load)
@@ -413,6 +420,35 @@ class Proxy:
         if not ex.stream or resp.status_code != 200:
             return await self._unary(ex, resp, deadline)
         return self._relay(ex, resp, route.tap(injected), deadline)
+
+    @staticmethod
+    async def _addressed(
+        request: Request,
+        route: Route,
+        client: UpstreamClient,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        changed: bool,
+    ) -> tuple[str, list[tuple[str, str]] | None, list[tuple[str, str]]]:
+        """Where the request goes upstream (path, query) and its final headers: signed again
+        where the route's provider signs the body (``changed``: the sidecar changed it)."""
+        if route.path_as_sent:
+            # the path as it arrived, percent-escapes kept (a Bedrock model ARN's ``%3A``)
+            raw_path: bytes = request.scope.get("raw_path") or b""
+            path = raw_path.decode("latin-1") or request.url.path
+            params: list[tuple[str, str]] | None = list(request.query_params.multi_items())
+        else:
+            path, params = route.path, None
+        signer = APIS[route.api].signer
+        if signer is not None:
+            # the signature covers the host, the path and the body: signed here, last
+            try:
+                headers = await asyncio.to_thread(
+                    signer.sign, str(client.url(path, params)), headers, content, changed
+                )
+            except SigningRefused as exc:
+                raise Refused(exc.status, str(exc), exc.outcome) from None
+        return path, params, headers
 
     async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:
         cap = self.state.settings.limits.max_response_bytes
@@ -449,7 +485,7 @@ class Proxy:
             headers["content-encoding"] = "gzip"
         return Response(content, status_code=status, headers=headers)
 
-    def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> SSERelay:
+    def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> StreamRelay:
         collecting: CollectingTap | None = None
         capture = ex.capture_body is not None and self.state.capture is not None
         limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
@@ -478,7 +514,7 @@ class Proxy:
             ex.first_chunk_at = time.perf_counter()
 
         headers = response_headers(resp.headers) | self.rec.headers(ex)
-        return SSERelay(
+        return StreamRelay(
             resp,
             tap,
             deadline,
@@ -487,6 +523,7 @@ class Proxy:
             self.state.settings.limits.max_event_bytes,
             drain=self.state.drain,
             on_first=first,
+            framing=ex.route.format.framing,
         )
 
     async def models(self, request: Request) -> Response:

@@ -61,7 +61,7 @@ def verdict(
     return trim_to(
         ex.decision,
         obj,
-        route.shape,
+        route.format,
         count,
         ex.spec,
         counter,
@@ -126,13 +126,13 @@ def budget(st: SidecarState, route: Route, ex: Exchange, obj: dict[str, Any]) ->
     model, workload, ceilings and upstream)."""
     return budget_of(
         obj,
-        route.shape,
+        route.format,
         ex.spec,
         ex.label,
         ex.workload,
         ex.ceilings,
         st.settings.enforcement,
-        native_ok=st.native_ok(route.shape, ex.spec),
+        native_ok=st.native_ok(route.format, ex.spec),
     )
 
 

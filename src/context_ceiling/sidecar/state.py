@@ -18,6 +18,7 @@ from context_ceiling.core.models import ModelSpec, Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
 from context_ceiling.core.vocabulary import Api, Shape
 from context_ceiling.formats import format_of
+from context_ceiling.formats.base import Format
 from context_ceiling.sidecar.bounded_count import Calibration, Sampler
 from context_ceiling.sidecar.capture.writer import Capturer
 from context_ceiling.sidecar.ceilings.store import CeilingStore
@@ -115,13 +116,9 @@ class SidecarState:
             metrics.watch_count_cache(cache)
         for spec in settings.models:
             metrics.declare_model(spec.metric_label, spec.window)
-        clients: dict[Api, UpstreamClient] = {}
-        if settings.upstreams.openai:
-            clients["openai"] = UpstreamClient(settings.upstreams.openai, transport)
-        if settings.upstreams.anthropic:
-            clients["anthropic"] = UpstreamClient(settings.upstreams.anthropic, transport)
-        if settings.upstreams.gemini:
-            clients["gemini"] = UpstreamClient(settings.upstreams.gemini, transport)
+        clients: dict[Api, UpstreamClient] = {
+            api: UpstreamClient(up, transport) for api, up in settings.upstreams.defaults().items()
+        }
         named: dict[str, tuple[Api, UpstreamClient, Upstream]] = {
             name: (up.api, UpstreamClient(up, transport), up)
             for name, up in settings.upstreams.named.items()
@@ -191,7 +188,7 @@ class SidecarState:
             return None
         return upstream, found[1], found[2]
 
-    def native_ok(self, shape: Shape, spec: ModelSpec | None) -> bool:
+    def native_ok(self, shape: Shape | Format, spec: ModelSpec | None) -> bool:
         """Whether the upstream this request goes to is the provider's own API, whose context
         management ``strategy: auto`` may use (Anthropic's for messages, OpenAI's or Azure
         OpenAI's for the Responses API)."""
@@ -216,7 +213,7 @@ class SidecarState:
         return out
 
     def upstream_settings(self, api: Api) -> Upstream:
-        up: Upstream | None = getattr(self.settings.upstreams, api)
+        up = self.settings.upstreams.of(api)
         assert up is not None  # only called for configured upstreams
         return up
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import format_of
+from context_ceiling.formats.base import Format
 from context_ceiling.sidecar.observability.answers import read_answer
 
 _DOC_ID = re.compile(r"""<document\b[^>]*\bid=["']([^"']+)["']""")
@@ -28,7 +29,7 @@ class Extract:
 
 
 def extract(
-    shape: Shape, body: Mapping[str, Any], chunk_pattern: re.Pattern[str] | None
+    shape: Shape | Format, body: Mapping[str, Any], chunk_pattern: re.Pattern[str] | None
 ) -> Extract:
     """System prompt, tool definitions, latest user question and retrieved chunks (rank order:
     as they appear) of one request body."""
@@ -52,7 +53,7 @@ def extract(
     return ex
 
 
-def response_text(shape: Shape, raw: bytes, stream: bool) -> tuple[str, str | None]:
+def response_text(shape: Shape | Format, raw: bytes, stream: bool) -> tuple[str, str | None]:
     """(the answer's text, its finish reason) from a response body or a stream's events."""
     answer = read_answer(shape, raw, stream)
     return answer.text, answer.finish

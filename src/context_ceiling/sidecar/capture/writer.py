@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, CaptureStoreError, Chunk
-from context_ceiling.core.vocabulary import Shape
-from context_ceiling.formats.base import Usage
+from context_ceiling.formats.base import Format, Usage
 from context_ceiling.sidecar.capture.extract import extract, response_text
 from context_ceiling.sidecar.capture.redact import Redactor
 from context_ceiling.sidecar.config import Capture
@@ -110,7 +109,8 @@ class Pending:
     model: str
     request_model: str
     api: str
-    shape: Shape
+    #: the route's format
+    shape: Format
     body: Mapping[str, Any]
     response: bytes
     stream: bool

@@ -28,7 +28,7 @@ import orjson
 
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import format_of
-from context_ceiling.formats.base import Answer, Expect, json_events
+from context_ceiling.formats.base import Answer, Expect, Format
 
 __all__ = [
     "PROBLEMS",
@@ -90,21 +90,23 @@ _MIN_COPIES = 4
 _MANY_COPIES = 10
 
 
-def expectations(shape: Shape, obj: Mapping[str, Any]) -> Expect:
+def expectations(shape: Shape | Format, obj: Mapping[str, Any]) -> Expect:
     """What ``obj`` (a request body of ``shape``) asks the answer to be."""
     return format_of(shape).expect(obj)
 
 
-def read_answer(shape: Shape, raw: bytes, stream: bool) -> Answer:
-    """The answer in a response body (``stream`` False) or a stream's events, of ``shape``."""
+def read_answer(shape: Shape | Format, raw: bytes, stream: bool) -> Answer:
+    """The answer in a response body (``stream`` False) or a stream's events (split by the
+    format's framing), of ``shape``."""
+    fmt = format_of(shape)
     if stream:
-        objs: Iterable[Any] = json_events(raw)
+        objs: Iterable[Any] = fmt.framing.events(raw)
     else:
         try:
             objs = [orjson.loads(raw)]
         except orjson.JSONDecodeError:
             objs = []
-    return format_of(shape).read_answer(objs, stream)
+    return fmt.read_answer(objs, stream)
 
 
 _STOP_WORDS: dict[str, Stop] = {
@@ -335,7 +337,8 @@ class Job:
     workload: str
     fill: str
     side: str
-    shape: Shape
+    #: the route's format (its framing splits a stream)
+    shape: Format
     stream: bool
     expect: Expect
     #: the response body, or a stream's events as they were relayed (joined in the thread);

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.prices import MILLION, Price, lookup
+from context_ceiling.formats import APIS
 
 __all__ = ["InputCost", "Pricing", "input_cost"]
 
-#: genai-prices' provider ids for the sidecar's upstream APIs
-_PROVIDERS = {"openai": "openai", "azure": "azure", "anthropic": "anthropic", "gemini": "google"}
+#: genai-prices' provider ids for the sidecar's upstream APIs (each API module says its own)
+_PROVIDERS = {api: info.prices for api, info in APIS.items() if info.prices} | {"azure": "azure"}
 #: model names remembered (priced or not): request model names come from clients, so the lookups
 #: they cause are bounded; a name past this many is not priced
 MAX_NAMES = 1024
@@ -58,8 +59,7 @@ class Pricing:
     def price(
         self, spec: ModelSpec | None, provider: str, model: str, response_model: str | None
     ) -> Price | None:
-        """The price of a request to ``model`` (of ``provider``: openai, azure, anthropic,
-        gemini) that matched registry entry ``spec``; the provider's reported model is tried
+        """The price of a request to ``model`` (of ``provider``: an API's name, or azure) that matched registry entry ``spec``; the provider's reported model is tried
         when the requested name is not listed (an Azure deployment name, an alias)."""
         if spec is not None:
             fixed = self._overrides.get(id(spec))

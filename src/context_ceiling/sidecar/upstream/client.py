@@ -94,7 +94,8 @@ class UpstreamClient(httpx.AsyncClient):
         self._fw_prefix = str(self.base_url).rstrip("/")
         self._fw_urls: dict[str, httpx.URL] = {}
 
-    def _url(self, path: str, params: list[tuple[str, str]] | None) -> httpx.URL:
+    def url(self, path: str, params: list[tuple[str, str]] | None = None) -> httpx.URL:
+        """The upstream URL of ``path`` (and query ``params``) under the base URL."""
         if params:
             return httpx.URL(self._fw_prefix + path, params=params)
         url = self._fw_urls.get(path)
@@ -116,7 +117,7 @@ class UpstreamClient(httpx.AsyncClient):
         :func:`body_chunks`); the pool's timeouts apply as they do through the client."""
         req = httpx.Request(
             "POST",
-            self._url(path, params),
+            self.url(path, params),
             headers=headers,
             content=content,
             extensions={"timeout": self._fw_timeout},

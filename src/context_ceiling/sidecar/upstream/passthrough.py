@@ -38,8 +38,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.vocabulary import Api
-from context_ceiling.formats import API_FORMATS, client_api_of
+from context_ceiling.formats import API_FORMATS, APIS, client_api_of
 from context_ceiling.formats.azure import deployment
+from context_ceiling.formats.base import Signer, SigningRefused
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.observability.logs import log_request
 from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE
@@ -135,6 +136,19 @@ def upstream_path(api: Api, base_url: httpx.URL, path: str) -> str:
     return path
 
 
+async def _sign(signer: Signer | None, req: httpx.Request, content: Any) -> None:
+    """Sign ``req`` (its URL, headers and body ``content``) where its upstream's signature
+    covers them (``signer``; None: nothing to do), on a thread: the signer may read
+    credentials."""
+    if signer is None:
+        return
+    body = content if isinstance(content, bytes) else b""
+    signed = await asyncio.to_thread(
+        signer.sign, str(req.url), list(req.headers.items()), body, False
+    )
+    req.headers = httpx.Headers(signed)
+
+
 class Passthrough:
     def __init__(self, state: SidecarState) -> None:
         self.state = state
@@ -212,6 +226,11 @@ class Passthrough:
                 content = capped(request.stream(), limits.max_body_bytes, BodyTooLarge)
                 if declared is not None and declared.isdigit():
                     headers.append(("content-length", declared))  # the client's framing
+            signer = APIS[api].signer if api in APIS else None
+            if signer is not None and has_body and peeked is None:
+                # a signature covers the body: read it whole (capped) to sign it
+                content = await read_body(request, limits.max_body_bytes)
+                headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             req = client.build_request(
                 request.method,
                 upstream_path(api, client.base_url, request.url.path),
@@ -219,10 +238,13 @@ class Passthrough:
                 headers=headers,
                 content=content,
             )
+            await _sign(signer, req, content)
             async with asyncio.timeout(cfg.timeouts.total):
                 resp = await client.send(req, stream=True)
         except BodyTooLarge:
             return fail(413, "invalid", too_large)
+        except SigningRefused as exc:
+            return fail(exc.status, exc.outcome, str(exc))
         except (httpx.TransportError, TimeoutError) as exc:
             f = failure_of(exc)
             return fail(f.status, f.outcome, f.message)

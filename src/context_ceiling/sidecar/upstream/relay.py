@@ -1,4 +1,5 @@
-"""Relay an upstream event stream to the client as it arrives (pure ASGI)."""
+"""Relay an upstream event stream to the client as it arrives (pure ASGI), split into events
+by the format's framing (Server-Sent Events, or AWS event-stream frames)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from starlette.types import Receive, Scope, Send
 
 from context_ceiling.core.errors import CeilingError
 from context_ceiling.formats.base import Usage
+from context_ceiling.formats.framing import SSE, EventTooLarge, Framing, Splitter
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.outcomes import Outcome, failure_of
 from context_ceiling.sidecar.upstream.client import body_chunks
-from context_ceiling.sidecar.upstream.sse import EventSplitter, EventTooLarge
 
 
 class Tap(Protocol):
@@ -47,11 +48,11 @@ class Tap(Protocol):
     def error_event(self, message: str) -> bytes: ...
 
 
-def forward_read(splitter: EventSplitter, tap: Tap, chunk: bytes) -> bytes:
+def forward_read(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     """What one upstream read becomes for the client: its complete events as the tap forwards
     them (an incomplete tail is held back in ``splitter``). A read of whole events that the tap
     passes as one (``on_chunk``: most reads are one plain content delta) is not split at all."""
-    if splitter.idle and chunk.endswith(b"\n\n") and (out := tap.on_chunk(chunk)) is not None:
+    if splitter.idle and splitter.whole(chunk) and (out := tap.on_chunk(chunk)) is not None:
         return out
     outs = [out for event in splitter.feed(chunk) if (out := tap.on_event(event))]
     return outs[0] if len(outs) == 1 else b"".join(outs)
@@ -63,10 +64,11 @@ class StreamFailed(CeilingError):
     answer for a whole one."""
 
 
-class SSERelay(Response):
+class StreamRelay(Response):
     """A pure ASGI response that relays an upstream event stream as it arrives.
 
-    Each complete SSE event is sent as soon as it is whole (the events of one upstream read in
+    Each complete event (as the format's :class:`~context_ceiling.formats.framing.Framing`
+    splits them) is sent as soon as it is whole (the events of one upstream read in
     one send); an incomplete event is all that is ever held back (up to ``max_event_bytes``). A
     client disconnect cancels the pump and closes the upstream response, which cancels the
     upstream request; the exchange is recorded exactly once, whatever ended it.
@@ -88,8 +90,10 @@ class SSERelay(Response):
         max_event_bytes: int = 8 * 1024 * 1024,
         drain: Drain | None = None,
         on_first: Callable[[], None] | None = None,
+        framing: Framing = SSE,
     ) -> None:
         self.on_first = on_first
+        self.framing = framing
         self.resp, self.tap, self.deadline, self.on_done = resp, tap, deadline, on_done
         self.drain = drain
         self._scope: anyio.CancelScope | None = None
@@ -189,7 +193,7 @@ class SSERelay(Response):
                 "headers": self.raw_headers,
             }
         )
-        splitter = EventSplitter(self.max_event_bytes)
+        splitter = self.framing.splitter(self.max_event_bytes)
         failure = ""
         try:
             async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):

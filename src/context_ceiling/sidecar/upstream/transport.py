@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import yarl
 
 #: aiohttp adds these to a request unless told not to; a proxy forwards what its client sent
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
@@ -165,7 +166,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         with _mapped():
             resp = await session.request(
                 request.method,
-                str(request.url),
+                # as httpx encoded it, not re-quoted: a path's escapes (a Bedrock ARN's %3A)
+                # reach the upstream as the client sent them, and a signature over them holds
+                yarl.URL(str(request.url), encoded=True),
                 headers=headers,
                 data=data,
                 allow_redirects=False,
