@@ -1,5 +1,6 @@
 # The context-ceiling image: the `ceiling` command, with only what the sidecar needs by default
-# (and the `fast` extra, riptoken, the faster exact BPE; no matplotlib, rich or tokenizers:
+# (and the `fast` extra, riptoken, the faster exact BPE, and the `bedrock` extra, botocore, which
+# signs AWS Bedrock requests; no matplotlib, rich or tokenizers:
 # EXTRAS=sweep adds what the in-cluster sweep Job needs,
 # EXTRAS=sweep,hf the Hugging Face tokenizers too, EXTRAS=gigatoken the fastest exact BPE, opt-in:
 # docs/counting.md). Non-root, read-only root filesystem friendly
@@ -16,7 +17,7 @@ ARG EXTRAS=""
 COPY build/wheels /wheels
 RUN python3 -m venv /opt/ceiling \
  && /opt/ceiling/bin/pip install --no-cache-dir --no-index --find-links /wheels \
-      "context-ceiling[fast${EXTRAS:+,$EXTRAS}]" \
+      "context-ceiling[fast,bedrock${EXTRAS:+,$EXTRAS}]" \
  && /opt/ceiling/bin/pip uninstall -y -q pip \
  && /opt/ceiling/bin/python -c "from context_ceiling.core.tokenizers import TiktokenCounter as T; assert T('o200k_base', 'riptoken').engine == T('cl100k_base', 'riptoken').engine == 'riptoken'"
 

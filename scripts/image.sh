@@ -3,7 +3,7 @@
 # made with mmdebstrap from the Debian mirror (cached), the wheelhouse from this machine's package
 # index (`pip wheel` into build/wheels), then `buildah bud` of the repository's Dockerfile on it.
 # With Docker or podman and a registry, the same Dockerfile builds on python:3.11-slim-bookworm:
-#   python -m pip wheel --wheel-dir build/wheels '.[fast]' && docker build -t context-ceiling .
+#   python -m pip wheel --wheel-dir build/wheels '.[fast,bedrock]' && docker build -t context-ceiling .
 # Env: IMAGE (tag, default localhost/context-ceiling:dev), EXTRAS (e.g. "sweep"; the fast extra is always in), PYTHON.
 # Prints the tag.
 set -euo pipefail
@@ -32,7 +32,7 @@ fi
 
 rm -rf build/wheels
 # (this machine's pip config names index folders that may not exist: those warnings are noise)
-"$PYTHON" -m pip wheel --quiet --wheel-dir build/wheels ".[fast${EXTRAS:+,$EXTRAS}]" 2>&1 \
+"$PYTHON" -m pip wheel --quiet --wheel-dir build/wheels ".[fast,bedrock${EXTRAS:+,$EXTRAS}]" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
 "${BUILDAH[@]}" bud --quiet --pull=never --isolation chroot \
   --build-arg BASE="$BASE" --build-arg EXTRAS="$EXTRAS" -t "$IMAGE" . >&2

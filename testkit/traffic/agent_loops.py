@@ -1,4 +1,4 @@
-"""Long single-task agent loops in each API's wire format: one user task, then tool rounds (an
+"""Long single-task agent loops in each wire format: one user task, then tool rounds (an
 assistant call, or several in parallel, and their results), the whole history resent every turn,
 as coding and tool agents send them. Used by the agent-context tests and the agent-loop
 benchmark; seeded, so a loop is the same on every run."""
@@ -95,6 +95,8 @@ class Loop:
             ]
         elif self.api == "gemini":
             history = [{"role": "user", "parts": [{"text": task}]}]
+        elif self.api == "converse":
+            history = [{"role": "user", "content": [{"text": task}]}]
         else:
             history = [{"role": "user", "content": task}]
         for r in range(self.rounds):
@@ -129,6 +131,11 @@ class Loop:
                     "content": [{"type": "output_text", "text": "Done."}],
                 },
                 {"role": "user", "content": text},
+            ]
+        if self.api == "converse":
+            return [
+                {"role": "assistant", "content": [{"text": "Done."}]},
+                {"role": "user", "content": [{"text": text}]},
             ]
         return [{"role": "assistant", "content": "Done."}, {"role": "user", "content": text}]
 
@@ -175,6 +182,31 @@ class Loop:
                     "role": "user",
                     "content": [
                         {"type": "tool_result", "tool_use_id": cid, "content": self._result(out)}
+                        for (cid, _, _), out in zip(calls, outs, strict=True)
+                    ],
+                },
+            ]
+        if self.api == "converse":
+            reasoning_text = (
+                [{"reasoningContent": {"reasoningText": {"text": thought, "signature": "s"}}}]
+                if self.thinking
+                else []
+            )
+            return [
+                {
+                    "role": "assistant",
+                    "content": [
+                        *reasoning_text,
+                        *(
+                            {"toolUse": {"toolUseId": cid, "name": name, "input": args}}
+                            for cid, name, args in calls
+                        ),
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"toolResult": {"toolUseId": cid, "content": [{"text": out}]}}
                         for (cid, _, _), out in zip(calls, outs, strict=True)
                     ],
                 },
@@ -248,6 +280,12 @@ class Loop:
                 "messages": history,
                 "max_tokens": 1000,
             }
+        if self.api == "converse":
+            return {
+                "system": [{"text": self.system}],
+                "messages": history,
+                "inferenceConfig": {"maxTokens": 1000},
+            }
         if self.api == "responses":
             return {
                 "model": "gpt-4o",
@@ -290,6 +328,12 @@ def pairs(api: Shape, body: dict[str, Any]) -> tuple[list[str], list[str]]:
                     calls.append(b["id"])
                 elif b.get("type") == "tool_result":
                     results.append(b["tool_use_id"])
+        elif api == "converse":
+            for b in m["content"]:
+                if "toolUse" in b:
+                    calls.append(b["toolUse"]["toolUseId"])
+                elif "toolResult" in b:
+                    results.append(b["toolResult"]["toolUseId"])
         else:
             for p in m["parts"]:
                 if "functionCall" in p:
@@ -313,7 +357,7 @@ def provider_valid(api: Shape, body: dict[str, Any]) -> bool:
         if any(x not in seen for x in r):
             return False
         seen |= set(c)
-    if api in ("anthropic", "gemini") and history and history[0].get("role") != "user":
+    if api in ("anthropic", "gemini", "converse") and history and history[0].get("role") != "user":
         return False
     return all(m.get("content") != [] and m.get("parts") != [] for m in history)
 

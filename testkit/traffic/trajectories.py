@@ -150,6 +150,12 @@ def to_api(messages: list[dict[str, Any]], api: Shape) -> dict[str, Any]:
             "input": _responses(rest),
             "max_output_tokens": 4096,
         }
+    if api == "converse":
+        return {
+            "system": [{"text": system}] if system else [],
+            "messages": _converse(rest),
+            "inferenceConfig": {"maxTokens": 4096},
+        }
     return {
         "systemInstruction": {"parts": [{"text": system}]},
         "contents": _gemini(rest),
@@ -198,6 +204,34 @@ def _anthropic(rest: list[dict[str, Any]]) -> list[Any]:
             }
         else:
             block = {"type": "text", "text": m["text"] or "."}
+        if out and out[-1]["role"] == "user":  # turns alternate: one user message a turn
+            out[-1]["content"].append(block)
+        else:
+            out.append({"role": "user", "content": [block]})
+    return out
+
+
+def _converse(rest: list[dict[str, Any]]) -> list[Any]:
+    """Bedrock Converse: Anthropic's layout with blocks keyed by their kind."""
+    out: list[dict[str, Any]] = []
+    for m in rest:
+        if m["role"] == "assistant":
+            blocks: list[Any] = [{"text": m["text"]}] if m["text"].strip() else []
+            blocks += [
+                {"toolUse": {"toolUseId": c["id"], "name": c["name"], "input": c["args"]}}
+                for c in m["calls"]
+            ]
+            out.append({"role": "assistant", "content": blocks or [{"text": "."}]})
+            continue
+        if m["role"] == "tool":
+            block: dict[str, Any] = {
+                "toolResult": {
+                    "toolUseId": m["call_id"],
+                    "content": [{"text": m["text"] or "(no output)"}],
+                }
+            }
+        else:
+            block = {"text": m["text"] or "."}
         if out and out[-1]["role"] == "user":  # turns alternate: one user message a turn
             out[-1]["content"].append(block)
         else:

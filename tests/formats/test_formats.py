@@ -76,7 +76,7 @@ def test_every_module_is_registered_with_its_routes() -> None:
 @pytest.mark.parametrize("api", list(API_FORMATS))
 @pytest.mark.parametrize("status", [400, 401, 404, 413, 429, 500, 502, 504])
 def test_every_api_renders_its_errors_as_json_naming_the_problem(api: str, status: int) -> None:
-    body = json.loads(API_FORMATS[api].error_body(status, "too long: 9 > 8", None))  # type: ignore[index]
+    body = json.loads(API_FORMATS[api].error_body(status, "too long: 9 > 8", None))
     assert "too long: 9 > 8" in json.dumps(body)
 
 
@@ -104,6 +104,7 @@ def test_every_format_counts_fits_and_stays_valid(shape: Shape) -> None:
         "responses": {"max_output_tokens": 77},
         "anthropic": {"max_tokens": 77},
         "gemini": {"generationConfig": {"maxOutputTokens": 77}},
+        "converse": {"inferenceConfig": {"maxTokens": 77}},
     }
     assert fmt.requested_output(asked[shape]) == 77
 

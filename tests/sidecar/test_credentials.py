@@ -62,6 +62,7 @@ def test_a_signed_bedrock_call_is_refused_in_botocore_s_shape(
         )
     assert err.value.response["Error"]["Code"] == "ResourceNotFoundException"
     assert "not forwarded" in err.value.response["Error"]["Message"]
+    assert "upstreams.bedrock" in err.value.response["Error"]["Message"]
     assert len(sc.double.received) == before
 
 

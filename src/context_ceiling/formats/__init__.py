@@ -25,6 +25,7 @@ from context_ceiling.core.vocabulary import Api, Shape
 from context_ceiling.formats import (
     anthropic,
     azure,
+    bedrock,
     gemini,
     openai_chat,
     responses,
@@ -56,6 +57,7 @@ MODULES: tuple[ModuleType, ...] = (
     gemini,
     azure,
     vertex_anthropic,
+    bedrock,
 )
 
 #: every measured route
