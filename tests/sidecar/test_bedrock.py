@@ -384,6 +384,7 @@ def test_other_bedrock_routes_pass_through_signed(make_bedrock: Callable[..., Be
         c.invoke_model(modelId="meta.llama3-8b-instruct-v1:0", body=json.dumps({"prompt": "hi"}))
     assert err.value.response["Error"]["Code"] == "ValidationException"  # the double's answer
     assert d.received[-1].auth == "sigv4"
+
     def passed(outcome: str) -> float | None:
         return sc.sample(
             "llm_context_passthrough_requests_total",
