@@ -236,7 +236,7 @@ def _send(client: httpx.Client, url: str, api: Shape, body: dict[str, Any]) -> h
 
 def _account(t: Tally, api: Shape, sent: dict[str, Any], budget: int, prev: bytes | None) -> bytes:
     """Judge one forwarded request; returns its history as bytes for the next turn's prefix."""
-    tokens = count(sent, api=api).total
+    tokens = count(sent, shape=api).total
     t.over += tokens > budget
     t.invalid += not provider_valid(api, sent)
     history = orjson.dumps(history_of(api, sent))
@@ -353,7 +353,7 @@ def cpu_per_turn(api: Shape, seed: int) -> list[CpuRow]:
     for n, body in enumerate(Shape_("", 300, (150, 1500), 1, 0).loop(api, seed).turns(), 1):
         raw = orjson.dumps(body)
         fn(orjson.loads(raw), RequestMemo(counter), None, pattern, memo=cache)
-        fit(orjson.loads(raw), api=api, budget=60_000)  # the application's own turn
+        fit(orjson.loads(raw), shape=api, budget=60_000)  # the application's own turn
         history = body[key]
         if n in CPU_ROUNDS:
             fresh = orjson.dumps({**body, key: history[previous:]})
@@ -369,8 +369,8 @@ def cpu_per_turn(api: Shape, seed: int) -> list[CpuRow]:
                     _median_ms(
                         lambda b: fn(b, TiktokenCounter("o200k_base"), None, pattern), fresh
                     ),
-                    _median_ms(lambda b: count(b, api=api), raw),
-                    _median_ms(lambda b: fit(b, api=api, budget=60_000), raw),
+                    _median_ms(lambda b: count(b, shape=api), raw),
+                    _median_ms(lambda b: fit(b, shape=api, budget=60_000), raw),
                 )
             )
         previous = len(history)

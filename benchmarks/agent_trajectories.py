@@ -151,7 +151,7 @@ def replay(row: Row, bodies: list[dict[str, Any]], send: Send, keep: int = 3) ->
     for body in bodies:
         row.turns += 1
         whole = sent_bytes(row.api, body)
-        tokens = count(body, api=row.api).total
+        tokens = count(body, shape=row.api).total
         base = _uncached(prev_base, whole, tokens)
         row.uncached_base += base
         row.cost_base += base + CACHED * (tokens - base)
@@ -161,7 +161,7 @@ def replay(row: Row, bodies: list[dict[str, Any]], send: Send, keep: int = 3) ->
             row.rejected += status == 400
             continue
         row.events += event
-        forwarded = count(sent, api=row.api).total
+        forwarded = count(sent, shape=row.api).total
         row.over += forwarded > row.budget
         row.invalid += not provider_valid(row.api, sent)
         cur = sent_bytes(row.api, sent)
@@ -193,7 +193,7 @@ def replay(row: Row, bodies: list[dict[str, Any]], send: Send, keep: int = 3) ->
 
 def in_process(api: Shape, budget: int) -> Send:
     def send(body: dict[str, Any]) -> tuple[int, dict[str, Any] | None, bool, bool]:
-        out, report = fit(body, api=api, budget=budget)
+        out, report = fit(body, shape=api, budget=budget)
         if not report.fits:
             return 400, None, False, False
         return 200, out, report.trimmed > 0, report.clearing_event
@@ -248,7 +248,7 @@ def run(quick: bool, through_sidecar: bool) -> list[Row]:
         for source, name, bodies_of in conversations(quick):
             for api in APIS[:2] if quick else APIS:
                 bodies = bodies_of(api)
-                peak = max(count(b, api=api).total for b in bodies)
+                peak = max(count(b, shape=api).total for b in bodies)
                 for ceiling in CEILINGS:
                     budget = int(ceiling * peak)
                     row = Row(source, name, api, ceiling, peak=peak, budget=budget)

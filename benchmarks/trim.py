@@ -73,7 +73,7 @@ def measure() -> dict[str, Any]:
             t1 = time.perf_counter()
             _, report = fit(
                 body,
-                api="openai",
+                shape="openai",
                 budget=c.total // 2,
                 counter=memo,
                 count=c,

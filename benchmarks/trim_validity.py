@@ -89,7 +89,7 @@ def run_api(api: str, n: int, seed: int) -> tuple[dict[str, Any], list[dict[str,
         c = count(api, body)
         budget = int(c.total * rng.uniform(0.05, 1.0))
         out, report = fit(
-            body, api=shape, budget=budget, count=c, policy=Policy(tool_result_max_tokens=64)
+            body, shape=shape, budget=budget, count=c, policy=Policy(tool_result_max_tokens=64)
         )
         after = count(api, out).total
         invalid += bool(violations(api, out))
@@ -98,7 +98,7 @@ def run_api(api: str, n: int, seed: int) -> tuple[dict[str, Any], list[dict[str,
         # at 1% over budget: removed against needed
         tight = int(c.total / 1.01)
         _out2, rep2 = fit(
-            body, api=shape, budget=tight, count=c, policy=Policy(tool_result_max_tokens=64)
+            body, shape=shape, budget=tight, count=c, policy=Policy(tool_result_max_tokens=64)
         )
         if rep2.fits:
             needed = c.total - tight

@@ -50,7 +50,7 @@ from context_ceiling.core.models import UpstreamSpec
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.sweep import replay as replays
 from context_ceiling.sweep.prompts import ContextBuilder, Meter
-from context_ceiling.sweep.replay import Outcome, ReplayRequest, outcome
+from context_ceiling.sweep.replay import ReplayAnswer, ReplayRequest, outcome
 from context_ceiling.sweep.report import replay_line, replay_table
 from context_ceiling.sweep.statistics import items_for
 from context_ceiling.sweep.taskset import TaskSet, load_taskset
@@ -126,7 +126,7 @@ def sidecar(cfg: dict[str, Any], out: Path) -> Iterator[str]:
 
 def replay(
     url: str, model: str, ts: TaskSet, reqs: list[ReplayRequest], label: str
-) -> list[Outcome]:
+) -> list[ReplayAnswer]:
     """Ask the held-out requests through the sidecar (workload rag) and grade the answers."""
     client = openai.OpenAI(
         base_url=url + "/v1",

@@ -115,9 +115,14 @@ class Budget:
     def count(self, text: str) -> int:
         return self.counter.count(text)
 
-    def count_request(self, body: Mapping[str, Any], api: Shape = "openai") -> int:
-        """A whole request body, counted as the sidecar counts it."""
-        return count(body, api=api, counter=self.counter).total
+    def count_request(
+        self, body: Mapping[str, Any], shape: Shape = "openai", *, api: Shape | None = None
+    ) -> int:
+        """A whole request body of ``shape``, counted as the sidecar counts it (``api=``: the
+        deprecated former name of ``shape``)."""
+        if api is not None:
+            return count(body, api=api, counter=self.counter).total
+        return count(body, shape=shape, counter=self.counter).total
 
     def remaining(self, used: int) -> int:
         return max(0, self.tokens - used)

@@ -172,8 +172,15 @@ def test_the_public_api_counts_and_fits_like_the_sidecar() -> None:
 
     chunks = "".join(f"<document id={i}>{'fact ' * 200}</document>" for i in range(10))
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": chunks + " question?"}]}
-    total = count(body, api="openai").total
+    total = count(body, shape="openai").total
     budget = input_budget(window=128_000, reservation=0, ceiling_tokens=total // 2)
-    fitted, report = fit(body, api="openai", budget=budget, policy=Policy())
+    fitted, report = fit(body, shape="openai", budget=budget, policy=Policy())
     assert report.fits and report.before == total
-    assert report.after == count(fitted, api="openai").total <= budget
+    assert report.after == count(fitted, shape="openai").total <= budget
+    # the former keyword still works for one release, with a warning naming the new one
+    with pytest.warns(DeprecationWarning, match="shape="):
+        assert count(body, api="openai").total == total
+    with pytest.warns(DeprecationWarning, match="shape="):
+        assert fit(body, api="openai", budget=budget)[1].after == report.after
+    with pytest.raises(TypeError, match="shape="):
+        count(body)

@@ -208,7 +208,7 @@ def test_openai_fit_properties(
     budget = int(total * frac)
     out, report = fit(
         body,
-        api="openai",
+        shape="openai",
         budget=budget,
         policy=Policy(keep_first_user=keep_first, tool_result_max_tokens=cap),
     )
@@ -230,7 +230,7 @@ def test_anthropic_fit_properties(body: dict[str, Any], frac: float, protect: bo
     total = recount(body, "anthropic")
     budget = int(total * frac)
     out, report = fit(
-        body, api="anthropic", budget=budget, policy=Policy(protect_cache_prefix=protect)
+        body, shape="anthropic", budget=budget, policy=Policy(protect_cache_prefix=protect)
     )
     if budget >= total:
         assert out == body and report.trimmed == 0
@@ -271,7 +271,7 @@ def test_stages_in_order_and_markers() -> None:
     total = recount(body, "openai")
     # a budget that capping the tool result alone satisfies
     out, rep = fit(
-        body, api="openai", budget=total - 1500, policy=Policy(tool_result_max_tokens=100)
+        body, shape="openai", budget=total - 1500, policy=Policy(tool_result_max_tokens=100)
     )
     assert rep.fits and rep.removed["retrieved"] == 0 and rep.removed["history"] == 0
     tool = out["messages"][3]["content"]
@@ -280,7 +280,7 @@ def test_stages_in_order_and_markers() -> None:
     assert MARKER.split("{n}")[1].strip() in tool
     # tighter: the last chunk goes next, whole
     out, rep = fit(
-        body, api="openai", budget=total - 3000, policy=Policy(tool_result_max_tokens=100)
+        body, shape="openai", budget=total - 3000, policy=Policy(tool_result_max_tokens=100)
     )
     assert rep.removed["retrieved"] > 0 and '<document id="1">' in out["messages"][-1]["content"]
     assert '<document id="2">' not in out["messages"][-1]["content"]
@@ -317,10 +317,10 @@ def test_cache_prefix_is_cut_last_and_the_loss_counted() -> None:
         ],
     }
     total = recount(body, "anthropic")
-    out, rep = fit(body, api="anthropic", budget=total - 100)
+    out, rep = fit(body, shape="anthropic", budget=total - 100)
     assert rep.fits and rep.cache_loss_tokens == 0
     assert out["messages"][0] == body["messages"][0]  # type: ignore[index] # the cached prefix is untouched
-    out, rep = fit(body, api="anthropic", budget=total - 1000)
+    out, rep = fit(body, shape="anthropic", budget=total - 1000)
     assert rep.fits and rep.cache_loss_tokens > 0
 
 

@@ -295,13 +295,18 @@ def test_request_memo_encodes_only_what_trimming_rewrote() -> None:
     count = count_openai(body, memo, None, CHUNKS)
     first = len(encoded)
     out, report = fit(
-        body, api="openai", budget=count.total // 2, counter=memo, count=count, chunk_pattern=CHUNKS
+        body,
+        shape="openai",
+        budget=count.total // 2,
+        counter=memo,
+        count=count,
+        chunk_pattern=CHUNKS,
     )
     assert report.fits and report.after == count_openai(out, ENC, None, CHUNKS).total
     again = [t for t in encoded[first:] if len(t) >= 64]
     assert not any(t in docs for t in again), "kept chunks were counted from the memo"
     plain, plain_report = fit(
-        body, api="openai", budget=count.total // 2, counter=ENC, chunk_pattern=CHUNKS
+        body, shape="openai", budget=count.total // 2, counter=ENC, chunk_pattern=CHUNKS
     )
     assert (plain, plain_report) == (out, report)
 

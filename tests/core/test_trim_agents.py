@@ -64,7 +64,7 @@ def test_trimmed_agent_traffic_stays_valid_and_honest(
     policy = Policy(
         keep_first_user=keep_first, tool_result_max_tokens=cap, protect_cache_prefix=protect
     )
-    out, report = fit(body, api=api, budget=budget, policy=policy)
+    out, report = fit(body, shape=api, budget=budget, policy=policy)
     assert body == original, "the input is never mutated"
     assert violations(api, out) == [], "the output follows the provider's rules"
     assert report.after == recount(out, api), "after is a recount of what is sent"
@@ -87,10 +87,10 @@ def test_trimmed_agent_traffic_stays_valid_and_honest(
     for m in out["messages"]:
         if m["role"] == "assistant":
             assert m in body["messages"], "assistant messages are never edited"
-    again, _ = fit(body, api=api, budget=budget, policy=policy)
+    again, _ = fit(body, shape=api, budget=budget, policy=policy)
     assert again == out, "deterministic"
     memo = RequestMemo(TiktokenCounter("o200k_base"), min_chars=8)
-    fast, fast_report = fit(body, api=api, budget=budget, policy=policy, counter=memo)
+    fast, fast_report = fit(body, shape=api, budget=budget, policy=policy, counter=memo)
     assert (fast, fast_report) == (out, report), "the per-request memo changes nothing but time"
 
 
@@ -119,7 +119,7 @@ def test_a_tool_result_that_shares_its_message_with_text_stays_with_its_call() -
     ]
     body = {"model": "claude-x", "max_tokens": 100, "messages": msgs}
     policy = Policy(stages=["history"], keep_first_user=False)
-    out, report = fit(body, api="anthropic", budget=200, policy=policy)
+    out, report = fit(body, shape="anthropic", budget=200, policy=policy)
     assert anthropic_ok(out) and report.after == recount(out, "anthropic")
     assert "tr0" not in xids(out) or "a0" in xids(out)
 
@@ -138,7 +138,7 @@ def test_the_placeholder_is_counted_and_nothing_is_left_blank() -> None:
     ]
     body = {"model": "claude-x", "max_tokens": 100, "messages": msgs}
     policy = Policy(stages=["retrieved"])
-    out, report = fit(body, api="anthropic", budget=254, policy=policy)
+    out, report = fit(body, shape="anthropic", budget=254, policy=policy)
     assert report.after == recount(out, "anthropic")
     assert report.fits == (report.after <= 254)
     for m in out["messages"]:
@@ -155,7 +155,7 @@ def test_one_token_over_removes_about_one_token_of_tool_output(api: str) -> None
     total = recount(body, api)
     _out, report = fit(
         body,
-        api=api,
+        shape=api,
         budget=total - 1,
         policy=Policy(stages=["tool_results"], tool_result_max_tokens=16),
     )

@@ -44,7 +44,7 @@ def _fixed_part(api: Shape, body: dict[str, Any], keep: int) -> int:
     head = history[: 2 if api == "openai" else 1]
     tail = history[-keep * per_round :] if keep else []
     key = {"responses": "input", "gemini": "contents"}.get(api, "messages")
-    return count({**body, key: head + tail}, api=api).total
+    return count({**body, key: head + tail}, shape=api).total
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -54,12 +54,12 @@ def test_a_single_task_loop_is_never_rejected_and_stays_valid(api: Shape) -> Non
     policy = Policy()
     rejected = 0
     for n, body in enumerate(Loop(api, rounds=60).turns(), 1):
-        out, report = fit(body, api=api, budget=20_000, policy=policy)
+        out, report = fit(body, shape=api, budget=20_000, policy=policy)
         if _fixed_part(api, body, policy.keep) <= 20_000:
             assert report.fits, f"turn {n} rejected at {report.after}"
         rejected += not report.fits
         assert provider_valid(api, out), f"turn {n}"
-        assert report.after == count(out, api=api).total
+        assert report.after == count(out, shape=api).total
         calls, _ = pairs(api, out)
         assert pairs(api, body)[0][-policy.keep :] == calls[-policy.keep :]
         if report.trimmed:
@@ -78,7 +78,7 @@ def test_turns_between_clearing_events_only_append(api: Shape) -> None:
     previous: bytes | None = None
     events = appended = 0
     for body in Loop(api, rounds=60, seed=3).turns():
-        out, report = fit(body, api=api, budget=20_000)
+        out, report = fit(body, shape=api, budget=20_000)
         current = orjson.dumps(history_of(api, out))
         if previous is not None and report.trimmed:
             share = prefix_share(previous, current)
@@ -105,7 +105,7 @@ def test_clearing_keeps_excluded_tools_and_can_clear_inputs() -> None:
     excluded = sorted(names)[0]
     out, report = fit(
         body,
-        api="anthropic",
+        shape="anthropic",
         budget=15_000,
         policy=Policy(exclude_tools=[excluded], clear_tool_inputs=True),
     )
@@ -135,7 +135,7 @@ def test_parallel_calls_and_long_outputs_fit_when_the_fixed_part_does() -> None:
     for api in APIS:
         loop = Loop(api, rounds=40, parallel=3, output_words=(150, 6000), seed=rng.randrange(99))
         for body in loop.turns():
-            out, report = fit(body, api=api, budget=60_000)
+            out, report = fit(body, shape=api, budget=60_000)
             if _fixed_part(api, body, 3) <= 60_000:
                 assert report.fits
             assert provider_valid(api, out)
@@ -176,8 +176,10 @@ def test_documents_and_search_results_inside_tool_results_are_counted() -> None:
             },
         ],
     }
-    c = count(body, api="anthropic")
-    n_text = count({**body, "messages": [{"role": "user", "content": text}]}, api="anthropic").total
+    c = count(body, shape="anthropic")
+    n_text = count(
+        {**body, "messages": [{"role": "user", "content": text}]}, shape="anthropic"
+    ).total
     assert c.total > 2 * n_text + 3 * 3000 - 50  # two texts and a 3-page PDF (3,000 a page)
 
 
@@ -198,9 +200,9 @@ def test_a_second_cut_merges_markers_and_keeps_the_true_total() -> None:
         ],
     }
     policy = Policy(stages=["tool_results"], tool_result_max_tokens=16)
-    before = count(body, api="openai").total
-    once, r1 = fit(body, api="openai", budget=before - 3000, policy=policy)
-    twice, r2 = fit(once, api="openai", budget=r1.after - 1000, policy=policy)
+    before = count(body, shape="openai").total
+    once, r1 = fit(body, shape="openai", budget=before - 3000, policy=policy)
+    twice, r2 = fit(once, shape="openai", budget=r1.after - 1000, policy=policy)
     text = twice["messages"][2]["content"]
     markers = MARKER_RE.findall(text)
     assert len(markers) == 1
@@ -239,7 +241,7 @@ def test_dropped_documents_keep_citation_indices() -> None:
             {"role": "user", "content": "and doc 5?"},
         ],
     }
-    out, report = fit(body, api="anthropic", budget=count(body, api="anthropic").total // 2)
+    out, report = fit(body, shape="anthropic", budget=count(body, shape="anthropic").total // 2)
     assert report.fits and report.removed["retrieved"] > 0
     kept = [b for b in out["messages"][0]["content"] if b["type"] == "document"]
     assert len(kept) == 6  # stubs in place of the dropped ones: index 4 is still doc 4
@@ -259,9 +261,9 @@ def test_compaction_items_are_counted_and_never_dropped() -> None:
         *items[10:],
     ]
     body = {**loop, "input": compacted}
-    c = count(body, api="responses")
-    assert c.total > count(loop, api="responses").total + 400  # estimated from its size
-    out, report = fit(body, api="responses", budget=6000)
+    c = count(body, shape="responses")
+    assert c.total > count(loop, shape="responses").total + 400  # estimated from its size
+    out, report = fit(body, shape="responses", budget=6000)
     assert report.fits
     assert {"type": "compaction", "id": "cmp_1", "encrypted_content": enc} in out["input"]
     assert provider_valid("responses", out)
@@ -279,7 +281,7 @@ def test_anthropic_compaction_blocks_are_counted() -> None:
         ],
     }
     plain = {**body, "messages": [{"role": "user", "content": summary}]}
-    assert count(body, api="anthropic").total >= count(plain, api="anthropic").total
+    assert count(body, shape="anthropic").total >= count(plain, shape="anthropic").total
 
 
 # -- native context management through the real sidecar ---------------------------------------
@@ -301,7 +303,7 @@ class ContextManagementProviderDouble:
         cm = body.get("context_management")
         cleared = edits = 0
         tokens = count(
-            {k: v for k, v in body.items() if k != "context_management"}, api="anthropic"
+            {k: v for k, v in body.items() if k != "context_management"}, shape="anthropic"
         ).total
         if cm and "context-management-2025-06-27" in request.headers.get("anthropic-beta", ""):
             edit = cm["edits"][0]
@@ -344,7 +346,7 @@ class ContextManagementProviderDouble:
         self.received.append((dict(request.headers), body))
         cm = body.get("context_management") or []
         tokens = count(
-            {k: v for k, v in body.items() if k != "context_management"}, api="responses"
+            {k: v for k, v in body.items() if k != "context_management"}, shape="responses"
         ).total
         output: list[dict[str, Any]] = []
         if cm and tokens > cm[0]["compact_threshold"]:
@@ -545,7 +547,7 @@ def test_gemini_over_budget_is_trimmed_through_the_sidecar(tmp_path: Path) -> No
     assert r.status_code == 200, r.text
     sent = got[-1]
     assert provider_valid("gemini", sent)
-    assert count(sent, api="gemini").total <= 15_000
+    assert count(sent, shape="gemini").total <= 15_000
     assert int(r.headers["x-ceiling-cleared-tool-uses"]) > 0
     assert sent["contents"][-1] == body["contents"][-1]
 
@@ -565,9 +567,9 @@ def test_loops_with_instructions_thinking_and_search_results_fit_and_stay_valid(
         seed=2,
     )
     for body in loop.turns():
-        out, report = fit(body, api=api, budget=40_000)
+        out, report = fit(body, shape=api, budget=40_000)
         assert report.fits and provider_valid(api, out)
-        assert report.after == count(out, api=api).total
+        assert report.after == count(out, shape=api).total
 
 
 def test_earlier_turns_thinking_counts_nothing_and_this_turns_counts() -> None:
@@ -603,8 +605,8 @@ def test_earlier_turns_thinking_counts_nothing_and_this_turns_counts() -> None:
             for m in later["messages"]  # type: ignore[attr-defined]
         ],
     }
-    assert count(current, api="anthropic").total > 400  # this turn's thinking counts
-    assert count(later, api="anthropic").total == count(no_thinking, api="anthropic").total
+    assert count(current, shape="anthropic").total > 400  # this turn's thinking counts
+    assert count(later, shape="anthropic").total == count(no_thinking, shape="anthropic").total
 
 
 def _cached(api: Shape, body: dict[str, Any], cache: Any, **kw: Any) -> Any:
@@ -639,7 +641,7 @@ def test_resent_history_is_counted_from_the_message_cache_with_the_same_result(
     loop = Loop(api, 40, (50, 400), parallel=2, seed=3, instruct_every=7, thinking=True)
     previous = seen = 0
     for body in loop.turns():
-        fresh = count(body, api=api)
+        fresh = count(body, shape=api)
         walked, got = _walked(api, body, cache)
         assert got.total == fresh.total and got.components == fresh.components
         assert [(p.message, p.block, p.component, p.tokens, p.span) for p in got.parts] == [
@@ -691,15 +693,15 @@ def test_the_message_cache_keys_on_what_a_count_depends_on() -> None:
     a = _cached("openai", body, cache)
     held = len(cache)
     b = _cached("openai", body, cache, counter=TiktokenCounter("cl100k_base"))
-    assert b.total == count(body, api="openai", counter=TiktokenCounter("cl100k_base")).total
+    assert b.total == count(body, shape="openai", counter=TiktokenCounter("cl100k_base")).total
     assert b.total != a.total and len(cache) > held
     # the second question, the latest user turn before, is history now: counted as history
     longer = {**body, "messages": [*body["messages"], {"role": "user", "content": "third"}]}
     got = _cached("openai", longer, cache)
-    assert got.components == count(longer, api="openai").components
+    assert got.components == count(longer, shape="openai").components
     # Anthropic reads the same bytes with its own framing
     anth = {k: v for k, v in body.items()}
-    assert _cached("anthropic", anth, cache).total == count(anth, api="anthropic").total
+    assert _cached("anthropic", anth, cache).total == count(anth, shape="anthropic").total
     # a bad message is refused every time, and a deep one too (past what JSON writers accept)
     deep: Any = "x"
     for _ in range(100):  # past the depth limit, within what JSON writers accept

@@ -64,7 +64,7 @@ def test_the_splitter_yields_each_message_whole_however_the_reads_fall(
 
 def test_the_registry_knows_bedrock_without_taking_anthropic_s_shape() -> None:
     assert "bedrock" in APIS and APIS["bedrock"].signer is bedrock.SIGNER
-    assert FORMATS["anthropic"] is anthropic.FORMAT  # the public fit(api="anthropic")
+    assert FORMATS["anthropic"] is anthropic.FORMAT  # the public fit(shape="anthropic")
     assert FORMATS["converse"] is bedrock.CONVERSE
     assert API_FORMATS["bedrock"].api == "bedrock"
     s = Settings(
@@ -156,7 +156,7 @@ def test_fit_clears_old_results_and_keeps_every_pair_and_the_task() -> None:
     body = _loop(10)
     body["system"].append({"cachePoint": {"type": "default"}})
     before = bedrock.count(body, O200K).total
-    out, report = fit(body, api="converse", budget=before // 2)
+    out, report = fit(body, shape="converse", budget=before // 2)
     assert report.fits and report.after <= before // 2
     assert report.after == bedrock.count(out, O200K).total
     msgs = out["messages"]

@@ -87,12 +87,12 @@ def test_every_format_counts_fits_and_stays_valid(shape: Shape) -> None:
     part allowing), its report is a recount of what it returned, no call loses its result, and
     the request asked for its output the way the format says."""
     for n, body in enumerate(Loop(shape, rounds=24, output_words=(300, 900)).turns(), 1):
-        c = count(body, api=shape)
+        c = count(body, shape=shape)
         assert sum(p.tokens for p in c.parts) == c.total
         assert sum(c.components.values()) == c.total
         budget = max(2000, c.total // 2)
-        out, report = fit(body, api=shape, budget=budget, policy=Policy(keep=2))
-        assert report.after == count(out, api=shape).total, f"turn {n}"
+        out, report = fit(body, shape=shape, budget=budget, policy=Policy(keep=2))
+        assert report.after == count(out, shape=shape).total, f"turn {n}"
         assert report.fits or report.after > budget
         if n > 12:
             assert report.fits, f"turn {n}: {report.after} > {budget}"
@@ -113,7 +113,7 @@ def test_every_format_counts_fits_and_stays_valid(shape: Shape) -> None:
 def test_every_format_refuses_a_malformed_body_with_the_field_named(shape: Shape) -> None:
     key = FORMATS[shape].trim.items_key
     with pytest.raises(ValueError, match=re.escape(key) + r"|\[0\]"):
-        count({key: [17]}, api=shape)
+        count({key: [17]}, shape=shape)
 
 
 # -- a provider added as one module: Anthropic on Vertex AI ------------------------------------
@@ -148,7 +148,7 @@ def test_anthropic_on_vertex_is_measured_through_its_sdk(sidecar: Running) -> No
     spec = sidecar.state.registry.resolve("claude-sonnet-4@20250514")
     assert spec is not None
     counter = sidecar.state.registry.counter(spec)
-    expected = count({"messages": MESSAGES}, api="anthropic", counter=counter).total
+    expected = count({"messages": MESSAGES}, shape="anthropic", counter=counter).total
     assert int(raw.headers["x-ceiling-input-tokens"]) == expected
     labels = {"model": "claude", "workload": "default", "outcome": "ok"}
     assert (

@@ -261,7 +261,7 @@ def test_responses_trimming_properties(seed: int) -> None:
     policy = Policy(
         tool_result_max_tokens=rng.choice([16, 64, 256]), keep_first_user=rng.random() < 0.5
     )
-    out, report = fit(body, api="responses", budget=budget, policy=policy)
+    out, report = fit(body, shape="responses", budget=budget, policy=policy)
     assert body["input"] == items, "input never mutated"
     assert valid(out["input"]), "every call keeps its output"
     assert report.after == count_responses(out, ENC).total

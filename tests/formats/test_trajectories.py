@@ -29,7 +29,7 @@ QUICK = ("mini-swe-agent-django__django-14349", "tau-bench-airline-task33")
 
 def _row(t: Trajectory, api: Shape, ceiling: float) -> Row:
     bodies = list(turns(t, api))
-    peak = max(count(b, api=api).total for b in bodies)
+    peak = max(count(b, shape=api).total for b in bodies)
     row = Row(t.framework, t.name, api, ceiling, peak=peak, budget=int(ceiling * peak))
     return replay(row, bodies, in_process(api, row.budget))
 
@@ -37,7 +37,7 @@ def _row(t: Trajectory, api: Shape, ceiling: float) -> Row:
 def _floor(body: dict[str, Any], api: Shape) -> int:
     """What the history stages cannot remove from a turn: the system prompt, the task, the
     newest rounds and what the model answers."""
-    _, report = fit(body, api=api, budget=1, policy=Policy(stages=["clear", "history"]))
+    _, report = fit(body, shape=api, budget=1, policy=Policy(stages=["clear", "history"]))
     return report.after
 
 
@@ -49,7 +49,7 @@ def _judge(t: Trajectory, api: Shape, ceiling: float) -> None:
     bodies = list(turns(t, api))
     floors = [_floor(b, api) for b in bodies]
     for body, floor in zip(bodies, floors, strict=True):
-        _, report = fit(body, api=api, budget=row.budget)
+        _, report = fit(body, shape=api, budget=row.budget)
         assert report.fits or floor > row.budget, f"{where}: rejected though the floor fits"
     if max(floors) <= row.budget:
         assert ok["latest"], where
@@ -91,9 +91,9 @@ def test_a_kept_user_message_keeps_the_reply_it_answers() -> None:
     seen = 0
     for t in load_all("tau-bench"):
         bodies = list(turns(t, "openai"))
-        peak = count(bodies[-1], api="openai").total
+        peak = count(bodies[-1], shape="openai").total
         for body in bodies:
-            out, report = fit(body, api="openai", budget=int(0.5 * peak))
+            out, report = fit(body, shape="openai", budget=int(0.5 * peak))
             if not report.trimmed:
                 continue
             given, kept = history_of("openai", body), history_of("openai", out)
@@ -117,9 +117,9 @@ def test_gemini_results_are_shortened_where_the_openai_shape_fits() -> None:
         {"role": "tool", "call_id": "c1", "name": "cat", "text": "log line\n" * 4000},
     ]
     openai_body, gemini_body = to_api(msgs, "openai"), to_api(msgs, "gemini")
-    budget = count(openai_body, api="openai").total // 3
-    _, a = fit(openai_body, api="openai", budget=budget)
-    out, g = fit(gemini_body, api="gemini", budget=budget)
+    budget = count(openai_body, shape="openai").total // 3
+    _, a = fit(openai_body, shape="openai", budget=budget)
+    out, g = fit(gemini_body, shape="gemini", budget=budget)
     assert a.fits and g.fits and g.removed["tool_results"] > 0
     text = out["contents"][-1]["parts"][0]["functionResponse"]["response"]["result"]
     assert "tokens removed by context-ceiling" in text
@@ -128,13 +128,13 @@ def test_gemini_results_are_shortened_where_the_openai_shape_fits() -> None:
 def test_the_public_count_remembers_the_history_it_counted() -> None:
     bodies = list(Loop("anthropic", rounds=40, seed=9).turns())
     for body in bodies[:-1]:
-        count(body, api="anthropic")
+        count(body, shape="anthropic")
     hits = SHARED_CACHE.hits
-    cached = count(bodies[-1], api="anthropic")
+    cached = count(bodies[-1], shape="anthropic")
     assert SHARED_CACHE.hits > hits
-    assert cached.total == count(bodies[-1], api="anthropic", cache=False).total
-    out, report = fit(bodies[-1], api="anthropic", budget=cached.total // 2)
-    assert report.after == count(out, api="anthropic", cache=False).total
+    assert cached.total == count(bodies[-1], shape="anthropic", cache=False).total
+    out, report = fit(bodies[-1], shape="anthropic", budget=cached.total // 2)
+    assert report.after == count(out, shape="anthropic", cache=False).total
 
 
 # -- the cut, as a function of the history ---------------------------------------------------------

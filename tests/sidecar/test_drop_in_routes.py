@@ -306,16 +306,16 @@ def test_request_builders_ask_for_their_budget(tmp_path: Path) -> None:
         "model": "gpt-4o",
         "messages": [{"role": "user", "content": "".join(chunks[:n]) + "What is fact 3?"}],
     }
-    assert 0 < n < 20 and count(body, api="openai").total <= 3000
+    assert 0 < n < 20 and count(body, shape="openai").total <= 3000
     over = {**body, "messages": [{"role": "user", "content": "".join(chunks[: n + 2])}]}
-    assert count(over, api="openai").total > 3000
+    assert count(over, shape="openai").total > 3000
     history = [
         {"role": "user", "content": "word " * 200},
         {"role": "assistant", "content": "ok " * 200},
     ] * 20
     start = budget.history_that_fits(history, used=fixed)
     kept = {"model": "gpt-4o", "messages": history[start:]}
-    assert 0 < start < len(history) and count(kept, api="openai").total <= 3000
+    assert 0 < start < len(history) and count(kept, shape="openai").total <= 3000
     fitted = budget.fit_text("line of output " * 2000, used=fixed)
     assert budget.count(fitted) <= 3000 - fixed and "tokens removed by context-ceiling" in fitted
 

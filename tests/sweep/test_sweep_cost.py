@@ -17,7 +17,7 @@ import pytest
 
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.calllog import CallLog
-from context_ceiling.sweep.prompts import Prompt
+from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, forecast, random_truth
 from context_ceiling.sweep.solver import Endpoint, _result, request_of
 from testkit.doubles.scripted_model import ScriptedModelDouble
@@ -64,12 +64,12 @@ def test_a_shared_haystack_is_read_from_the_prompt_cache(
 def test_anthropic_calls_mark_the_shared_haystack_as_a_cache_breakpoint() -> None:
     ep = Endpoint("https://api.anthropic.test", api="anthropic", model="claude")
     user = "Documents:\nA long haystack.\n\nQuestion: what?"
-    shared = Prompt("sys", user, [], {}, 100, 100, shared=user.index("Question"))
+    shared = RenderedPrompt("sys", user, [], {}, 100, 100, shared=user.index("Question"))
     _, _, body = request_of(ep, shared)
     first, second = body["messages"][0]["content"]
     assert first["cache_control"] == {"type": "ephemeral"}
     assert first["text"] + second["text"] == user and "cache_control" not in second
-    _, _, alone = request_of(ep, Prompt("sys", user, [], {}, 100, 100))
+    _, _, alone = request_of(ep, RenderedPrompt("sys", user, [], {}, 100, 100))
     assert alone["messages"][0]["content"] == user  # a haystack of its own: nothing to reuse
     got = _result(
         ep,

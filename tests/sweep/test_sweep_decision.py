@@ -17,7 +17,7 @@ import pytest
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.analysis import Design, analyse_graded
 from context_ceiling.sweep.design import START_SHARE
-from context_ceiling.sweep.prompts import Prompt
+from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.solver import Endpoint, request_of
 from context_ceiling.sweep.statistics import (
@@ -269,7 +269,7 @@ def test_reasoning_models_get_what_they_accept(
     assert sent and all("temperature" not in b and "max_tokens" not in b for b in sent)
     ep = Endpoint("http://x", api="anthropic", reasoning="anthropic", reasoning_tokens=2000)
     _, _, body = request_of(
-        ep, Prompt(system="s", user="u", doc_ids=[], gold_positions={}, tokens=1, target=1)
+        ep, RenderedPrompt(system="s", user="u", doc_ids=[], gold_positions={}, tokens=1, target=1)
     )
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 2000}
     assert body["max_tokens"] == 2100 and "temperature" not in body

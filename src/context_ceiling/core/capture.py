@@ -128,11 +128,6 @@ class CaptureStore:
             )
         return len(rows)
 
-    def size_bytes(self) -> int:
-        pages = self._conn.execute("PRAGMA page_count").fetchone()[0]
-        size = self._conn.execute("PRAGMA page_size").fetchone()[0]
-        return int(pages) * int(size)
-
     def rotate(self, max_bytes: int, max_age_s: float, now: float | None = None) -> int:
         """Drop records older than ``max_age_s`` and then the oldest until the records fit in
         ``max_bytes``; returns how many were dropped."""

@@ -12,7 +12,7 @@ request needs more than a few dozen levels, so deeper bodies are refused up fron
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from context_ceiling.core.errors import CeilingError
@@ -70,10 +70,3 @@ def messages_of(body: Mapping[str, Any]) -> list[Any]:
     if not isinstance(messages, list):
         raise RequestShapeError("'messages' is required and must be an array")
     return messages
-
-
-def check_each(items: list[Any], check: Callable[[int, Any], None]) -> None:
-    """Each item of a body's top-level list: its depth, then its shape."""
-    for i, item in enumerate(items):
-        check_item_depth(item)
-        check(i, item)

@@ -13,6 +13,7 @@ trim its own requests the way the sidecar does (re-exported from ``context_ceili
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
 from typing import Any, Literal
@@ -153,30 +154,49 @@ def _cached(
     return (memo.wrap(base) if memo is not None else base), memo
 
 
+def _format(shape: Shape | Format | None, api: Shape | Format | None, caller: str) -> Format:
+    """The format ``shape`` names; ``api=`` is its former name, taken with a warning."""
+    if api is not None:
+        warnings.warn(
+            f"{caller}(api=...) is deprecated and goes in the next minor release: "
+            f"pass shape=... (the body's shape: {', '.join(FORMATS)})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        shape = api if shape is None else shape
+    if shape is None:
+        raise TypeError(f"{caller}() needs shape= (one of {', '.join(FORMATS)})")
+    return format_of(shape)
+
+
 def count(
     body: Mapping[str, Any],
     *,
-    api: Shape | Format,
+    shape: Shape | Format | None = None,
     counter: TextCounter | None = None,
     chat_format: ChatFormat | None = None,
     chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
     cache: CountCache | Literal[False] | None = None,
+    api: Shape | Format | None = None,
 ) -> RequestCount:
     """Count a request body the way the sidecar does: its input tokens (``.total``) and their
     breakdown by component, with ``counter`` (default: tiktoken's ``o200k_base``) and the
-    model's ``chat_format`` framing. Raises :class:`ValueError` for a body of the wrong shape.
+    model's ``chat_format`` framing. ``shape``: the body's shape (``openai``, ``responses``,
+    ``anthropic``, ``gemini``, ``converse``; ``api=`` is its deprecated former name). Raises
+    :class:`ValueError` for a body of the wrong shape.
 
     ``cache``: where the counts of long texts and whole messages are remembered (default: one
     cache shared by :func:`count` and :func:`fit`, 64 MiB; ``False``: none), so an agent that
     counts its growing history every turn pays for what the turn added."""
+    fmt = _format(shape, api, "count")
     counter, memo = _cached(counter, cache)
-    return format_of(api).count(body, counter, chat_format, _pattern(chunk_pattern), memo=memo)
+    return fmt.count(body, counter, chat_format, _pattern(chunk_pattern), memo=memo)
 
 
 def fit(
     body: Mapping[str, Any],
     *,
-    api: Shape | Format,
+    shape: Shape | Format | None = None,
     budget: int,
     counter: TextCounter | None = None,
     count: RequestCount | None = None,
@@ -184,9 +204,11 @@ def fit(
     chat_format: ChatFormat | None = None,
     chunk_pattern: str | re.Pattern[str] | None = DEFAULT_CHUNK_PATTERN,
     cache: CountCache | Literal[False] | None = None,
+    api: Shape | Format | None = None,
 ) -> tuple[dict[str, Any], FitReport]:
-    """Fit an OpenAI chat, OpenAI Responses, Anthropic messages or Gemini body (any registered
-    format; ``api``: its shape) into ``budget`` input tokens.
+    """Fit an OpenAI chat, OpenAI Responses, Anthropic messages, Gemini or Bedrock Converse body
+    (any registered format; ``shape``: its shape, ``api=`` its deprecated former name) into
+    ``budget`` input tokens.
 
     Returns the fitted body (the input is never mutated; untouched messages are shared, not
     copied) and a report whose ``after`` is a recount of that body. ``report.fits`` is False
@@ -194,7 +216,7 @@ def fit(
     ``count`` to reuse an existing count (of ``body``, with ``counter``); ``cache`` as for
     :func:`count`.
     """
-    fmt = format_of(api)
+    fmt = _format(shape, api, "fit")
     counter, memo = _cached(counter, cache)
     pattern = _pattern(chunk_pattern)
     if count is None:

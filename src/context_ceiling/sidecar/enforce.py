@@ -45,7 +45,7 @@ class Decision:
         return self.report is not None and self.report.before > (self.budget or 0)
 
 
-def budget_of(
+def planned_decision(
     obj: dict[str, Any],
     api: Shape | Format,
     spec: ModelSpec | None,
@@ -99,7 +99,7 @@ def trim_to(
     chunk_pattern: re.Pattern[str] | None,
 ) -> Decision:
     """The verdict on a counted request under ``base`` (its mode and budget, from
-    :func:`budget_of`): forward, trim or reject. A new decision; ``base`` is not changed."""
+    :func:`planned_decision`): forward, trim or reject. A new decision; ``base`` is not changed."""
     d = dataclasses.replace(base)
     if d.mode == "off" or spec is None or d.budget is None:
         return d
@@ -116,7 +116,7 @@ def trim_to(
     )
     fitted, report = fit(
         obj,
-        api=api,
+        shape=api,
         budget=math.floor(d.budget * scale),
         counter=counter,
         count=local,

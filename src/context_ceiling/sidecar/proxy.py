@@ -328,7 +328,7 @@ class Proxy:
             return client, upstream_cfg
         if ex.schedule is Schedule.ON_THREAD:
             try:
-                d = await schedule.first(st, route, ex, obj, counter)
+                d = await schedule.count_on_thread(st, route, ex, obj, counter)
             except RequestShapeError as exc:
                 raise Refused(400, str(exc)) from None
         else:

@@ -39,7 +39,7 @@ from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.utilization import utilization
 from context_ceiling.formats.base import Route
 from context_ceiling.sidecar.bounded_count import provably_within
-from context_ceiling.sidecar.enforce import Decision, budget_of, trim_to
+from context_ceiling.sidecar.enforce import Decision, planned_decision, trim_to
 from context_ceiling.sidecar.exchange import Exchange, Schedule
 from context_ceiling.sidecar.observability.record import Recorder
 from context_ceiling.sidecar.state import SidecarState
@@ -122,9 +122,9 @@ def on_threads(st: SidecarState, route: Route, ex: Exchange, raw: bytes) -> bool
 
 
 def budget(st: SidecarState, route: Route, ex: Exchange, obj: dict[str, Any]) -> Decision:
-    """The exchange's mode and input budget before it is counted (:func:`budget_of` for its
+    """The exchange's mode and input budget before it is counted (:func:`planned_decision` for its
     model, workload, ceilings and upstream)."""
-    return budget_of(
+    return planned_decision(
         obj,
         route.format,
         ex.spec,
@@ -163,7 +163,7 @@ def start(
         st.sampler.counting(ex.pending)
 
 
-async def first(
+async def count_on_thread(
     st: SidecarState, route: Route, ex: Exchange, obj: dict[str, Any], counter: TextCounter
 ) -> Decision:
     """Count a long request that must be counted before it is forwarded (``enforce`` and not

@@ -227,8 +227,6 @@ def analyse(
     window: int,
     tolerance: float = 0.05,
     margin: float = 0.1,
-    seed: int = 0,
-    bootstrap: int = 0,
     *,
     design: Design | None = None,
     docs: Mapping[str, str] | None = None,
@@ -236,9 +234,8 @@ def analyse(
     include_closed_book: bool = False,
     metric: str = "accuracy",
 ) -> Analysis:
-    """``seed`` and ``bootstrap`` are accepted and ignored, so older callers keep working: the
-    intervals are analytic and need neither."""
-    del seed, bootstrap
+    """The analysis of a run's call records (``records``): graded against the items, then
+    :func:`analyse_graded`."""
     all_records = list(records)
     return analyse_graded(
         all_records,

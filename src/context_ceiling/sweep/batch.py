@@ -31,8 +31,8 @@ __all__ = [
     "ANTHROPIC",
     "OPENAI",
     "BatchApi",
+    "BatchResult",
     "Ledger",
-    "Outcome",
     "Pending",
     "api_for",
     "chunks",
@@ -46,7 +46,7 @@ MAX_BATCH_REQUESTS = 10_000
 
 
 @dataclass(frozen=True)
-class Outcome:
+class BatchResult:
     """One request's result: the provider's response body, or why there is none."""
 
     custom_id: str
@@ -73,7 +73,7 @@ class BatchApi(Protocol):
 
     async def poll(
         self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], batch_id: str
-    ) -> list[Outcome] | None:
+    ) -> list[BatchResult] | None:
         """The batch's results once it has ended (None while it runs)."""
         ...
 
@@ -124,11 +124,11 @@ class _OpenAI:
 
     async def poll(
         self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], batch_id: str
-    ) -> list[Outcome] | None:
+    ) -> list[BatchResult] | None:
         state = _check(await client.get(f"{base_url}/batches/{batch_id}", headers=headers), "poll")
         if state.get("status") not in self._ENDED:
             return None
-        out: list[Outcome] = []
+        out: list[BatchResult] = []
         for key in ("output_file_id", "error_file_id"):
             fid = state.get(key)
             if not fid:
@@ -140,11 +140,11 @@ class _OpenAI:
                 r = row.get("response") or {}
                 code = int(r.get("status_code") or 0)
                 if code == 200:
-                    out.append(Outcome(row["custom_id"], r.get("body") or {}))
+                    out.append(BatchResult(row["custom_id"], r.get("body") or {}))
                 else:
                     err = row.get("error") or (r.get("body") or {}).get("error") or {}
                     out.append(
-                        Outcome(
+                        BatchResult(
                             row["custom_id"],
                             None,
                             f"HTTP {code}: {json.dumps(err)[:300]}",
@@ -177,7 +177,7 @@ class _Anthropic:
 
     async def poll(
         self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], batch_id: str
-    ) -> list[Outcome] | None:
+    ) -> list[BatchResult] | None:
         state = _check(
             await client.get(f"{base_url}/v1/messages/batches/{batch_id}", headers=headers), "poll"
         )
@@ -186,14 +186,14 @@ class _Anthropic:
         resp = await client.get(str(state["results_url"]), headers=headers)
         if resp.status_code >= 400:
             raise UserError(f"batch results: HTTP {resp.status_code}: {resp.text[:300]}")
-        out: list[Outcome] = []
+        out: list[BatchResult] = []
         for row in _jsonl(resp.text):
             result = row.get("result") or {}
             if result.get("type") == "succeeded":
-                out.append(Outcome(row["custom_id"], result.get("message") or {}))
+                out.append(BatchResult(row["custom_id"], result.get("message") or {}))
             else:
                 why = result.get("error") or result.get("type") or "no result"
-                out.append(Outcome(row["custom_id"], None, f"batch: {json.dumps(why)[:300]}"))
+                out.append(BatchResult(row["custom_id"], None, f"batch: {json.dumps(why)[:300]}"))
         return out
 
 
@@ -273,7 +273,7 @@ async def wait(
     headers: dict[str, str],
     batch_id: str,
     every_s: float,
-) -> list[Outcome]:
+) -> list[BatchResult]:
     """Poll until the batch has ended; its results."""
     while True:
         got = await api.poll(client, base_url, headers, batch_id)

@@ -39,7 +39,7 @@ def _seeded(*parts: object) -> random.Random:
 
 
 @dataclass
-class Prompt:
+class RenderedPrompt:
     """One rendered prompt and what went into it."""
 
     system: str
@@ -154,7 +154,7 @@ class ContextBuilder:
         repeat: int,
         question_item: Item | None = None,
         closed_book: bool = False,
-    ) -> Prompt:
+    ) -> RenderedPrompt:
         """The prompt asking ``question_item`` (default: the only item) with the evidence of all
         ``items`` (one item: a per-item haystack; several: a shared haystack, identical for each
         of their questions so a prefix cache can serve it), filled to ``target`` tokens."""
@@ -162,12 +162,12 @@ class ContextBuilder:
         system, _ = self.ts.skeleton.render("", asked.question)
         if closed_book:
             _, user = self.ts.skeleton.render(NO_DOCUMENTS, asked.question)
-            return Prompt(system, user, [], {}, self.meter.prompt(system, user), target)
+            return RenderedPrompt(system, user, [], {}, self.meter.prompt(system, user), target)
         order, docs, positions = self._haystack(tuple(items), target, repeat)
         documents = self._render(order, docs)
         _, user = self.ts.skeleton.render(documents, asked.question)
         shared = self.ts.skeleton.shared_length(documents) if len(items) > 1 else 0
-        return Prompt(
+        return RenderedPrompt(
             system, user, order, positions, self.meter.prompt(system, user), target, shared
         )
 

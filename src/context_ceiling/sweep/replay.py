@@ -28,7 +28,7 @@ from context_ceiling.sweep.statistics import accuracy_interval, difference_inter
 from context_ceiling.sweep.taskset import Item, TaskSet
 
 __all__ = [
-    "Outcome",
+    "ReplayAnswer",
     "ReplayRequest",
     "Side",
     "compare",
@@ -54,7 +54,7 @@ class ReplayRequest:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ReplayAnswer:
     """One answer: graded, with the sidecar's input count, what it trimmed and what the server
     itself reported as prompt tokens."""
 
@@ -123,11 +123,11 @@ def outcome(
     trimmed_tokens: int,
     server_prompt_tokens: int | None,
     seconds: float | None = None,
-) -> Outcome:
+) -> ReplayAnswer:
     """Grade one answer with the sweep's scorer."""
     docs = {d: ts.docs[d].text for d in req.shown}
     g = grade(req.item, text, finish_reason, req.shown, docs)
-    return Outcome(
+    return ReplayAnswer(
         req.item.id,
         g.correct,
         g.bucket,
@@ -138,7 +138,7 @@ def outcome(
     )
 
 
-def summarise(mode: str, outcomes: Sequence[Outcome]) -> Side:
+def summarise(mode: str, outcomes: Sequence[ReplayAnswer]) -> Side:
     """Accuracy with the sweep's interval, mean tokens, failure buckets."""
     correct = [float(o.correct) for o in outcomes]
     served = [o.server_prompt_tokens for o in outcomes if o.server_prompt_tokens is not None]
@@ -160,7 +160,7 @@ def summarise(mode: str, outcomes: Sequence[Outcome]) -> Side:
 
 
 def compare(
-    before: Sequence[Outcome], after: Sequence[Outcome]
+    before: Sequence[ReplayAnswer], after: Sequence[ReplayAnswer]
 ) -> tuple[float, tuple[float, float]]:
     """The paired difference in accuracy (after - before, by item) and its interval."""
     b = {o.item: float(o.correct) for o in before}
@@ -173,8 +173,8 @@ def compare(
 def write(
     run_dir: Path,
     ceiling_tokens: int,
-    before: Sequence[Outcome],
-    after: Sequence[Outcome],
+    before: Sequence[ReplayAnswer],
+    after: Sequence[ReplayAnswer],
 ) -> dict[str, Any]:
     """``replay.json`` in the run directory (the report shows it); returns what was written."""
     diff, ci = compare(before, after)

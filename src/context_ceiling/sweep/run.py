@@ -46,7 +46,7 @@ from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
 from context_ceiling.sweep.simulate import SimSweep, forecast, random_truth, with_truth
-from context_ceiling.sweep.solver import Budget, Endpoint, Runner, Sample
+from context_ceiling.sweep.solver import Endpoint, Runner, Sample, SpendCap
 from context_ceiling.sweep.spec import Reasoning, Spec
 from context_ceiling.sweep.statistics import expected_half_width, items_for, tolerance_for
 from context_ceiling.sweep.taskset import Item, load_taskset
@@ -292,7 +292,7 @@ class _Sweep:
             CallLog(out / "calls.jsonl"),
             self.window,
             opts.concurrency,
-            Budget(
+            SpendCap(
                 opts.max_calls,
                 opts.max_input_tokens,
                 opts.budget_usd,

@@ -24,7 +24,7 @@ from context_ceiling.core.prices import Price
 from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep import batch
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
-from context_ceiling.sweep.prompts import ContextBuilder, Prompt
+from context_ceiling.sweep.prompts import ContextBuilder, RenderedPrompt
 from context_ceiling.sweep.spec import Reasoning, Spec
 from context_ceiling.sweep.taskset import Item
 
@@ -100,7 +100,7 @@ _REASONING_400 = re.compile(
 )
 
 
-def request_of(ep: Endpoint, prompt: Prompt) -> tuple[str, dict[str, str], dict[str, Any]]:
+def request_of(ep: Endpoint, prompt: RenderedPrompt) -> tuple[str, dict[str, str], dict[str, Any]]:
     """URL, headers and body of one call. A question on a shared haystack marks the haystack as
     a prompt-cache breakpoint for Anthropic (OpenAI caches a repeated prefix by itself; the
     runner keeps a haystack's questions in order, so each reads what the first wrote). Reasoning
@@ -153,7 +153,9 @@ def request_of(ep: Endpoint, prompt: Prompt) -> tuple[str, dict[str, str], dict[
     return url, headers, payload
 
 
-async def call_model(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) -> dict[str, Any]:
+async def call_model(
+    client: httpx.AsyncClient, ep: Endpoint, prompt: RenderedPrompt
+) -> dict[str, Any]:
     """One call with retries: 429 waits for Retry-After, 5xx and timeouts back off exponentially.
     With ``reasoning="auto"``, a 400 that refuses ``max_tokens`` or ``temperature`` (OpenAI's
     reasoning models) is answered by resending in the reasoning form; the record says so
@@ -231,7 +233,7 @@ def _result(ep: Endpoint, body: dict[str, Any], latency: float, attempts: int) -
     }
 
 
-class Budget:
+class SpendCap:
     """Caps on calls, input tokens and dollars; the runner stops starting calls once one is
     reached (so the adaptive design stops adding items, and the decision stays open). A call
     is charged its input tokens and its whole output reservation (``output_tokens``) at
@@ -313,12 +315,12 @@ class Runner:
         log: CallLog,
         window: int,
         concurrency: int = 1,
-        budget: Budget | None = None,
+        budget: SpendCap | None = None,
         progress: bool = True,
     ) -> None:
         self.builder, self.ep, self.log, self.window = builder, endpoint, log, window
         self.concurrency = max(1, concurrency)
-        self.budget = budget or Budget()
+        self.budget = budget or SpendCap()
         self.progress = progress
         self.errors = 0
         self.exhausted = False
@@ -385,12 +387,12 @@ class Runner:
 
                 await asyncio.gather(*(worker(b) for b in queues.values()))
 
-    def _prompt(self, s: Sample) -> Prompt:
+    def _prompt(self, s: Sample) -> RenderedPrompt:
         if s.level is None:
             return self.builder.build([s.item], 0, 0, closed_book=True)
         return self.builder.build(list(s.group), s.target, s.repeat, question_item=s.item)
 
-    def _fields(self, s: Sample, prompt: Prompt) -> dict[str, Any]:
+    def _fields(self, s: Sample, prompt: RenderedPrompt) -> dict[str, Any]:
         """What the call log records of a call besides its result: the sample and its prompt."""
         return {
             "key": s.key,
@@ -433,7 +435,7 @@ class Runner:
         ends."""
         api = batch.api_for(self.ep.api)
         ledger = batch.Ledger(self.log.path.parent / "batches.jsonl")
-        _, headers, _ = request_of(self.ep, Prompt("", "", [], {}, 0, 0))
+        _, headers, _ = request_of(self.ep, RenderedPrompt("", "", [], {}, 0, 0))
         base = self.ep.base_url.rstrip("/")
         path = "/v1/chat/completions" if self.ep.api == "openai" else "/v1/messages"
         async with httpx.AsyncClient(trust_env=False, timeout=self.ep.timeout_s) as client:

@@ -77,9 +77,8 @@ _T95 = (
     1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697,
 )  # fmt: skip
 
-# weights chosen by the coverage study: a quarter of Agresti-Coull's / Agresti-Min's (their full
-# weights overcover at 10-20 items, 98-99%, once items are the unit)
-ACCURACY_PSEUDO: tuple[tuple[float, float], ...] = ((1.0, 0.25), (0.0, 0.25))
+# weights chosen by the coverage study: a quarter of Agresti-Min's (its full weights overcover
+# at 10-20 items, 98-99%, once items are the unit)
 DIFFERENCE_PSEUDO: tuple[tuple[float, float], ...] = ((1.0, 0.125), (-1.0, 0.125), (0.0, 0.25))
 
 

@@ -39,7 +39,7 @@ import httpx
 from context_ceiling.core.capture import CaptureRecord, CaptureStore, store_paths
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.tokenizers import load_encoding
-from context_ceiling.sweep.prompts import Prompt, render_doc
+from context_ceiling.sweep.prompts import RenderedPrompt, render_doc
 from context_ceiling.sweep.scorer import parse_reply
 from context_ceiling.sweep.solver import Endpoint, call_model
 from context_ceiling.sweep.statistics import items_for
@@ -352,12 +352,12 @@ def build(opts: BuildOptions) -> BuildReport:
 # -- reference answers: the model's own answer with only the evidence ----------------------------
 
 
-def evidence_prompt(ts: TaskSet, item_id: str) -> Prompt:
+def evidence_prompt(ts: TaskSet, item_id: str) -> RenderedPrompt:
     """The skeleton with only the item's gold evidence as documents."""
     item = next(i for i in ts.items if i.id == item_id)
     docs = "\n".join(render_doc(ts.docs[d]) for d in item.gold)
     system, user = ts.skeleton.render(docs, item.question)
-    return Prompt(system, user, list(item.gold), {}, 0, 0)
+    return RenderedPrompt(system, user, list(item.gold), {}, 0, 0)
 
 
 async def _reference(
