@@ -57,8 +57,8 @@ litellm:  ## LiteLLM's proxy in its own cached venv (the chaining tests and the 
 test: venv lint typecheck local-model tools litellm  ## the README's test command; CI runs exactly this
 	$(BIN)/pytest -q
 
-test-fast: venv lint typecheck  ## the inner loop: everything but the slow, real-model and helm tests
-	$(BIN)/pytest -q -m "not slow and not real_model and not helm and not image"
+test-fast: venv lint typecheck  ## the inner loop: the in-process tier (no socket, server or child process)
+	$(BIN)/pytest -q --in-process
 
 demo: venv local-model  ## the whole loop on a real local model
 	$(PY) -m devtools.demo

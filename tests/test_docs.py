@@ -44,6 +44,7 @@ def test_the_readme_is_a_front_page() -> None:
         assert (ROOT / link).exists(), f"README links to a missing file: {link}"
 
 
+@pytest.mark.e2e
 def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
     """``mkdocs build --strict``: a broken link, a missing anchor, a page left out of the nav or a
     snippet that names no file fails the build."""
@@ -87,6 +88,7 @@ def test_every_sidecar_config_in_the_docs_loads(tmp_path: Path) -> None:
     assert configs >= 4 and documents >= 1
 
 
+@pytest.mark.e2e
 def test_the_smallest_config_starts(tmp_path: Path) -> None:
     """The README's quick-start config passes ``ceiling serve --check``."""
     readme = (ROOT / "README.md").read_text()
@@ -150,6 +152,7 @@ def test_the_changelog_names_the_packages_version() -> None:
     assert context_ceiling.__version__ == _version()
 
 
+@pytest.mark.e2e
 def test_the_licence_ships_in_wheel_and_sdist(tmp_path: Path) -> None:
     assert "Apache License" in (ROOT / "LICENSE").read_text()
     code = (

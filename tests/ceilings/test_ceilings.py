@@ -382,6 +382,7 @@ def test_push_to_sidecars_dry_run_and_file(
         (["push"], TOKEN, "required"),
     ],
 )
+@pytest.mark.e2e
 def test_push_usage_errors_exit_2_one_line(
     tmp_path: Path, args: list[str], token: str | None, needle: str
 ) -> None:
@@ -393,6 +394,7 @@ def test_push_usage_errors_exit_2_one_line(
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
 
 
+@pytest.mark.e2e
 def test_unreachable_target_is_reported(tmp_path: Path) -> None:
     (tmp_path / "GOOD").write_text(yaml.safe_dump(doc(1)))
     r = cli("push", str(tmp_path / "GOOD"), "--to", f"http://127.0.0.1:{free_port()}")
@@ -444,6 +446,7 @@ def test_push_dry_run_asks_each_sidecar_and_fails_as_the_push_would(
     assert r2.status_code == 200 and r2.json()["unchanged"] is True
 
 
+@pytest.mark.e2e
 def test_validate_against_a_sidecar_config(tmp_path: Path) -> None:
     """`ceiling ceilings validate FILE --config sidecar.yaml`: the sidecar's checks, offline."""
     config = tmp_path / "sidecar.yaml"

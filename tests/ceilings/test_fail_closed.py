@@ -156,6 +156,7 @@ def test_a_failing_background_task_is_counted_and_restarted() -> None:
     assert registry.get_sample_value("failures_total", {"task": "flaky"}) == 2
 
 
+@pytest.mark.e2e
 def test_serve_check_fails_when_serve_would(tmp_path: Path) -> None:
     ceilings = tmp_path / "ceilings.yaml"
     ceilings.write_text(yaml.safe_dump({**doc(1), "version": 2**64}))
@@ -177,6 +178,7 @@ def test_serve_check_fails_when_serve_would(tmp_path: Path) -> None:
     assert r.returncode == 0 and "config ok" in r.stdout, r.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 10**30])
 def test_no_number_in_the_config_is_out_of_range(value: float, tmp_path: Path) -> None:
     config = tmp_path / "sidecar.yaml"

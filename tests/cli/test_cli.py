@@ -66,6 +66,7 @@ def test_every_option_and_command_has_help() -> None:
     assert not missing, missing
 
 
+@pytest.mark.e2e
 def test_help_shows_the_defaults() -> None:
     r = _ceiling("sweep", "run", "--help")
     assert r.returncode == 0
@@ -84,6 +85,7 @@ def test_every_result_command_takes_json(path: tuple[str, ...]) -> None:
     assert "--json" in options
 
 
+@pytest.mark.e2e
 def test_ceilings_validate_json(tmp_path: Path) -> None:
     f = tmp_path / "ceilings.yaml"
     f.write_text(yaml.safe_dump(doc(3, entry(tokens=30000, window=128000))))
@@ -93,6 +95,7 @@ def test_ceilings_validate_json(tmp_path: Path) -> None:
     assert out == {"path": str(f), "valid": True, "version": 3, "entries": 1}
 
 
+@pytest.mark.e2e
 def test_serve_check_json(tmp_path: Path) -> None:
     cfg = tmp_path / "sidecar.yaml"
     cfg.write_text(
@@ -106,6 +109,7 @@ def test_serve_check_json(tmp_path: Path) -> None:
     assert out["mode"] == "off" and out["ceilings_version"] is None and out["workers"] == 1
 
 
+@pytest.mark.e2e
 def test_push_json_reports_each_target_and_is_idempotent(tmp_path: Path) -> None:
     src = tmp_path / "new.yaml"
     src.write_text(yaml.safe_dump(doc(4, entry(tokens=30000, window=128000))))
@@ -126,6 +130,7 @@ def test_push_json_reports_each_target_and_is_idempotent(tmp_path: Path) -> None
     assert "not newer" in refused.stderr
 
 
+@pytest.mark.e2e
 def test_sweep_dry_run_json_creates_nothing(tmp_path: Path) -> None:
     r = _ceiling(
         "sweep", "run", "--taskset", "contracts", "--window", "8192", "--tokenizer",
@@ -139,6 +144,7 @@ def test_sweep_dry_run_json_creates_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("shell", ["bash", "zsh"])
 def test_shell_completion_knows_every_command(shell: str) -> None:
     r = _ceiling("completion", shell)
@@ -150,6 +156,7 @@ def test_shell_completion_knows_every_command(shell: str) -> None:
         assert checked.returncode == 0, checked.stderr
 
 
+@pytest.mark.e2e
 def test_a_bad_shell_is_one_line_and_exit_2() -> None:
     r = _ceiling("completion", "fish")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -545,6 +545,7 @@ def _serve_check(
     )
 
 
+@pytest.mark.e2e
 def test_serve_check_names_the_bpe(tmp_path: Path) -> None:
     r = _serve_check(tmp_path, "auto")
     assert r.returncode == 0 and r.stdout.rstrip().endswith("bpe gigatoken"), r.stdout + r.stderr
@@ -552,6 +553,7 @@ def test_serve_check_names_the_bpe(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout.rstrip().endswith("bpe riptoken"), r.stdout + r.stderr
 
 
+@pytest.mark.e2e
 def test_serve_check_without_the_fast_engines(tmp_path: Path) -> None:
     r = _serve_check(tmp_path, "auto", hide=("riptoken", "gigatoken"))
     assert r.returncode == 0 and r.stdout.rstrip().endswith("bpe tiktoken"), r.stdout + r.stderr

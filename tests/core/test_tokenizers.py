@@ -66,6 +66,7 @@ def test_counts_agree_with_tiktoken(name: str, tmp_path: Path) -> None:
     assert load_encoding(name).special_tokens_set == official.special_tokens_set
 
 
+@pytest.mark.e2e
 def test_loading_needs_no_network(tmp_path: Path) -> None:
     # A fresh interpreter with every proxy pointing nowhere still loads and counts.
     env = os.environ | {

@@ -8,6 +8,7 @@ import re
 import subprocess
 
 import httpx
+import pytest
 
 from dashboards import mixin
 from dashboards.config import ALERTS, RUNBOOK
@@ -33,6 +34,7 @@ def test_every_alert_has_a_case_and_a_runbook_entry() -> None:
         assert f"## {a['alert']}" in runbook and anchor == a["alert"].lower()
 
 
+@pytest.mark.e2e
 @needs_promtool
 def test_promtool_check_and_test_rules() -> None:
     """The committed files, as an operator would run them."""

@@ -409,6 +409,7 @@ def native(tmp_path: Path) -> Iterator[tuple[str, ContextManagementProviderDoubl
             yield url, d, app.state.sidecar
 
 
+@pytest.mark.e2e
 def test_native_strategy_sets_anthropic_context_editing_from_the_ceiling(
     native: tuple[str, ContextManagementProviderDouble, Any],
 ) -> None:
@@ -439,6 +440,7 @@ def test_native_strategy_sets_anthropic_context_editing_from_the_ceiling(
     assert cleared is not None and cleared > 0
 
 
+@pytest.mark.e2e
 def test_native_strategy_never_overrides_the_clients_own(
     native: tuple[str, ContextManagementProviderDouble, Any],
 ) -> None:
@@ -464,6 +466,7 @@ def test_native_strategy_never_overrides_the_clients_own(
     assert d.received[-1][1]["context_management"] == own
 
 
+@pytest.mark.e2e
 def test_native_strategy_sets_responses_compaction_from_the_ceiling(
     native: tuple[str, ContextManagementProviderDouble, Any],
 ) -> None:
@@ -498,6 +501,7 @@ def test_auto_uses_native_only_on_the_providers_own_api() -> None:
     assert not s2.native_ok("responses", None)
 
 
+@pytest.mark.e2e
 def test_gemini_over_budget_is_trimmed_through_the_sidecar(tmp_path: Path) -> None:
     got: list[dict[str, Any]] = []
 

@@ -26,6 +26,8 @@ from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from testkit.serving import serve
 
+pytestmark = pytest.mark.e2e  # sockets, processes or served servers
+
 COUNTER = CalibratedCounter(TiktokenCounter("o200k_base"), 1.1)
 MODEL = "gemini-2.5-flash"
 

@@ -185,6 +185,7 @@ def valid(items: list[dict[str, Any]]) -> bool:
     )
 
 
+@pytest.mark.e2e
 def test_responses_are_measured_with_the_sdk(running: tuple[str, Any, ResponsesDouble]) -> None:
     url, state, d = running
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-x", max_retries=0)
@@ -205,6 +206,7 @@ def test_responses_are_measured_with_the_sdk(running: tuple[str, Any, ResponsesD
     assert sample(state, "llm_context_output_tokens_count", model="gpt-4o", workload="default") == 2
 
 
+@pytest.mark.e2e
 def test_previous_response_id_is_a_partial_count_measured_from_usage(
     running: tuple[str, Any, ResponsesDouble],
 ) -> None:
@@ -230,6 +232,7 @@ def test_previous_response_id_is_a_partial_count_measured_from_usage(
     assert sample(state, "llm_context_token_estimate_error_ratio_count", model="gpt-4o") == 0
 
 
+@pytest.mark.e2e
 def test_enforcement_trims_function_outputs_and_keeps_pairs(
     running: tuple[str, Any, ResponsesDouble],
 ) -> None:
@@ -273,6 +276,7 @@ def test_responses_trimming_properties(seed: int) -> None:
         assert out["input"][k + 1].get("type") == "function_call"
 
 
+@pytest.mark.e2e
 def test_the_input_token_count_endpoint_feeds_the_estimate_error(
     running: tuple[str, Any, ResponsesDouble],
 ) -> None:

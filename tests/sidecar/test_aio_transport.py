@@ -17,6 +17,8 @@ import trustme
 
 from context_ceiling.sidecar.upstream.transport import AiohttpTransport
 
+pytestmark = pytest.mark.e2e  # sockets, processes or served servers
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 KEEP = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 OK = KEEP.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n")  # the handler closes

@@ -255,6 +255,7 @@ def _signals(sc: Sidecar, api: str, fill: str, side: str) -> dict[str, float]:
     return {s: sc.count("llm_context_answer_signals_total", **labels, signal=s) for s in SIGNALS}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
 @pytest.mark.parametrize("api", APIS)
 def test_every_signal_is_read_from_every_api(sidecar: Sidecar, api: str, stream: bool) -> None:
@@ -294,6 +295,7 @@ def test_every_signal_is_read_from_every_api(sidecar: Sidecar, api: str, stream:
     assert sc.state.answers is not None and sc.state.answers.held.held == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
 def test_azure_openai_answers_are_read_too(stream: bool) -> None:
     d = AnswerProviderDouble()
@@ -352,6 +354,7 @@ def test_azure_openai_answers_are_read_too(stream: bool) -> None:
                 assert got == expected, (name, got)
 
 
+@pytest.mark.e2e
 def test_fill_bucket_and_side_follow_the_reported_input(sidecar: Sidecar) -> None:
     sc = sidecar
     sc.double.script = Script(reasoning_tokens=5)
@@ -386,6 +389,7 @@ def test_fill_bucket_and_side_follow_the_reported_input(sidecar: Sidecar) -> Non
     assert sc.count("llm_context_answers_total", **labels) == before + 1
 
 
+@pytest.mark.e2e
 def test_label_sets_stay_bounded_under_random_models_tools_and_schemas(sidecar: Sidecar) -> None:
     sc = sidecar
     rng = random.Random(7)
@@ -453,6 +457,7 @@ def test_label_sets_stay_bounded_under_random_models_tools_and_schemas(sidecar: 
     assert seen > 0
 
 
+@pytest.mark.e2e
 def test_an_answer_past_the_size_cap_counts_its_stop_only() -> None:
     d = AnswerProviderDouble(script=Script(text="x" * 5000, stop="truncated"))
     with serve(d.app()) as durl:
@@ -474,6 +479,7 @@ def test_an_answer_past_the_size_cap_counts_its_stop_only() -> None:
             assert sc.count(sig, **labels, signal="repetition") == 0
 
 
+@pytest.mark.e2e
 def test_held_answer_bytes_are_bounded_and_given_back() -> None:
     """Past answers.max_held_mib an answer is counted by its stop alone (``busy``); every byte
     a stream kept or an answer queued is given back."""
@@ -499,6 +505,7 @@ def test_held_answer_bytes_are_bounded_and_given_back() -> None:
             assert sc.state.answers is not None and sc.state.answers.held.held == 0
 
 
+@pytest.mark.e2e
 def test_answers_off_counts_nothing() -> None:
     d = AnswerProviderDouble()
     with serve(d.app()) as durl:
@@ -513,6 +520,7 @@ def test_answers_off_counts_nothing() -> None:
             assert "llm_context_answers" not in names
 
 
+@pytest.mark.e2e
 def test_no_answer_text_reaches_the_metrics(sidecar: Sidecar) -> None:
     secret = "sk-proj-" + "Q" * 40
     sc = sidecar

@@ -16,6 +16,7 @@ from typing import Any
 import boto3
 import botocore.exceptions
 import httpx
+import httpx2
 import pytest
 
 from context_ceiling.formats import bedrock
@@ -104,7 +105,8 @@ def make_bedrock(
             cfg.update(overrides)
             app = create_app(Settings(**cfg))
             url = stack.enter_context(serve(app))
-            return Bedrock(url, app.state.sidecar, d, durl)
+            http = stack.enter_context(httpx2.Client(base_url=url, timeout=30))
+            return Bedrock(url, app.state.sidecar, d, durl, http)
 
         yield make
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import openai
 import pytest
 
 from context_ceiling.core.models import ModelSpec
@@ -22,8 +21,14 @@ from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running, request_log_line
 
 
+@pytest.fixture
+def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
+    """This module's sidecars run in process (the in-process tier)."""
+    return make_inprocess
+
+
 def _call(sc: Running, n: int) -> Any:
-    client = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+    client = sc.openai(api_key="k", max_retries=0)
     return client.chat.completions.with_raw_response.create(
         model="gpt-4o",
         messages=_rag(n),  # type: ignore[arg-type]
@@ -285,7 +290,7 @@ def test_a_sample_costs_its_request_no_latency(
         return real(self, text)
 
     monkeypatch.setattr(TiktokenCounter, "count", held)
-    client = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+    client = sc.openai(api_key="k", max_retries=0)
     with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
         if stream:
             with client.chat.completions.with_streaming_response.create(

@@ -131,7 +131,7 @@ def test_captures_the_shape_and_the_answer_per_workload_redacted(
         ],
     )
     # the default workload samples nothing
-    openai.OpenAI(base_url=sc.url + "/v1", api_key=KEY, max_retries=0).chat.completions.create(
+    sc.openai(api_key=KEY, max_retries=0).chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "not captured"}]
     )
     recs = _records(tmp_path, 3)
@@ -171,7 +171,7 @@ def test_too_large_and_bypass_are_not_captured(
             "max_request_bytes": 2048,
         }
     )
-    oa = openai.OpenAI(base_url=sc.url + "/v1", api_key=KEY, max_retries=0)
+    oa = sc.openai(api_key=KEY, max_retries=0)
     oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x" * 5000}])
     oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "small"}])
     recs = _records(tmp_path, 1)
@@ -248,6 +248,7 @@ def _check(tmp_path: Path, store: Path) -> subprocess.CompletedProcess[str]:
         ),
     ],
 )
+@pytest.mark.e2e
 def test_a_corrupt_or_foreign_store_is_refused_in_one_line(
     tmp_path: Path, make: Callable[[Path], object], needle: str
 ) -> None:

@@ -97,6 +97,7 @@ def test_env_error_names_the_variable(tmp_path: Path, monkeypatch: pytest.Monkey
         load_settings(write(tmp_path, GOOD))
 
 
+@pytest.mark.e2e
 def test_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     p = write(tmp_path, GOOD.replace("port: 9100", "port: -5"))
     r = subprocess.run(
@@ -176,6 +177,7 @@ def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
         ),
     ],
 )
+@pytest.mark.e2e
 def test_env_errors_one_line_exit_2_blamed_on_the_variable(
     tmp_path: Path, env: dict[str, str], needle: str
 ) -> None:
@@ -187,6 +189,7 @@ def test_env_errors_one_line_exit_2_blamed_on_the_variable(
     assert str(p) not in lines[0]  # the file is fine
 
 
+@pytest.mark.e2e
 def test_a_bad_value_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
     p = write(tmp_path, GOOD + "enforcement:\n  mode: enforcing\n")
     # an unrelated variable in the same section does not take the blame
@@ -196,6 +199,7 @@ def test_a_bad_value_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"{p}: enforcement.mode" in r.stderr, r.stderr
 
 
+@pytest.mark.e2e
 def test_serve_check(tmp_path: Path) -> None:
     """`serve --check` loads what startup loads (tokenizer files, the ceilings file against the
     registry) and says in one line whether the sidecar would start."""
@@ -234,6 +238,7 @@ def test_the_docs_config_example_loads(tmp_path: Path) -> None:
     assert s.enforcement.mode == "off" and {"vllm", "azure-eu"} <= set(s.upstreams.named)
 
 
+@pytest.mark.e2e
 def test_a_served_sidecar_freezes_its_startup_heap_and_an_embedded_one_does_not() -> None:
     """``ceiling serve`` builds its app with ``freeze_heap``: once started, what startup loaded
     is out of the collector's generations, so a full collection does not walk it on the event

@@ -23,6 +23,8 @@ from testkit.serving import serve
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import request_log_line
 
+pytestmark = pytest.mark.e2e  # sockets, processes or served servers
+
 TOKEN = "admin-tok"
 WINDOW = 10_000
 CEILING = 800

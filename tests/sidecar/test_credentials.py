@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import boto3
 import botocore.exceptions
-import httpx
 import openai
 import pytest
 
@@ -34,8 +33,8 @@ def test_an_azure_client_is_never_sent_to_the_openai_upstream(
     assert "azure: true" in str(err.value)
     with pytest.raises(openai.NotFoundError):
         az.embeddings.create(model="text-embedding-3-small", input="hi")  # pass-through
-    r = httpx.post(
-        sc.url + "/v1/chat/completions",
+    r = sc.http.post(
+        "/v1/chat/completions",
         headers={"api-key": "azure-key-123"},
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
     )
@@ -71,19 +70,17 @@ def test_a_google_key_goes_only_to_a_gemini_upstream(
 ) -> None:
     sc = _openai_only(make_sidecar, make_sidecar().double_url)
     before = len(sc.double.received)
-    r = httpx.post(
-        sc.url + "/v1/embeddings",
+    r = sc.http.post(
+        "/v1/embeddings",
         headers={"x-goog-api-key": "AIzaExample"},
         json={"model": "text-embedding-3-small", "input": "hi"},
     )
     assert r.status_code == 404 and "upstreams.gemini" in r.text
     assert len(sc.double.received) == before
     chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-    r = httpx.post(sc.url + "/v1/chat/completions", headers={"x-goog-api-key": "AIza"}, json=chat)
+    r = sc.http.post("/v1/chat/completions", headers={"x-goog-api-key": "AIza"}, json=chat)
     assert r.status_code == 404 and len(sc.double.received) == before
-    ok = httpx.post(
-        sc.url + "/v1/chat/completions", headers={"authorization": "Bearer sk-1"}, json=chat
-    )
+    ok = sc.http.post("/v1/chat/completions", headers={"authorization": "Bearer sk-1"}, json=chat)
     assert ok.status_code == 200 and len(sc.double.received) == before + 1
 
 
@@ -107,17 +104,17 @@ def test_a_credential_sent_as_the_model_name_is_refused_unrecorded(
     key = "sk-proj-" + "abcdEFGH1234ijklMNOP5678qrstUVWX"
     before = len(sc.double.received)
     with caplog.at_level("DEBUG"):
-        r = httpx.post(
-            sc.url + "/v1/chat/completions",
+        r = sc.http.post(
+            "/v1/chat/completions",
             json={"model": key, "messages": [{"role": "user", "content": "hi"}]},
         )
     assert r.status_code == 400 and "looks like a credential" in r.json()["error"]["message"]
     assert key not in r.text and key not in caplog.text
     assert len(sc.double.received) == before
-    metrics = httpx.get(sc.url + "/metrics").text
+    metrics = sc.http.get("/metrics").text
     assert key not in metrics
-    ok = httpx.post(
-        sc.url + "/v1/chat/completions",
+    ok = sc.http.post(
+        "/v1/chat/completions",
         json={"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert ok.status_code == 200

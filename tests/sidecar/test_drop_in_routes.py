@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,6 +25,8 @@ from context_ceiling.sidecar.config import Settings
 from testkit.cli import ceiling
 from testkit.serving import serve
 from testkit.traffic.ceiling_docs import doc, entry
+
+pytestmark = pytest.mark.e2e  # sockets, processes or served servers
 
 
 class RecordingUpstreamDouble:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import orjson
 import pytest
@@ -57,7 +56,7 @@ def enforcing(make_sidecar: Callable[..., Running]) -> Running:
         workloads=["default", "rag", "agent", "off"],
     )
     d = doc(1, entry(tokens=2000), entry(model="claude", window=200000, tokens=1500))
-    assert httpx.put(sc.url + "/admin/ceilings", json=d, headers=AUTH).status_code == 200
+    assert sc.http.put("/admin/ceilings", json=d, headers=AUTH).status_code == 200
     return sc
 
 
@@ -113,8 +112,8 @@ def test_observe_forwards_the_exact_bytes_and_records(enforcing: Running) -> Non
         {"model": "gpt-4o", "messages": rag_messages(), "max_tokens": 100},
         option=orjson.OPT_INDENT_2,
     )
-    r = httpx.post(
-        enforcing.url + "/v1/chat/completions",
+    r = enforcing.http.post(
+        "/v1/chat/completions",
         content=raw_body,
         headers={"content-type": "application/json"},
     )
@@ -178,7 +177,7 @@ def test_reject_when_nothing_can_be_trimmed(enforcing: Running) -> None:
     )
     assert len(enforcing.double.received) == n  # nothing forwarded
     with pytest.raises(anthropic.BadRequestError) as ainfo:
-        anthropic.Anthropic(base_url=enforcing.url, api_key="k", max_retries=0).messages.create(
+        enforcing.anthropic(api_key="k", max_retries=0).messages.create(
             model="claude-x",
             max_tokens=50,
             messages=[{"role": "user", "content": question}],
@@ -232,7 +231,7 @@ def test_anthropic_agent_stream_caps_tool_results(enforcing: Running) -> None:
     ]
     counter = CalibratedCounter(TiktokenCounter("cl100k_base"), 1.1)
     assert count_anthropic({"messages": msgs}, counter).total > 1500
-    client = anthropic.Anthropic(base_url=enforcing.url, api_key="k", max_retries=0)
+    client = enforcing.anthropic(api_key="k", max_retries=0)
     with client.messages.stream(
         model="claude-x",
         max_tokens=64,
@@ -263,14 +262,14 @@ def test_anthropic_agent_stream_caps_tool_results(enforcing: Running) -> None:
 
 def test_bypass_needs_the_admin_token(enforcing: Running) -> None:
     body = {"model": "gpt-4o", "messages": rag_messages(), "max_tokens": 10}
-    r = httpx.post(
-        enforcing.url + "/v1/chat/completions",
+    r = enforcing.http.post(
+        "/v1/chat/completions",
         json=body,
         headers={"x-ceiling-workload": "rag", "x-ceiling-bypass": "nope"},
     )
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
-    r = httpx.post(
-        enforcing.url + "/v1/chat/completions",
+    r = enforcing.http.post(
+        "/v1/chat/completions",
         json=body,
         headers={"x-ceiling-workload": "rag", "x-ceiling-bypass": TOKEN},
     )
@@ -289,7 +288,7 @@ def test_a_pushed_entry_mode_switches_enforcement_without_restart(enforcing: Run
     d = doc(
         2, entry(tokens=2000, mode="enforce"), entry(model="claude", window=200000, tokens=1500)
     )
-    assert httpx.put(enforcing.url + "/admin/ceilings", json=d, headers=AUTH).status_code == 200
+    assert enforcing.http.put("/admin/ceilings", json=d, headers=AUTH).status_code == 200
     r = oa(enforcing, "default").chat.completions.with_raw_response.create(
         model="gpt-4o",
         messages=msgs,  # type: ignore[arg-type]
@@ -323,9 +322,9 @@ def test_a_beta_header_that_widens_the_window_is_honoured(
         "messages": [{"role": "user", "content": "word " * 2000}],
     }
     h = {"anthropic-version": "2023-06-01"}
-    r = httpx.post(sc.url + "/v1/messages", json=body, headers=h)
+    r = sc.http.post("/v1/messages", json=body, headers=h)
     assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"]
     beta = h | {"anthropic-beta": "some-other-beta, context-1m-2025-08-07"}
-    r = httpx.post(sc.url + "/v1/messages", json=body, headers=beta)
+    r = sc.http.post("/v1/messages", json=body, headers=beta)
     assert r.status_code == 200
     assert 0.35 < float(r.headers["x-ceiling-utilization"]) < 0.45

@@ -16,11 +16,11 @@ MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def oa(sc: Running, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0, **kw)
+    return sc.openai(api_key="k", max_retries=0, **kw)
 
 
 def an(sc: Running) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=sc.url, api_key="k", max_retries=0)
+    return sc.anthropic(api_key="k", max_retries=0)
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,8 @@ def an(sc: Running) -> anthropic.Anthropic:
     ],
 )
 def test_openai_bad_request(sidecar: Running, body: bytes, needle: str) -> None:
-    r = httpx.post(
-        sidecar.url + "/v1/chat/completions",
+    r = sidecar.http.post(
+        "/v1/chat/completions",
         content=body,
         headers={"content-type": "application/json"},
     )
@@ -70,8 +70,8 @@ def test_openai_sdk_raises_its_own_error_class(sidecar: Running) -> None:
 
 
 def test_anthropic_bad_request(sidecar: Running) -> None:
-    r = httpx.post(
-        sidecar.url + "/v1/messages",
+    r = sidecar.http.post(
+        "/v1/messages",
         content=b'{"model": "claude-x", "messages": [{"role": "system", "content": "x"}]}',
     )
     assert r.status_code == 400
@@ -106,8 +106,8 @@ def test_body_limit_is_413(make_sidecar: Callable[..., Running]) -> None:
 
 
 def test_upstream_errors_pass_through_as_they_came(sidecar: Running) -> None:
-    r = httpx.post(
-        sidecar.url + "/v1/chat/completions",
+    r = sidecar.http.post(
+        "/v1/chat/completions",
         json={"model": "gpt-4o", "messages": MSG},
         headers={"x-double-status": "429"},
     )
@@ -120,8 +120,8 @@ def test_upstream_errors_pass_through_as_they_came(sidecar: Running) -> None:
         an(sidecar).messages.create(
             model="claude-x", max_tokens=5, messages=MSG, extra_headers={"x-double-status": "529"}
         )
-    r = httpx.post(
-        sidecar.url + "/v1/chat/completions",
+    r = sidecar.http.post(
+        "/v1/chat/completions",
         json={"model": "gpt-4o", "messages": MSG, "stream": True},
         headers={"x-double-status": "500"},
     )
@@ -165,8 +165,8 @@ def test_upstream_timeout_is_504(make_sidecar: Callable[..., Running], double: A
             model="gpt-4o", messages=MSG, extra_headers={"x-double-delay": "1"}
         )
     assert info.value.status_code == 504
-    r = httpx.post(
-        sc.url + "/v1/messages",
+    r = sc.http.post(
+        "/v1/messages",
         json={"model": "claude-x", "max_tokens": 5, "messages": MSG},
         headers={"x-double-delay": "1"},
     )
@@ -190,26 +190,24 @@ def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> No
     sc = make_sidecar(
         upstreams={"openai": {"base_url": dead + "/v1"}, "anthropic": {"base_url": dead}}
     )
-    r = httpx.post(sc.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": MSG})
+    r = sc.http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": MSG})
     assert r.status_code == 502 and r.json()["error"]["type"] == "api_error"
-    r = httpx.post(
-        sc.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 5, "messages": MSG}
-    )
+    r = sc.http.post("/v1/messages", json={"model": "claude-x", "max_tokens": 5, "messages": MSG})
     assert r.status_code == 502 and r.json()["type"] == "error"
     # readiness is the sidecar's own state: a provider outage must not empty the Service
-    assert httpx.get(sc.url + "/readyz").status_code == 200
-    status = httpx.get(sc.url + "/status")
+    assert sc.http.get("/readyz").status_code == 200
+    status = sc.http.get("/status")
     assert status.status_code == 200 and status.json()["upstreams"]["openai"].startswith(
         "unreachable"
     )
     assert sc.sample("llm_context_upstream_up", upstream="openai") == 0
-    assert httpx.get(sc.url + "/healthz").status_code == 200
+    assert sc.http.get("/healthz").status_code == 200
 
 
 def test_readyz_and_status_with_reachable_upstreams(sidecar: Running) -> None:
-    r = httpx.get(sidecar.url + "/readyz")
+    r = sidecar.http.get("/readyz")
     assert r.status_code == 200 and r.json() == {"status": "ok", "ceilings_version": 0}
-    s = httpx.get(sidecar.url + "/status")
+    s = sidecar.http.get("/status")
     assert s.json()["upstreams"] == {"openai": "ok", "anthropic": "ok"}
     assert sidecar.sample("llm_context_upstream_up", upstream="anthropic") == 1
 

@@ -104,6 +104,7 @@ OUTCOME = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", STREAM_FAULTS)
 def test_a_failed_openai_stream_raises_in_the_sdk(sidecar: Sidecar, fault: str) -> None:
     before = sidecar.outcome("openai_chat", OUTCOME[fault])
@@ -119,6 +120,7 @@ def test_a_failed_openai_stream_raises_in_the_sdk(sidecar: Sidecar, fault: str) 
     assert "".join(c.choices[0].delta.content or "" for c in ok if c.choices) == "Hello world"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", STREAM_FAULTS)
 def test_a_failed_anthropic_stream_raises_in_the_sdk(sidecar: Sidecar, fault: str) -> None:
     before = sidecar.outcome("anthropic_messages", OUTCOME[fault], "claude")
@@ -137,6 +139,7 @@ def test_a_failed_anthropic_stream_raises_in_the_sdk(sidecar: Sidecar, fault: st
         assert "".join(stream.text_stream) == "Hello world"
 
 
+@pytest.mark.e2e
 def test_a_client_that_stops_at_done_completed_the_stream(sidecar: Sidecar) -> None:
     """SDKs stop reading at the last event and hang up; the upstream may close later. The
     exchange was complete: recorded ok, not cancelled."""
@@ -152,6 +155,7 @@ def test_a_client_that_stops_at_done_completed_the_stream(sidecar: Sidecar) -> N
     assert sidecar.outcome("openai_chat", "ok") == before + 1
 
 
+@pytest.mark.e2e
 def test_the_anthropic_error_event_comes_before_the_abort(sidecar: Sidecar) -> None:
     body = {"model": "claude-x", "max_tokens": 50, "messages": MSG, "stream": True}
     seen: list[bytes] = []
@@ -172,6 +176,7 @@ def test_the_anthropic_error_event_comes_before_the_abort(sidecar: Sidecar) -> N
     assert b"event: error" in data and b"message_stop" not in data
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", ["429", "500", "stall_headers"])
 def test_failures_before_the_headers_keep_their_status(sidecar: Sidecar, fault: str) -> None:
     r = httpx.post(
@@ -184,6 +189,7 @@ def test_failures_before_the_headers_keep_their_status(sidecar: Sidecar, fault: 
     assert "error" in r.json()
 
 
+@pytest.mark.e2e
 def test_a_huge_response_is_a_clear_502_not_memory(sidecar: Sidecar) -> None:
     r = httpx.post(
         sidecar.url + "/v1/chat/completions",
@@ -207,6 +213,7 @@ JSONV = st.recursive(
 )
 
 
+@pytest.mark.e2e
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), api=st.sampled_from(["openai", "anthropic"]), stream=st.booleans())
 def test_malformed_bodies_get_a_4xx_in_the_provider_shape(
@@ -227,6 +234,7 @@ def test_malformed_bodies_get_a_4xx_in_the_provider_shape(
             assert err["error"]["message"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("api", ["openai", "anthropic", "responses", "gemini"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_non_object_parts_never_get_a_5xx(sidecar: Sidecar, api: str, stream: bool) -> None:
@@ -244,6 +252,7 @@ def test_non_object_parts_never_get_a_5xx(sidecar: Sidecar, api: str, stream: bo
         assert r.status_code < 500, (api, path, value, r.status_code, r.text[:200])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
     deep: Any = "x"
@@ -259,6 +268,7 @@ def test_a_body_nested_too_deep_is_a_400(sidecar: Sidecar, api: str) -> None:
 # -- crashes are visible --------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_an_internal_error_is_logged_counted_and_findable(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -286,6 +296,7 @@ def test_an_internal_error_is_logged_counted_and_findable(
 # -- limits, headers, logs --------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_body_that_never_finishes_is_a_408(sidecar: Sidecar) -> None:
     host, port = sidecar.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
@@ -298,6 +309,7 @@ def test_a_body_that_never_finishes_is_a_408(sidecar: Sidecar) -> None:
     assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 8
 
 
+@pytest.mark.e2e
 def test_headers_that_never_finish_close_the_connection(sidecar: Sidecar) -> None:
     host, port = sidecar.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
@@ -310,6 +322,7 @@ def test_headers_that_never_finish_close_the_connection(sidecar: Sidecar) -> Non
         assert s.recv(65536) == b"" and time.monotonic() - t0 < 8
 
 
+@pytest.mark.e2e
 def test_oversized_headers_are_a_431(sidecar: Sidecar) -> None:
     r = httpx.post(
         sidecar.url + "/v1/chat/completions",
@@ -372,6 +385,7 @@ def test_request_lines_skip_the_lookups_the_format_never_prints(
     assert (line["request_id"], line["input_tokens_estimated"], line["level"]) == ("r1", 42, "info")
 
 
+@pytest.mark.e2e
 def test_client_strings_are_bounded_in_logs(
     sidecar: Sidecar, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -390,6 +404,7 @@ def test_client_strings_are_bounded_in_logs(
 # -- graceful shutdown ------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_accepting_and_lets_streams_finish(tmp_path: Any) -> None:
     """``ceiling serve`` as deployed: on SIGTERM a stream in flight runs to its end, new
     connections are refused, and the process exits within the grace period."""
@@ -457,6 +472,7 @@ def _raw(url: str, head: bytes, then: bytes = b"") -> tuple[bytes, bool]:
         return got, False
 
 
+@pytest.mark.e2e
 def test_an_oversized_head_is_refused_while_it_is_read(sidecar: Sidecar) -> None:
     """A header far over ``max_header_bytes`` is answered 431 (JSON) as soon as the cap is
     passed and the connection closed: the rest of it is never read into memory."""
@@ -473,6 +489,7 @@ def test_an_oversized_head_is_refused_while_it_is_read(sidecar: Sidecar) -> None
     assert ok.status_code != 431
 
 
+@pytest.mark.e2e
 def test_too_many_header_fields_are_refused_while_they_are_read(sidecar: Sidecar) -> None:
     """Hundreds of tiny headers, together under the byte cap: past ``max_header_count`` (100) the
     request is answered 431 and the connection closed; 100 headers are fine."""
@@ -484,6 +501,7 @@ def test_too_many_header_fields_are_refused_while_they_are_read(sidecar: Sidecar
     assert ok.status_code == 200
 
 
+@pytest.mark.e2e
 def test_a_malformed_request_is_answered_in_json(sidecar: Sidecar) -> None:
     got, closed = _raw(
         sidecar.url,
@@ -494,6 +512,7 @@ def test_a_malformed_request_is_answered_in_json(sidecar: Sidecar) -> None:
     assert b"application/json" in got and b'"error"' in got and closed
 
 
+@pytest.mark.e2e
 def test_past_the_connection_limit_the_503_is_in_the_clients_shape() -> None:
     settings = Settings(
         upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}},
@@ -516,6 +535,7 @@ def test_past_the_connection_limit_the_503_is_in_the_clients_shape() -> None:
     assert r.json()["type"] == "error" and r.json()["error"]["type"]  # Anthropic's shape
 
 
+@pytest.mark.e2e
 def test_an_untyped_responses_item_with_non_object_parts_is_a_400(sidecar: Sidecar) -> None:
     """Found by the fuzz: an input item with neither type nor role is a message to the count,
     so its parts are checked as a message's are."""
@@ -524,6 +544,7 @@ def test_an_untyped_responses_item_with_non_object_parts_is_a_400(sidecar: Sidec
     assert r.status_code == 400 and "input[0].content[0]" in r.json()["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_a_credential_in_the_url_is_never_echoed(sidecar: Sidecar) -> None:
     """Error messages never repeat a key the client sent (a Gemini client's ``?key=``)."""
     key = "AIzaSyD" + "x" * 32

@@ -23,11 +23,18 @@ from testkit.traffic.rag_bodies import CHUNK
 from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running
 
+
+@pytest.fixture
+def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
+    """This module's sidecars run in process (the in-process tier)."""
+    return make_inprocess
+
+
 LONG = 200  # ~85 kB of body: over the default overlap_bytes (64 kB)
 
 
 def _call(sc: Running, n: int, stream: bool = False, **headers: str) -> Any:
-    client = openai.OpenAI(base_url=sc.url + "/v1", api_key="k", max_retries=0)
+    client = sc.openai(api_key="k", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o",
         messages=_rag(n),  # type: ignore[arg-type]
@@ -222,7 +229,6 @@ def test_a_long_malformed_request_counted_off_the_loop_is_refused_as_on_it(
     """Counted on a counting thread before forwarding (enforce, over its budget), a body the
     counter cannot read is refused with the same 400 in the client's error format as on the
     event loop, and nothing reaches the upstream."""
-    import httpx
 
     ceilings = tmp_path / "ceilings.yaml"
     ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=2000, window=128000))))
@@ -234,7 +240,7 @@ def test_a_long_malformed_request_counted_off_the_loop_is_refused_as_on_it(
             enforcement={"mode": "enforce"},
             ceilings_file=str(ceilings),
         )
-        r = httpx.post(sc.url + "/v1/chat/completions", json=body, timeout=30)
+        r = sc.http.post("/v1/chat/completions", json=body)
         assert r.status_code == 400, r.text
         assert "role" in r.json()["error"]["message"]
         assert not sc.double.received

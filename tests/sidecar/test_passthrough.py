@@ -101,6 +101,7 @@ def start(durl: str, which: tuple[str, ...] = ("openai", "anthropic")) -> Any:
     return create_app(Settings(upstreams=ups, models=MODELS))
 
 
+@pytest.mark.e2e
 def test_openai_routes_pass_through_unchanged(echo: tuple[EchoProviderDouble, str]) -> None:
     d, durl = echo
     app = start(durl)
@@ -149,6 +150,7 @@ def test_openai_routes_pass_through_unchanged(echo: tuple[EchoProviderDouble, st
     )
 
 
+@pytest.mark.e2e
 def test_anthropic_routes_pass_through(echo: tuple[EchoProviderDouble, str]) -> None:
     d, durl = echo
     app = start(durl)
@@ -167,6 +169,7 @@ def test_anthropic_routes_pass_through(echo: tuple[EchoProviderDouble, str]) -> 
     assert sc.count("anthropic", "other") == 1, "an unknown route is counted, the path is not"
 
 
+@pytest.mark.e2e
 def test_upstream_errors_and_missing_upstreams(echo: tuple[EchoProviderDouble, str]) -> None:
     d, durl = echo
     app = start(durl, ("openai",))
@@ -181,6 +184,7 @@ def test_upstream_errors_and_missing_upstreams(echo: tuple[EchoProviderDouble, s
         assert "no anthropic upstream" in r.json()["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_a_large_upload_streams_and_the_limit_holds(echo: tuple[EchoProviderDouble, str]) -> None:
     d, durl = echo
     app = create_app(
@@ -193,6 +197,7 @@ def test_a_large_upload_streams_and_the_limit_holds(echo: tuple[EchoProviderDoub
         assert big.status_code == 413 and "limit" in big.json()["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_an_upstream_redirect_has_one_outcome_on_every_route() -> None:
     """A 3xx is neither an answer nor an upstream error: ``upstream_3xx`` on a measured route
     and on the pass-through alike, relayed as it came (no redirect followed)."""

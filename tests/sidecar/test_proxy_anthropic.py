@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
 from context_ceiling.formats.anthropic import count as count_anthropic
 from tests.conftest import Running
 
+
+@pytest.fixture
+def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
+    """This module's sidecars run in process (the in-process tier)."""
+    return make_inprocess
+
+
 MESSAGES: list[Any] = [{"role": "user", "content": "Which contract has the lowest renewal fee?"}]
 
 
 def client(sc: Running) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=sc.url, api_key="sk-ant-SECRET-9", max_retries=0)
+    return sc.anthropic(api_key="sk-ant-SECRET-9", max_retries=0)
 
 
 def expected_tokens(body: dict[str, Any]) -> int:
@@ -70,12 +77,12 @@ def test_stream_byte_for_byte_and_usage_from_events(sidecar: Running) -> None:
         final = stream.get_final_message()
     assert text == "tok0 tok1 tok2 tok3 tok4 "
     assert final.usage.output_tokens == 7
-    with httpx.Client() as h:
-        r = h.post(
-            sidecar.url + "/v1/messages",
-            json={"model": "claude-x", "max_tokens": 5, "messages": MESSAGES, "stream": True},
-            headers={"x-double-split": "1", "x-api-key": "k", "anthropic-version": "2023-06-01"},
-        )
+    h = sidecar.http
+    r = h.post(
+        sidecar.url + "/v1/messages",
+        json={"model": "claude-x", "max_tokens": 5, "messages": MESSAGES, "stream": True},
+        headers={"x-double-split": "1", "x-api-key": "k", "anthropic-version": "2023-06-01"},
+    )
     assert r.content == sidecar.double.last_bodies["stream"]
     assert sidecar.double.received[-1].body == r.request.content  # request untouched
     s = sidecar.sample

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 import orjson
 import pytest
@@ -21,8 +21,18 @@ MESSAGES: list[Any] = [
 ]
 
 
+@pytest.fixture
+def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
+    """This module's sidecars run in process (the in-process tier)."""
+    return make_inprocess
+
+
 def client(sc: Running, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sc.url + "/v1", api_key="sk-test-SECRET-123", max_retries=0, **kw)
+    return sc.openai(
+        api_key="sk-test-SECRET-123",
+        max_retries=0,
+        **kw,
+    )
 
 
 def request_logs(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
@@ -88,9 +98,9 @@ def test_non_stream_body_is_the_upstreams_and_metrics_hold(
 
 
 def test_stream_without_include_usage_is_unchanged_for_the_client(sidecar: Running) -> None:
-    with httpx.Client() as h:
-        body = {"model": "gpt-4o", "messages": MESSAGES, "stream": True}
-        r = h.post(sidecar.url + "/v1/chat/completions", json=body, headers={"x-double-split": "1"})
+    h = sidecar.http
+    body = {"model": "gpt-4o", "messages": MESSAGES, "stream": True}
+    r = h.post(sidecar.url + "/v1/chat/completions", json=body, headers={"x-double-split": "1"})
     upstream_bytes = sidecar.double.last_bodies["stream"]
     # the upstream was asked for usage ...
     assert sidecar.double.received[-1].json["stream_options"] == {"include_usage": True}
@@ -109,12 +119,12 @@ def test_include_usage_is_added_to_the_clients_bytes_untouched(sidecar: Running)
         b' {"model" : "gpt-4o",  "stream": true, "messages": [{"role": "user", '
         b'"content": "caf\\u00e9 \\"quoted\\""}], "temperature": 0.5}'
     )
-    with httpx.Client() as h:
-        r = h.post(
-            sidecar.url + "/v1/chat/completions",
-            content=sent,
-            headers={"content-type": "application/json"},
-        )
+    h = sidecar.http
+    r = h.post(
+        sidecar.url + "/v1/chat/completions",
+        content=sent,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 200
     got = sidecar.double.received[-1].body
     assert got == b' {"stream_options":{"include_usage":true},' + sent[2:]
@@ -134,14 +144,14 @@ def test_stream_with_include_usage_passes_through_byte_for_byte(
         "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         == "tok0 tok1 tok2 tok3 tok4 "
     )
-    with httpx.Client() as h:
-        body = {
-            "model": "gpt-4o",
-            "messages": MESSAGES,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        r = h.post(sidecar.url + "/v1/chat/completions", json=body)
+    h = sidecar.http
+    body = {
+        "model": "gpt-4o",
+        "messages": MESSAGES,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    r = h.post(sidecar.url + "/v1/chat/completions", json=body)
     assert r.content == sidecar.double.last_bodies["stream"]
     assert r.headers["content-type"].startswith("text/event-stream")
     line = request_logs(caplog)[-1]
@@ -215,12 +225,12 @@ def test_request_body_is_forwarded_byte_for_byte(sidecar: Running) -> None:
         {"model": "gpt-4o", "messages": MESSAGES, "temperature": 0.0, "seed": 7},
         option=orjson.OPT_INDENT_2,
     )
-    with httpx.Client() as h:
-        h.post(
-            sidecar.url + "/v1/chat/completions",
-            content=raw,
-            headers={"content-type": "application/json"},
-        )
+    h = sidecar.http
+    h.post(
+        sidecar.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
     assert sidecar.double.received[-1].body == raw
 
 
@@ -256,14 +266,15 @@ def test_repeated_text_is_counted_from_the_cache_with_the_same_result(
 def test_upstream_cookies_reach_the_client_but_are_never_replayed_upstream(
     sidecar: Running,
 ) -> None:
-    first = httpx.post(
-        sidecar.url + "/v1/chat/completions",
+    first = sidecar.http.post(
+        "/v1/chat/completions",
         json={"model": "gpt-4o", "messages": MESSAGES},
         headers={"authorization": "Bearer sk-client-a"},
     )
     assert "__cf_bm=double-session" in first.headers["set-cookie"]  # passed through to its client
-    httpx.post(
-        sidecar.url + "/v1/chat/completions",
+    sidecar.http.cookies.clear()  # client B is another client: it never had A's cookie
+    sidecar.http.post(
+        "/v1/chat/completions",
         json={"model": "gpt-4o", "messages": MESSAGES},
         headers={"authorization": "Bearer sk-client-b"},
     )

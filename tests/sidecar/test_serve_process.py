@@ -18,6 +18,8 @@ from context_ceiling import __version__
 from testkit.doubles.hosted_provider import HostedProviderDouble
 from testkit.serving import ServeProcess, ceiling_serve, free_port, serve
 
+pytestmark = pytest.mark.e2e  # sockets, processes or served servers
+
 KEY = "sk-test-SECRET-4f9a1c"
 
 

@@ -7,7 +7,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from context_ceiling.ceilings.document import traffic_shape as shape
@@ -16,6 +15,13 @@ from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
+
+
+@pytest.fixture
+def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
+    """This module's sidecars run in process (the in-process tier)."""
+    return make_inprocess
+
 
 TOKEN = "tok"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -66,16 +72,14 @@ def sc(make_sidecar: Callable[..., Running]) -> Running:
     s = make_sidecar(
         admin_token=TOKEN, staleness={"tolerance": 0.25, "window": 2, "min_requests": 2}
     )
-    r = httpx.put(
-        s.url + "/admin/ceilings", headers=AUTH, json=doc(1, entry(fingerprint=FINGERPRINT))
-    )
+    r = s.http.put("/admin/ceilings", headers=AUTH, json=doc(1, entry(fingerprint=FINGERPRINT)))
     assert r.status_code == 200
     return s
 
 
 def send(sc: Running, n: int = 4, headers: dict[str, str] | None = None, **shape: Any) -> None:
     for _ in range(n):
-        r = httpx.post(sc.url + "/v1/chat/completions", json=body(**shape), headers=headers or {})
+        r = sc.http.post("/v1/chat/completions", json=body(**shape), headers=headers or {})
         assert r.status_code == 200
 
 
@@ -126,8 +130,8 @@ def test_model_version_change(sc: Running) -> None:
 
 
 def test_no_ceiling_for_traffic(sc: Running) -> None:
-    r = httpx.post(
-        sc.url + "/v1/chat/completions",
+    r = sc.http.post(
+        "/v1/chat/completions",
         json=body() | {"model": "gpt-4o"},
         headers={"x-ceiling-workload": "rag"},
     )
@@ -137,7 +141,7 @@ def test_no_ceiling_for_traffic(sc: Running) -> None:
         sc.sample("llm_context_ceiling_stale", model="gpt-4o", workload="rag", reason="no_ceiling")
         == 0
     )
-    httpx.post(sc.url + "/v1/chat/completions", json=body() | {"model": "gpt-4o-mini"})
+    sc.http.post("/v1/chat/completions", json=body() | {"model": "gpt-4o-mini"})
     assert (
         sc.sample(
             "llm_context_ceiling_stale",
@@ -147,8 +151,8 @@ def test_no_ceiling_for_traffic(sc: Running) -> None:
         )
         == 1
     )
-    r = httpx.put(
-        sc.url + "/admin/ceilings",
+    r = sc.http.put(
+        "/admin/ceilings",
         headers=AUTH,
         json=doc(
             2, entry(fingerprint=FINGERPRINT), entry(model="gpt-4o-mini", fingerprint=FINGERPRINT)

@@ -19,6 +19,7 @@ from testkit.serving import serve
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
+@pytest.mark.e2e
 def test_models_are_routed_to_their_named_upstream(tmp_path) -> None:  # type: ignore[no-untyped-def]
     hosted, local, claude = HostedProviderDouble(), HostedProviderDouble(), HostedProviderDouble()
     with serve(hosted.app()) as h, serve(local.app()) as lo, serve(claude.app()) as c:
@@ -81,6 +82,7 @@ def test_an_unknown_upstream_name_is_a_config_error(tmp_path) -> None:  # type: 
         load_settings(cfg)
 
 
+@pytest.mark.e2e
 def test_azure_openai_deployment_paths_with_the_azure_sdk() -> None:
     """AzureOpenAI calls /openai/deployments/{deployment}/...?api-version=... with an api-key
     header: measured on chat completions, passed through elsewhere, the path kept as sent."""
@@ -144,6 +146,7 @@ def test_azure_openai_deployment_paths_with_the_azure_sdk() -> None:
     )
 
 
+@pytest.mark.e2e
 def test_an_upstream_that_compresses_unasked_is_decoded_for_the_client() -> None:
     """A client that takes no gzip (and every stream) is asked for plain content upstream. An
     upstream that gzips anyway must still reach such a client decoded, its usage read, unary

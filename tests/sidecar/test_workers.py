@@ -101,6 +101,7 @@ def _served_by_each(shared: Path) -> dict[str, float]:
     return out
 
 
+@pytest.mark.e2e
 def test_metrics_are_the_pods_and_a_push_reaches_every_worker(pod: Pod) -> None:
     for _ in range(40):
         pod.call()
@@ -148,6 +149,7 @@ def test_metrics_are_the_pods_and_a_push_reaches_every_worker(pod: Pod) -> None:
     assert pod.scrape("llm_context_config_version") == 3
 
 
+@pytest.mark.e2e
 def test_sighup_reloads_every_worker_and_sigterm_drains_them(pod: Pod) -> None:
     pids = pod.workers()
     pod.ceilings.write_text(yaml.safe_dump(doc(7, entry(tokens=33000))))
@@ -164,6 +166,7 @@ def test_sighup_reloads_every_worker_and_sigterm_drains_them(pod: Pod) -> None:
     assert not list(pod.shared.glob("worker-*.json")), "every worker left the group"
 
 
+@pytest.mark.e2e
 def test_workers_do_not_outlive_a_killed_supervisor(pod: Pod) -> None:
     """An OOM-killed supervisor passes no SIGTERM on: its workers notice and shut down."""
     pids = pod.workers()
@@ -250,6 +253,7 @@ def test_a_push_that_missed_a_worker_is_a_failed_push() -> None:
         _workers("http://pod", short)
 
 
+@pytest.mark.e2e
 def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> None:
     """80 pushes racing into 4 workers (persisting on): versions are accepted once each and in
     order, every worker serves the same document soon after, and the file is what runs."""

@@ -158,6 +158,7 @@ def test_grading_buckets() -> None:
 # -- the statistics, on a model with a known knee -------------------------------------------
 
 
+@pytest.mark.e2e
 def test_curve_ceiling_and_refinement_on_a_known_knee(
     scripted: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -222,6 +223,7 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     assert entry.fingerprint.retrieved_chunks > 0
 
 
+@pytest.mark.e2e
 def test_dry_run_sends_nothing_and_budget_stops(
     scripted: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -233,6 +235,7 @@ def test_dry_run_sends_nothing_and_budget_stops(
     assert len(lines) == 7 and d.calls == 7
 
 
+@pytest.mark.e2e
 def test_retries_on_429_and_5xx(scripted: tuple[ScriptedModelDouble, str], tmp_path: Path) -> None:
     d, url = scripted
     d.fail_first = {"429": 1, "503": 1}
@@ -297,6 +300,7 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert len(err) == 4 and "outside (0," in err[1] and "not a task set directory" in err[2]
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     d = ScriptedModelDouble(TS, WINDOW, knee=0.65, delay=0.05)
     out = tmp_path / "run"
@@ -345,6 +349,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path: Path
     assert plan["run_id"] == "run"
 
 
+@pytest.mark.e2e
 def test_shards_merge_into_the_same_run(
     scripted: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -385,6 +390,7 @@ def test_shards_merge_into_the_same_run(
     )
 
 
+@pytest.mark.e2e
 def test_reduced_regression_holds_then_moves(tmp_path: Path) -> None:
     base = tmp_path / "baseline"
     d = ScriptedModelDouble(TS, WINDOW, knee=0.65)
@@ -591,6 +597,7 @@ def test_a_level_the_corpus_cannot_fill_is_refused_not_mislabelled(
     assert code == 0, capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     scripted: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

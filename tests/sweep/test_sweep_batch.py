@@ -25,6 +25,8 @@ from testkit.doubles.scripted_model import ScriptedModelDouble
 from testkit.serving import serve
 from tests.sweep.test_sweep import TS, WINDOW, common, run_cli
 
+pytestmark = pytest.mark.e2e  # sockets, processes or served servers
+
 SMALL = ("--levels", "0.3,0.6", "--repeats", "1", "--no-refine", "--items", "12", "--low-fill", "0")
 
 

@@ -35,6 +35,7 @@ def model() -> Iterator[tuple[ScriptedModelDouble, str]]:
 # -- the prompt cache -------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_shared_haystack_is_read_from_the_prompt_cache(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -93,6 +94,7 @@ def test_anthropic_calls_mark_the_shared_haystack_as_a_cache_breakpoint() -> Non
 # -- the price before it runs -------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_the_dry_run_prices_the_adaptive_design_and_what_each_budget_buys(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -116,6 +118,7 @@ def test_the_dry_run_prices_the_adaptive_design_and_what_each_budget_buys(
 # -- a budget the design respects ---------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_budget_stops_the_design_between_steps_and_states_what_it_resolved(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,6 +179,7 @@ def test_true_drop_points_of_every_shape() -> None:
 # -- repeats chosen by their measured agreement -------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_items_added_after_the_opening_are_asked_once_when_repeats_agree(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

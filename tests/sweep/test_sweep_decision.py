@@ -51,6 +51,7 @@ def derive(out: Path, *extra: str) -> int:
 # -- refusals --------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_model_that_never_answers_right_gets_no_ceiling(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -69,6 +70,7 @@ def test_a_model_that_never_answers_right_gets_no_ceiling(
     assert not (out / "ceilings.yaml").exists()
 
 
+@pytest.mark.e2e
 def test_a_model_that_answers_from_memory_gets_no_ceiling(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -84,6 +86,7 @@ def test_a_model_that_answers_from_memory_gets_no_ceiling(
     assert "not clearly above the closed-book control" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_missing_and_errored_calls_fail_the_level_until_resumed(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -114,6 +117,7 @@ def test_missing_and_errored_calls_fail_the_level_until_resumed(
     assert derive(out, "--accept-unresolved") == 0
 
 
+@pytest.mark.e2e
 def test_an_unresolved_ceiling_is_refused_unless_accepted(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -129,6 +133,7 @@ def test_an_unresolved_ceiling_is_refused_unless_accepted(
     assert "UNRESOLVED" in (entry.provenance.note or "")
 
 
+@pytest.mark.e2e
 def test_default_sweep_plans_adds_items_where_open_and_resolves(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -163,6 +168,7 @@ def test_default_sweep_plans_adds_items_where_open_and_resolves(
     assert entry.provenance.decision["resolved"] is True
 
 
+@pytest.mark.e2e
 def test_the_regression_check_needs_proof_to_say_holds(tmp_path: Path) -> None:
     """A change that really steepens the drop is 'moved' even when the level's own accuracy
     barely moved relative to the baseline's noise; too few items give 'inconclusive' (exit 3)."""
@@ -255,6 +261,7 @@ def test_an_answer_taken_from_a_padding_document_is_decoyed() -> None:
     assert grade(item, "K-1", "stop", shown, docs).bucket == "missed"
 
 
+@pytest.mark.e2e
 def test_reasoning_models_get_what_they_accept(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -275,6 +282,7 @@ def test_reasoning_models_get_what_they_accept(
     assert body["max_tokens"] == 2100 and "temperature" not in body
 
 
+@pytest.mark.e2e
 def test_the_counter_is_reconciled_with_the_reported_prompt_tokens(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -288,6 +296,7 @@ def test_the_counter_is_reconciled_with_the_reported_prompt_tokens(
     assert any("off the prompt tokens the upstream reported" in w for w in summary["warnings"])
 
 
+@pytest.mark.e2e
 def test_validity_benchmark_runs_the_real_code() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "benchmarks.validity", "--runs", "1", "--coverage-sets", "10"],

@@ -250,6 +250,7 @@ def _model_double(ts_dir: Path) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
+@pytest.mark.e2e
 def test_reference_answers_and_a_sweep_that_reports_agreement(
     stores: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
