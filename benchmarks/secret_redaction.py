@@ -14,7 +14,7 @@ from pathlib import Path
 
 from context_ceiling.sidecar.capture.redact import Redactor
 from context_ceiling.sidecar.capture.secret_rules import default_rules
-from testkit.traffic.secret_corpus import FAMILIES, corpus, leaked, rule_examples
+from testkit.traffic.secret_corpus import BENIGN, FAMILIES, benign, corpus, leaked, rule_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +59,14 @@ def main() -> None:
     print(
         f"Every rule's own examples: {len(examples)} strings its expression generates and it "
         f"reports, from {covered} of {len(rules.rules)} rules: {rule_leaks} written to the store."
+    )
+    looks = benign(len(BENIGN) * 40)
+    altered = sum(1 for t in looks if r.text(t)[1])
+    print()
+    print(
+        f"Benign look-alikes ({len(BENIGN)} kinds: code calling password functions, references "
+        f"to the environment, prose, hashes, ids, URLs without credentials): {altered} of "
+        f"{len(looks)} altered."
     )
     print()
     print(

@@ -83,6 +83,105 @@ FAMILIES: dict[str, tuple[Callable[[random.Random], str], str]] = {
 }
 
 
+def _putty(rng: random.Random) -> str:
+    pub = base64.b64encode(rng.randbytes(51)).decode()
+    priv = base64.b64encode(rng.randbytes(36)).decode()
+    return (
+        "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"
+        f"Comment: eddsa-key-2024{_r(rng, DIGITS, 4)}\nPublic-Lines: 2\n{pub[:64]}\n{pub[64:]}\n"
+        f"Private-Lines: 1\n{priv}\nPrivate-MAC: {_r(rng, '0123456789abcdef', 64)}"
+    )
+
+
+def _password(rng: random.Random) -> str:
+    return _r(rng, UPPER, 2) + _r(rng, LOWER, 5) + _r(rng, DIGITS, 3) + rng.choice("!#%&*@^")
+
+
+#: secrets in the places scanners' rule sets look for them but a keyword match does not: inside
+#: code calls, key files, CSV exports, connection strings, shell commands, headers, JSON, .env
+#: and compose files (family -> (secret maker, text with ``{}`` where it goes))
+IN_CONTEXT: dict[str, tuple[Callable[[random.Random], str], str]] = {
+    "discord-bot-in-code": (
+        lambda r: (
+            r.choice("MNO")
+            + _r(r, ALNUM, 25)
+            + "."
+            + _r(r, ALNUM + "_-", 6)
+            + "."
+            + _r(r, ALNUM + "_-", 38)
+        ),
+        'import discord\nclient = discord.Client()\nclient.run("{}")',
+    ),
+    "telegram-bot-in-code": (
+        lambda r: _r(r, DIGITS, 10) + ":AA" + _r(r, ALNUM + "_-", 33),
+        'bot = telebot.TeleBot("{}")\nbot.infinity_polling()',
+    ),
+    "putty-private-key": (_putty, "my key file, why does pageant refuse it?\n{}\n"),
+    "aws-console-csv": (
+        lambda r: _r(r, ALNUM + "/+", 40),
+        "User name,Password,Access key ID,Secret access key,Console login link\n"
+        "deploy,,AKIA"
+        + "QWERTYUIOPASDFGH"
+        + ",{},https://123456789012.signin.aws.amazon.com/console",
+    ),
+    "redis-url-no-user": (_password, "REDIS_URL=redis://:{}@cache.internal:6379/0"),
+    "json-password": (_password, '{{"username": "svc-app", "password": "{}", "port": 5432}}'),
+    "env-db-password": (_password, "DB_HOST=db.internal\nDB_USER=app\nDB_PASSWORD={}\n"),
+    "compose-mysql-root": (
+        _password,
+        "services:\n  db:\n    image: mysql:8\n    environment:\n      - MYSQL_ROOT_PASSWORD={}\n",
+    ),
+    "passphrase": (
+        lambda r: "-".join(_r(r, LOWER, 5) for _ in range(3)) + _r(r, DIGITS, 2),
+        "the key's passphrase: {}",
+    ),
+    "curl-user-password": (_password, "curl -u admin:{} https://jenkins.internal/api/json"),
+    "authorization-basic": (
+        lambda r: base64.b64encode(f"admin:{_password(r)}".encode()).decode(),
+        'curl -H "Authorization: Basic {}" https://registry.internal/v2/',
+    ),
+}
+FAMILIES.update(IN_CONTEXT)
+
+#: benign look-alikes: text that names passwords, keys and tokens, or has their shape, and holds
+#: no secret (code that calls a password function, references to the environment, prose, hashes,
+#: ids, URLs without credentials); ``{}`` takes a random identifier
+BENIGN = (
+    "password = get_password_from_vault({})",
+    "pw = settings.db_password  # {}",
+    'password = os.environ["DB_PASSWORD_{}"]',
+    "DB_PASSWORD=${{DB_PASSWORD_{}}}",
+    "    password: ${{MYSQL_PASSWORD}}  # {}",
+    "def reset_password(user_{}): ...",
+    "if not password: raise ValueError('password required for {}')",
+    "The password policy requires 12 characters ({}).",
+    "Forgot your password? Contact {} at the help desk.",
+    "passphrase = prompt_for_passphrase({})",
+    'secret = client.get_secret_value(SecretId="{}")',
+    'WWW-Authenticate: Basic realm="{}"',
+    "a basic understanding of {} is assumed",
+    "commit {} (sha1 da39a3ee5e6b4b0d3255bfef95601890afd80709)",
+    "request id {}: 3f2b8c1e-4d5a-4e6f-9a7b-8c9d0e1f2a3b",
+    "redis://cache.internal:6379/{}",
+    "postgres://app@db.internal:5432/{}",
+    "curl -u $USER:$TOKEN https://{}.internal/api",
+    "see https://github.com/org/{}/blob/main/README.md",
+    "token_count = count_tokens(text_{})",
+    "api_key_name = '{}'",
+    "Set AWS_SECRET_ACCESS_KEY in your environment, never in {}.",
+    "the secret to {} is patience",
+    "{}: the password field is hashed with argon2id",
+    "user,email,role\n{},a@example.com,admin",
+    "version 1.2.3-{}",
+)
+
+
+def benign(n: int = 200, seed: int = 0) -> list[str]:
+    """``n`` benign look-alikes (each template in turn, with a random identifier)."""
+    rng = random.Random(seed)
+    return [BENIGN[k % len(BENIGN)].format(_r(rng, LOWER, 6) + str(k)) for k in range(n)]
+
+
 def corpus(n: int = 50, seed: int = 0) -> list[tuple[str, str, str]]:
     """(family, secret, text) for ``n`` secrets of every family."""
     rng = random.Random(seed)
@@ -99,6 +198,8 @@ def leaked(secret: str, family: str, stored: str) -> bool:
     needle = secret.split(":", 1)[1] if family == "url-credentials" else secret
     if family == "pem-private-key":
         needle = secret.splitlines()[1]
+    if family == "putty-private-key":
+        needle = secret.split("Private-Lines: 1\n", 1)[1].split("\n", 1)[0]
     return needle in stored
 
 

@@ -23,16 +23,41 @@ BUILTIN_PATTERNS = (
     r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
     r"xox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack tokens
     r"ya29\.[0-9A-Za-z_\-]{20,}",  # Google OAuth access tokens
-    r"(?<=://)[^/\s:@\"']{1,256}:[^/\s@\"']{1,256}(?=@)",  # credentials in URLs
+    # credentials in URLs, the user name possibly empty (redis://:password@host)
+    r"(?<=://)[^/\s:@\"']{0,256}:[^/\s@\"']{1,256}(?=@)",
+    # Discord bot tokens (base64 user id . timestamp . HMAC), whatever code they sit in
+    r"(?<![A-Za-z0-9_.-])[MNO][A-Za-z0-9]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}",
+    r"(?<![0-9])[0-9]{8,10}:AA[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])",  # Telegram bot tokens
+    # a PuTTY private key file, whole (its private lines and MAC)
+    r"PuTTY-User-Key-File-\d+:[\s\S]{0,16384}?Private-MAC:\s*[0-9A-Fa-f]+",
+    # user:password given to curl (-u, --user), not a reference to the environment ($USER:$PW)
+    r"(?:(?<=\s-u )|(?<=--user )|(?<=--user=))[\"']?(?!\$)[^\s:\"']{1,64}:(?!\$)[^\s\"']{1,128}",
+    # HTTP Basic credentials in a header (curl -H, a pasted request, a config)
+    r"(?i:authorization)[\"']?\s*[:=]\s*[\"']?(?i:basic)\s+[A-Za-z0-9+/]{8,}={0,2}",
+)
+#: an AWS secret access key right after its key id (the console's CSV, a pasted pair): the key
+#: id is found by the rules, the secret (40 characters, no prefix of its own) by its place
+AWS_PAIR = re.compile(
+    r"((?:\[REDACTED\]|\bA[KS]IA[0-9A-Z]{16})[,;\t :=\"']{1,4})([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"
 )
 #: a password written out in prose or config ("the password is: ...", ``passwd=...``): the
 #: value is replaced when it looks like one (a digit or a symbol, and varied characters)
 PROSE_PASSWORD = re.compile(
-    r"(?i)\b((?:password|passwd|passphrase|pwd|secret)s?(?:\s*(?:is|was|:=|=|:))+\s*[\"']?)"
+    # the name may end a longer one (DB_PASSWORD, MYSQL_ROOT_PASSWORD) and be a quoted JSON or
+    # YAML key ("password": ...)
+    r"(?i)(?<![a-z])((?:password|passwd|passphrase|pwd|secret)s?[\"']?"
+    r"(?:\s*(?:is|was|:=|=|:))+\s*[\"']?)"
     r"([^\s\"']{6,})"
     # a secret under its configuration name (an AWS secret access key has no prefix of its own)
     r"|((?:aws_?)?secret_?access_?key|client_?secret|api_?secret|private_?key)"
     r"(\s*(?:=|:)\s*[\"']?)([A-Za-z0-9/+=_.~-]{16,})"
+)
+
+
+#: a value that is code, not a password: a call (``get_password(user)``), a dotted name
+#: without digits (``settings.db_password``), a subscript (``os.environ["PW"]``)
+_CODE_VALUE = re.compile(
+    r"[A-Za-z_][\w.]*\(.*|[A-Za-z_]+(?:\.[A-Za-z_]+)+[,;)]*|[A-Za-z_][\w.]*\[.*"
 )
 
 
@@ -41,6 +66,7 @@ def _looks_secret(value: str) -> bool:
         any(c.isdigit() or not c.isalnum() for c in value)
         and entropy(value) >= 2.5
         and not value.startswith(("http", "/", "$", "{", "<", "%"))
+        and _CODE_VALUE.fullmatch(value) is None
     )
 
 
@@ -63,6 +89,8 @@ class Redactor:
         for start, end in reversed(spans):
             s = s[:start] + REDACTED + s[end:]
         s, a = self.builtin.subn(REDACTED, s)
+        s, pairs = AWS_PAIR.subn(lambda m: m.group(1) + REDACTED, s)
+        a += pairs
         prose = 0
 
         def password(m: re.Match[str]) -> str:
