@@ -24,8 +24,8 @@ from context_ceiling.ceilings.document import (
     CeilingsDocument,
     CeilingsError,
     CeilingsPersistError,
-    parse_document,
 )
+from context_ceiling.sidecar.ceilings.store import parse_off_loop
 from context_ceiling.sidecar.observability.logs import bounded
 from context_ceiling.sidecar.state import SidecarState
 
@@ -150,7 +150,8 @@ class Admin:
             return _error(413, "request_too_large", f"document exceeds {MAX_DOCUMENT_BYTES} bytes")
         force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
         try:
-            return parse_document(raw, "request body"), force
+            # off the event loop: a document up to the size cap takes seconds to validate
+            return await anyio.to_thread.run_sync(parse_off_loop, raw, "request body"), force
         except CeilingsError as exc:
             if count_failure:
                 self.state.ceilings.reloads.labels(source="api", result="failure").inc()
