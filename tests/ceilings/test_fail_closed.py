@@ -45,13 +45,23 @@ def test_a_version_out_of_range_is_refused_and_nothing_changes(
     assert httpx.put(sc.url + "/admin/ceilings", json=doc(3), headers=AUTH).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("hold", "pause"),
+    [
+        (2.0, 1.5),  # a shortened hold, a pause within it
+        pytest.param(None, 5.0, marks=pytest.mark.slow, id="the-real-hold-a-5s-pause"),
+    ],
+)
 def test_a_file_rewritten_in_place_applies_only_once_whole(
-    make_sidecar: Callable[..., Running], tmp_path: Path
+    make_sidecar: Callable[..., Running], tmp_path: Path, hold: float | None, pause: float
 ) -> None:
+    """A writer that pauses mid-write (up to 5 s, the target) never has a part applied: a file
+    rewritten in place is applied once it has stayed the same for the hold (6 s by default)."""
     path = tmp_path / "ceilings.yaml"
     path.write_text(yaml.safe_dump(doc(1)))
     sc = make_sidecar(ceilings_file=str(path))
-    sc.state.ceilings.in_place_s = 2.0
+    if hold is not None:
+        sc.state.ceilings.in_place_s = hold
     full = yaml.safe_dump(
         doc(2, *(entry(model=f"m{k}", tokens=1000 + k) for k in range(6))), sort_keys=False
     )
@@ -70,9 +80,9 @@ def test_a_file_rewritten_in_place_applies_only_once_whole(
         with path.open("w") as f:  # the same inode: a rewrite in place, with a pause
             f.write(half)
             f.flush()
-            time.sleep(1.5)
+            time.sleep(pause)
             f.write(full[len(half) :])
-        assert wait_for(lambda: sc.state.ceilings.current.version == 2)
+        assert wait_for(lambda: sc.state.ceilings.current.version == 2, timeout=20)
     finally:
         stop.set()
         watcher.join()
