@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -396,3 +397,32 @@ def test_other_bedrock_routes_pass_through_signed(make_bedrock: Callable[..., Be
         )
 
     assert passed("ok") == 1 and passed("upstream_4xx") == 1
+
+
+def test_the_sweep_measures_a_bedrock_model_through_converse(
+    bedrock_double: tuple[BedrockProviderDouble, str],
+    aws_chain: Callable[[BedrockProviderDouble | None], None],
+    tmp_path: Path,
+) -> None:
+    """``ceiling sweep run --api bedrock``: every call a Converse request written by the
+    provider layer, signed with the AWS chain's credentials, its answer and usage read back."""
+    from context_ceiling.cli import main as cli_main
+    from context_ceiling.sweep.calllog import CallLog
+
+    d, durl = bedrock_double
+    aws_chain(d)
+    out = tmp_path / "run"
+    args = ["sweep", "run", "--api", "bedrock", "--base-url", durl, "--model", CLAUDE]
+    args += ["--taskset", "records", "--items", "6", "--levels", "0.2,0.5", "--repeats", "1"]
+    args += ["--window", "4000", "--tokenizer", "cl100k_base", "--max-tokens", "16"]
+    args += ["--shared-haystack", "--low-fill", "0", "--no-refine", "--no-adaptive"]
+    args += ["--price", "0", "--out", str(out), "--no-progress"]
+    assert cli_main(args) == 0
+    calls = list(CallLog(out / "calls.jsonl").records().values())
+    assert calls and all(c.status == "ok" for c in calls)
+    assert all(c.usage_prompt == d.input_tokens and c.text == d.text for c in calls)
+    assert {r.auth for r in d.received} == {"sigv4"}
+    sent = [r.json for r in d.received]
+    assert all(b["inferenceConfig"]["maxTokens"] == 16 for b in sent)
+    # a question on a shared haystack marks the haystack as a prompt-cache breakpoint
+    assert any("cachePoint" in blk for b in sent for m in b["messages"] for blk in m["content"])

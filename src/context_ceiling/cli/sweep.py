@@ -14,6 +14,7 @@ from rich.console import Console
 
 from context_ceiling.cli import Parser, add_json, options
 from context_ceiling.core.vocabulary import MODES
+from context_ceiling.formats import SWEEP_APIS
 from context_ceiling.sweep.derive import DeriveOptions, derive
 from context_ceiling.sweep.job import JobOptions, run_job
 from context_ceiling.sweep.merge import merge
@@ -86,7 +87,7 @@ def add_parser(sub: Any) -> None:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``sweep run`` (the job parses its run arguments with them too)."""
     p.add_argument("--base-url", help="OpenAI-style base URL (with /v1) or Anthropic base URL")
-    p.add_argument("--api", choices=["openai", "anthropic"], help="the upstream's API style")
+    p.add_argument("--api", choices=list(SWEEP_APIS), help="the upstream's API style")
     p.add_argument("--model", help="model name sent upstream")
     p.add_argument(
         "--api-key-env",

@@ -24,8 +24,10 @@ from context_ceiling.core.utilization import Component
 #: without an edit here
 Api = str
 
-#: the APIs a sweep calls a model through (chat completions or Anthropic messages)
-SweepApi = Literal["openai", "anthropic"]
+#: an API a sweep calls a model through: a name of the format registry whose format writes a
+#: question (``context_ceiling.formats.SWEEP_APIS``: OpenAI chat, Anthropic messages, Bedrock
+#: Converse)
+SweepApi = str
 
 #: the request body's shape (OpenAI's Responses API is an OpenAI client with another shape): a
 #: name the format registry defines (``context_ceiling.formats.FORMATS``), whose format module

@@ -42,6 +42,7 @@ __all__ = [
     "MODULES",
     "ROUTES",
     "SHARED_CACHE",
+    "SWEEP_APIS",
     "client_api_of",
     "count",
     "error_body",
@@ -96,6 +97,12 @@ def _api_formats() -> dict[Api, Format]:
 #: each API's own format (the one whose shape is named after the API, else its first): it
 #: renders the API's errors and knows its clients
 API_FORMATS: Mapping[Api, Format] = MappingProxyType(_api_formats())
+
+
+#: the APIs the sweep can call: each API whose own format writes a question (:attr:`Format.ask`)
+SWEEP_APIS: Mapping[Api, Format] = MappingProxyType(
+    {api: f for api, f in API_FORMATS.items() if f.ask is not None}
+)
 
 
 #: the ``api`` label values of requests that generate (a model call, not a token count): the

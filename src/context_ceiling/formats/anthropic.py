@@ -38,6 +38,7 @@ from context_ceiling.core.utilization import Component
 from context_ceiling.formats.base import (
     Answer,
     ApiInfo,
+    Ask,
     Expect,
     Format,
     Native,
@@ -64,6 +65,7 @@ __all__ = [
     "TOOL_SYSTEM_TOKENS",
     "MessagesRules",
     "MessagesStreamTap",
+    "ask",
     "body_usage",
     "check_message",
     "check_top",
@@ -388,6 +390,7 @@ def _usage(u: Usage, usage: Any) -> None:
     if fresh is not None:
         u.input_tokens = fresh + read + created
         u.cached_tokens = read
+        u.cache_write_tokens = created
     out = int_of(usage.get("output_tokens"))
     if out is not None:
         u.output_tokens = out
@@ -718,17 +721,51 @@ PASSTHROUGH_ROUTES = MappingProxyType(
 )
 
 
+def ask(a: Ask) -> tuple[str, dict[str, Any]]:
+    """A message that asks ``a``. A question on a shared haystack marks the haystack as a
+    prompt-cache breakpoint (written once, then read by the questions after it); a thinking
+    budget turns extended thinking on, on top of ``max_tokens``, and drops ``temperature``
+    (thinking refuses one)."""
+    content: str | list[dict[str, Any]] = a.user
+    if a.shared:
+        content = [
+            {"type": "text", "text": a.user[: a.shared], "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": a.user[a.shared :]},
+        ]
+    body: dict[str, Any] = {
+        "model": a.model,
+        "max_tokens": a.max_tokens,
+        "temperature": a.temperature,
+        "messages": [{"role": "user", "content": content}],
+    }
+    if a.thinking:
+        budget = max(1024, a.thinking)
+        del body["temperature"]
+        body |= {
+            "max_tokens": a.max_tokens + budget,
+            "thinking": {"type": "enabled", "budget_tokens": budget},
+        }
+    if a.system:
+        body["system"] = a.system
+    return "/v1/messages", body
+
+
 #: Anthropic's API
 API = ApiInfo(
     "anthropic",
     "the default upstream of Anthropic routes (messages, count_tokens, message batches)",
     "https://api.anthropic.com",
     prices="anthropic",
+    key_headers=lambda key: (
+        {"anthropic-version": "2023-06-01"} | ({"x-api-key": key} if key else {})
+    ),
+    key_env="ANTHROPIC_API_KEY",
 )
 
 FORMAT = Format(
     shape="anthropic",
     api="anthropic",
+    ask=ask,
     count=count,
     trim=MessagesRules(),
     requested_output=requested_output,

@@ -34,6 +34,7 @@ __all__ = [
     "NOTHING",
     "Answer",
     "ApiInfo",
+    "Ask",
     "Count",
     "Expect",
     "Format",
@@ -95,6 +96,9 @@ class Usage:
     #: cleared tool uses, the Responses API's compaction items) and input tokens cleared
     native_edits: int = 0
     native_cleared_tokens: int | None = None
+    #: input written to the provider's prompt cache (Anthropic's cache creation, Bedrock's cache
+    #: writes): among ``input_tokens``
+    cache_write_tokens: int | None = None
 
 
 def load_json(body: bytes) -> Any:
@@ -277,6 +281,27 @@ class Native:
         return any(host.endswith(h) if h.startswith(".") else host == h for h in self.hosts)
 
 
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One question put to a model as the sweep asks it (the same at every fill level but for
+    the user text): what a format's :attr:`Format.ask` writes as a request of its API."""
+
+    model: str
+    user: str
+    system: str = ""
+    #: the first ``shared`` characters of ``user`` are a haystack other questions share: a
+    #: prompt-cache breakpoint goes after them where the API marks one
+    shared: int = 0
+    max_tokens: int = 100
+    temperature: float = 0.0
+    #: ask for a JSON object where the API has a switch for it
+    json: bool = False
+    #: a thinking budget (tokens) on top of ``max_tokens``, where the API takes one (0: none)
+    thinking: int = 0
+    #: the form reasoning models take (OpenAI's ``max_completion_tokens``, no temperature)
+    reasoning: bool = False
+
+
 class SigningRefused(CeilingError):
     """The request cannot be sent signed: it was changed (trimmed) and the sidecar has no
     credentials to sign it again, or the credentials could not be read. The message says
@@ -326,6 +351,12 @@ class ApiInfo:
     credentials: str = ""
     #: the provider's id in the genai-prices data set (list prices of its models)
     prices: str | None = None
+    #: the headers a client of this API sends with an API key (None: without one)
+    key_headers: Callable[[str | None], dict[str, str]] = lambda key: (
+        {"authorization": f"Bearer {key}"} if key else {}
+    )
+    #: the environment variable that holds the API's key, by its SDKs' convention
+    key_env: str = ""
     #: the signing step, where the provider's signature covers the host and the body (every
     #: request to this API's upstreams is signed last; None: the client's credentials go
     #: upstream as sent)
@@ -398,6 +429,9 @@ class Format:
     #: how a streamed answer's bytes split into events (the relay's splitter, the answer
     #: checker's and the capture store's reading of a whole stream)
     framing: Framing = SSE
+    #: the request that asks a question (the sweep's calls): (the path under the API's base
+    #: URL, the body); None: the sweep does not call this format
+    ask: Callable[[Ask], tuple[str, dict[str, Any]]] | None = None
     #: the headers an error response carries beside :attr:`error_body` (status, code): what
     #: the API's SDK reads the error's type from (botocore: ``x-amzn-ErrorType``)
     error_headers: Callable[[int, str | None], Mapping[str, str]] = lambda _s, _c: {}

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import orjson
 
@@ -60,6 +60,7 @@ from context_ceiling.formats import anthropic
 from context_ceiling.formats.base import (
     Answer,
     ApiInfo,
+    Ask,
     Expect,
     Format,
     Prompt,
@@ -86,6 +87,7 @@ __all__ = [
     "ConverseStreamTap",
     "InvokeStreamTap",
     "SigV4Signer",
+    "ask",
     "body_usage",
     "count",
     "error_body",
@@ -376,6 +378,7 @@ def _usage(u: Usage, usage: Any) -> None:
     if fresh is not None:
         u.input_tokens = fresh + read + written
         u.cached_tokens = read
+        u.cache_write_tokens = written
     out = int_of(usage.get("outputTokens"))
     if out is not None:
         u.output_tokens = out
@@ -819,8 +822,36 @@ API = ApiInfo(
     owns=_aws,
     credentials="AWS credentials (a SigV4 signature or a Bedrock API key)",
     signer=SIGNER,
+    key_env="AWS_BEARER_TOKEN_BEDROCK",
     prices="aws",
 )
+
+
+def ask(a: Ask) -> tuple[str, dict[str, Any]]:
+    """A Converse request that asks ``a``: a shared haystack ends in a ``cachePoint`` block (the
+    questions after the first read it from the prompt cache, on the models that have one); a
+    thinking budget goes to Claude models as ``additionalModelRequestFields.thinking``, on top
+    of ``maxTokens`` and without ``temperature``."""
+    content: list[dict[str, Any]] = [{"text": a.user}]
+    if a.shared:
+        content = [
+            {"text": a.user[: a.shared]},
+            {"cachePoint": {"type": "default"}},
+            {"text": a.user[a.shared :]},
+        ]
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": content}],
+        "inferenceConfig": {"maxTokens": a.max_tokens, "temperature": a.temperature},
+    }
+    if a.system:
+        body["system"] = [{"text": a.system}]
+    if a.thinking:
+        budget = max(1024, a.thinking)
+        body["inferenceConfig"] = {"maxTokens": a.max_tokens + budget}
+        body["additionalModelRequestFields"] = {
+            "thinking": {"type": "enabled", "budget_tokens": budget}
+        }
+    return f"/model/{quote(a.model, safe='')}/converse", body
 
 
 def model_of(path: str) -> str:
@@ -837,6 +868,7 @@ PASSTHROUGH_ROUTES = MappingProxyType(
 CONVERSE = Format(
     shape="converse",
     api="bedrock",
+    ask=ask,
     count=count,
     trim=ConverseRules(),
     requested_output=requested_output,
@@ -860,6 +892,7 @@ CONVERSE = Format(
 INVOKE = dataclasses.replace(
     anthropic.FORMAT,
     api="bedrock",
+    ask=None,
     tap=lambda _changed: InvokeStreamTap(),
     error_body=error_body,
     error_headers=error_headers,

@@ -546,6 +546,8 @@ API = ApiInfo(
     owns=lambda headers: "x-goog-api-key" in headers,
     credentials="a Google API key (x-goog-api-key)",
     prices="google",
+    key_headers=lambda key: {"x-goog-api-key": key} if key else {},
+    key_env="GEMINI_API_KEY",
 )
 
 FORMAT = Format(

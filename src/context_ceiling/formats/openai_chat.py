@@ -37,6 +37,7 @@ from context_ceiling.core.utilization import Component
 from context_ceiling.formats.base import (
     Answer,
     ApiInfo,
+    Ask,
     Expect,
     Format,
     Prompt,
@@ -61,6 +62,7 @@ __all__ = [
     "ROUTES",
     "ChatRules",
     "ChatStreamTap",
+    "ask",
     "body_usage",
     "check_message",
     "check_top",
@@ -620,17 +622,37 @@ PASSTHROUGH_ROUTES = MappingProxyType(
 )
 
 
+def ask(a: Ask) -> tuple[str, dict[str, Any]]:
+    """A chat completion that asks ``a``: the system and user messages; reasoning models get
+    ``max_completion_tokens`` (the output plus the reasoning reservation) and no
+    ``temperature`` or ``seed`` (OpenAI caches a repeated prefix by itself)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": a.system}] if a.system else []
+    body: dict[str, Any] = {
+        "model": a.model,
+        "messages": [*messages, {"role": "user", "content": a.user}],
+    }
+    if a.reasoning:
+        body["max_completion_tokens"] = a.max_tokens + a.thinking
+    else:
+        body |= {"max_tokens": a.max_tokens, "temperature": a.temperature, "seed": 0}
+    if a.json:
+        body["response_format"] = {"type": "json_object"}
+    return "/chat/completions", body
+
+
 #: the OpenAI-style API (OpenAI, Azure OpenAI, vLLM, llama.cpp, LiteLLM ...)
 API = ApiInfo(
     "openai",
     "the default upstream of OpenAI-style routes (chat completions, Responses, the pass-through)",
     "https://api.openai.com/v1",
     prices="openai",
+    key_env="OPENAI_API_KEY",
 )
 
 FORMAT = Format(
     shape="openai",
     api="openai",
+    ask=ask,
     count=count,
     trim=ChatRules(),
     requested_output=requested_output,

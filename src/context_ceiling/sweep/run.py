@@ -27,6 +27,7 @@ from context_ceiling.core.models import ChatFormat, UpstreamSpec
 from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.core.vocabulary import SweepApi
+from context_ceiling.formats import APIS
 from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.design import Step, next_step, opening, repeats_for_new_items
@@ -609,9 +610,7 @@ class _Sweep:
 
 
 def _endpoint(plan: Plan, opts: RunOptions) -> Endpoint:
-    key_env = opts.api_key_env or (
-        "ANTHROPIC_API_KEY" if plan.spec.api == "anthropic" else "OPENAI_API_KEY"
-    )
+    key_env = opts.api_key_env or APIS[plan.spec.api].key_env
     headers = {}
     if opts.bypass:
         token = os.environ.get("CEILING_ADMIN_TOKEN")

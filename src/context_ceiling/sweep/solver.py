@@ -18,10 +18,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
+import orjson
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from context_ceiling.core.prices import Price
 from context_ceiling.core.vocabulary import SweepApi
+from context_ceiling.formats import APIS, SWEEP_APIS
+from context_ceiling.formats.base import Ask
 from context_ceiling.sweep import batch
 from context_ceiling.sweep.calllog import CallLog, CallRecord, sample_key
 from context_ceiling.sweep.prompts import ContextBuilder, RenderedPrompt
@@ -101,56 +104,45 @@ _REASONING_400 = re.compile(
 
 
 def request_of(ep: Endpoint, prompt: RenderedPrompt) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """URL, headers and body of one call. A question on a shared haystack marks the haystack as
-    a prompt-cache breakpoint for Anthropic (OpenAI caches a repeated prefix by itself; the
-    runner keeps a haystack's questions in order, so each reads what the first wrote). Reasoning
-    models get what they accept: OpenAI's
-    ``max_completion_tokens`` (output plus the reasoning reservation) and no ``temperature`` or
-    ``seed``; Anthropic's extended thinking with its budget on top of ``max_tokens`` and no
-    ``temperature`` (thinking refuses one)."""
-    headers = dict(ep.headers)
-    if ep.api == "anthropic":
-        url = ep.base_url.rstrip("/") + "/v1/messages"
-        headers |= {"anthropic-version": "2023-06-01"} | (
-            {"x-api-key": ep.api_key} if ep.api_key else {}
+    """URL, headers and body of one call, written by the API's own format (:attr:`Format.ask`,
+    the layer the sidecar serves): a question on a shared haystack marks the haystack as a
+    prompt-cache breakpoint where the API has one (the runner keeps a haystack's questions in
+    order, so each reads what the first wrote); reasoning models get what they accept (OpenAI's
+    ``max_completion_tokens`` and no ``temperature``; extended thinking with its budget on top of
+    the output elsewhere)."""
+    fmt = SWEEP_APIS[ep.api]
+    assert fmt.ask is not None  # SWEEP_APIS holds the formats that ask
+    if ep.api == "openai":
+        thinking = ep.reasoning_tokens  # reserved within max_completion_tokens
+    else:  # extended thinking (Claude, on Anthropic's API or on Bedrock)
+        thinking = max(1024, ep.reasoning_tokens) if ep.reasoning == "anthropic" else 0
+    path, body = fmt.ask(
+        Ask(
+            model=ep.model,
+            user=prompt.user,
+            system=prompt.system,
+            shared=prompt.shared,
+            max_tokens=ep.max_tokens,
+            temperature=ep.temperature,
+            json=ep.json_mode and ep.api == "openai",
+            thinking=thinking,
+            reasoning=ep.reasoning == "openai",
         )
-        content: str | list[dict[str, Any]] = prompt.user
-        if prompt.shared:  # the shared haystack is written to the prompt cache once, then read
-            content = [
-                {
-                    "type": "text",
-                    "text": prompt.user[: prompt.shared],
-                    "cache_control": {"type": "ephemeral"},
-                },
-                {"type": "text", "text": prompt.user[prompt.shared :]},
-            ]
-        payload: dict[str, Any] = {
-            "model": ep.model,
-            "max_tokens": ep.max_tokens,
-            "temperature": ep.temperature,
-            "messages": [{"role": "user", "content": content}],
-        }
-        if ep.reasoning == "anthropic":
-            budget = max(1024, ep.reasoning_tokens)
-            del payload["temperature"]
-            payload |= {
-                "max_tokens": ep.max_tokens + budget,
-                "thinking": {"type": "enabled", "budget_tokens": budget},
-            }
-        if prompt.system:
-            payload["system"] = prompt.system
-        return url, headers, payload
-    url = ep.base_url.rstrip("/") + "/chat/completions"
-    if ep.api_key:
-        headers["authorization"] = f"Bearer {ep.api_key}"
-    payload = {"model": ep.model, "messages": prompt.messages}
-    if ep.reasoning == "openai":
-        payload["max_completion_tokens"] = ep.max_tokens + ep.reasoning_tokens
-    else:
-        payload |= {"max_tokens": ep.max_tokens, "temperature": ep.temperature, "seed": 0}
-    if ep.json_mode:
-        payload["response_format"] = {"type": "json_object"}
-    return url, headers, payload
+    )
+    headers = dict(ep.headers) | APIS[ep.api].key_headers(ep.api_key)
+    return ep.base_url.rstrip("/") + path, headers, body
+
+
+async def _signed(
+    ep: Endpoint, url: str, headers: dict[str, str], content: bytes
+) -> dict[str, str]:
+    """The headers to send with, signed where the API signs its requests (AWS SigV4: each
+    attempt anew, the signature carries its time), on a thread (credentials may be read)."""
+    signer = APIS[ep.api].signer
+    if signer is None:
+        return headers
+    signed = await asyncio.to_thread(signer.sign, url, list(headers.items()), content, True)
+    return dict(signed)
 
 
 async def call_model(
@@ -161,12 +153,15 @@ async def call_model(
     reasoning models) is answered by resending in the reasoning form; the record says so
     (``reasoning_mode``) and the runner keeps that form for later calls."""
     url, headers, payload = request_of(ep, prompt)
+    content = orjson.dumps(payload)
+    headers["content-type"] = "application/json"
     error = ""
     for attempt in range(1, ep.max_attempts + 1):
         t0 = time.perf_counter()
         wait: float | None = None
         try:
-            resp = await client.post(url, json=payload, headers=headers, timeout=ep.timeout_s)
+            sent = await _signed(ep, url, headers, content)
+            resp = await client.post(url, content=content, headers=sent, timeout=ep.timeout_s)
             if resp.status_code == 200:
                 return _result(ep, resp.json(), time.perf_counter() - t0, attempt)
             error = f"HTTP {resp.status_code}: {resp.text[:300]}"
@@ -197,37 +192,19 @@ async def call_model(
 
 
 def _result(ep: Endpoint, body: dict[str, Any], latency: float, attempts: int) -> dict[str, Any]:
-    if ep.api == "anthropic":
-        text = "".join(
-            b.get("text", "") for b in body.get("content", []) if b.get("type") == "text"
-        )
-        usage = body.get("usage") or {}
-        prompt_tokens = sum(
-            int(usage.get(k) or 0)
-            for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-        )
-        return {
-            "status": "ok",
-            "text": text,
-            "finish_reason": body.get("stop_reason"),
-            "model_reported": body.get("model"),
-            "usage_prompt": prompt_tokens,
-            "usage_completion": usage.get("output_tokens"),
-            "cached_tokens": usage.get("cache_read_input_tokens"),
-            "cache_write_tokens": usage.get("cache_creation_input_tokens"),
-            "latency_s": round(latency, 3),
-            "attempts": attempts,
-        }
-    choice = (body.get("choices") or [{}])[0]
-    usage = body.get("usage") or {}
+    """One answer's call-log fields, read by the API's own format (its answer and usage)."""
+    fmt = SWEEP_APIS[ep.api]
+    answer = fmt.read_answer([body], False)
+    usage = fmt.body_usage(orjson.dumps(body))
     return {
         "status": "ok",
-        "text": (choice.get("message") or {}).get("content") or "",
-        "finish_reason": choice.get("finish_reason"),
-        "model_reported": body.get("model"),
-        "usage_prompt": usage.get("prompt_tokens"),
-        "usage_completion": usage.get("completion_tokens"),
-        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "text": answer.text,
+        "finish_reason": answer.finish,
+        "model_reported": usage.response_model,
+        "usage_prompt": usage.input_tokens,
+        "usage_completion": usage.output_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
         "latency_s": round(latency, 3),
         "attempts": attempts,
     }

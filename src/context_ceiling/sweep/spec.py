@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator, model_validator
 
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.vocabulary import SweepApi
+from context_ceiling.formats import SWEEP_APIS
 
-__all__ = ["Reasoning", "Spec"]
+#: the APIs whose batch interface the sweep speaks (OpenAI Batch, Anthropic Message Batches)
+BATCH_APIS = ("openai", "anthropic")
+
+__all__ = ["BATCH_APIS", "Reasoning", "Spec"]
 
 #: how a reasoning model is asked to think (``auto``: as the endpoint defaults)
 Reasoning = Literal["auto", "off", "openai", "anthropic"]
@@ -30,6 +34,8 @@ class Spec(Strict):
     # -- every call: the same at every level
     #: the endpoint's base URL (OpenAI style ``.../v1``, or Anthropic's)
     base_url: str
+    #: the API called (``openai``: chat completions, ``anthropic``: messages, ``bedrock``: AWS
+    #: Bedrock's Converse, signed with the AWS credential chain or sent with a Bedrock API key)
     api: SweepApi = "openai"
     model: str
     #: the output each call may write
@@ -64,6 +70,19 @@ class Spec(Strict):
     #: a control level below the reference (0: none)
     low_fill: float = 0.1
     seed: int = 0
+
+    @field_validator("api")
+    @classmethod
+    def _callable(cls, v: str) -> str:
+        if v not in SWEEP_APIS:
+            raise ValueError(f"{v!r}: the sweep calls {', '.join(SWEEP_APIS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _batchable(self) -> Spec:
+        if self.batch and self.api not in BATCH_APIS:
+            raise ValueError(f"batch: the {self.api} API's batch inference is not supported")
+        return self
 
     # -- the decision
     tolerance: float = 0.05
