@@ -912,25 +912,33 @@ _MODEL = r"^/model/.+"
 #: inference profile naming ``anthropic.``
 _ANTHROPIC = r"^/model/.*anthropic\..*"
 
+
+def _route(fmt: Format, metric_api: str, path: str, pattern: str) -> Route:
+    """A Bedrock runtime route: the model in the path (it wins over the body's), path and query
+    sent as they came (the signature covers them)."""
+    return Route(
+        fmt,
+        metric_api,
+        path,
+        pattern=re.compile(pattern),
+        as_sent=True,
+        path_model=model_of,
+        path_model_first=True,
+        provider_name="aws.bedrock",
+    )
+
+
 ROUTES = (
-    Route(
+    _route(
         CONVERSE,
         "bedrock_converse",
         "/model/{modelId}/converse",
-        pattern=re.compile(_MODEL + r"/converse(?:-stream)?$"),
-        as_sent=True,
-        path_model=model_of,
-        path_model_first=True,
-        provider_name="aws.bedrock",
+        _MODEL + r"/converse(?:-stream)?$",
     ),
-    Route(
+    _route(
         INVOKE,
         "bedrock_invoke",
         "/model/anthropic.{model}/invoke",
-        pattern=re.compile(_ANTHROPIC + r"/invoke(?:-with-response-stream)?$"),
-        as_sent=True,
-        path_model=model_of,
-        path_model_first=True,
-        provider_name="aws.bedrock",
+        _ANTHROPIC + r"/invoke(?:-with-response-stream)?$",
     ),
 )
