@@ -62,12 +62,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 #: fixtures that serve something on loopback: a test that uses one is end to end
 E2E_FIXTURES = frozenset({"double", "bedrock_double", "make_bedrock"})
+#: fixtures that serve the sidecar unless the test's module runs in process
+SIDECAR_FIXTURES = frozenset({"make_sidecar", "sidecar"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(m) for m in E2E_IMPLIED) or E2E_FIXTURES.intersection(
-            getattr(item, "fixturenames", ())
+        used = set(getattr(item, "fixturenames", ()))
+        if (
+            any(item.get_closest_marker(m) for m in E2E_IMPLIED)
+            or E2E_FIXTURES & used
+            or (
+                SIDECAR_FIXTURES & used
+                and not getattr(getattr(item, "module", None), "IN_PROCESS", False)
+            )
         ):
             item.add_marker(pytest.mark.e2e)
     if config.getoption("--in-process"):
@@ -197,19 +205,14 @@ def sidecar_config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-@pytest.fixture
-def make_sidecar(double: tuple[HostedProviderDouble, str]) -> Iterator[Callable[..., Running]]:
-    """Sidecars served on loopback (the end-to-end tier)."""
-    d, durl = double
-    with ExitStack() as stack:
+def _served(stack: ExitStack, d: HostedProviderDouble, durl: str) -> Callable[..., Running]:
+    def make(**overrides: Any) -> Running:
+        app = create_app(Settings(**sidecar_config(durl, **overrides)))
+        url = stack.enter_context(serve(app))
+        http = stack.enter_context(httpx2.Client(base_url=url, timeout=30))
+        return Running(url, app.state.sidecar, d, durl, http)
 
-        def make(**overrides: Any) -> Running:
-            app = create_app(Settings(**sidecar_config(durl, **overrides)))
-            url = stack.enter_context(serve(app))
-            http = stack.enter_context(httpx2.Client(base_url=url, timeout=30))
-            return Running(url, app.state.sidecar, d, durl, http)
-
-        yield make
+    return make
 
 
 #: the in-process sidecar's and upstream's addresses (names only: nothing listens on them)
@@ -217,23 +220,48 @@ SIDECAR_URL = "http://sidecar.test"
 UPSTREAM_URL = "http://upstream.test"
 
 
-@pytest.fixture
-def make_inprocess() -> Iterator[Callable[..., Running]]:
-    """Sidecars in process (the in-process tier): no socket, no server. The test client runs
-    the app with its lifespan; the double is reached through the injected ASGI transport, which
-    hands a stream over whole once it ends (timing and disconnect behaviour stay end to end)."""
+def _in_process(stack: ExitStack) -> Callable[..., Running]:
     from starlette.testclient import TestClient
 
     d = HostedProviderDouble()
     upstream = httpx.ASGITransport(app=d.app())
+
+    def make(**overrides: Any) -> Running:
+        app = create_app(Settings(**sidecar_config(UPSTREAM_URL, **overrides)), upstream)
+        http = stack.enter_context(TestClient(app, base_url=SIDECAR_URL))
+        return Running(SIDECAR_URL, app.state.sidecar, d, UPSTREAM_URL, http)
+
+    return make
+
+
+def in_process(item: pytest.Item | pytest.FixtureRequest) -> bool:
+    """Whether a test runs its sidecars in process: its module says so (``IN_PROCESS = True``)
+    and the test is not marked end to end."""
+    node = item.node if isinstance(item, pytest.FixtureRequest) else item
+    module = getattr(node, "module", None)
+    return bool(getattr(module, "IN_PROCESS", False)) and node.get_closest_marker("e2e") is None
+
+
+@pytest.fixture
+def make_sidecar(request: pytest.FixtureRequest) -> Iterator[Callable[..., Running]]:
+    """Sidecars in front of the hosted-provider double: in process where the test's module
+    runs in process (``IN_PROCESS = True``, the test not marked e2e): the test client runs the
+    app with its lifespan, the double is reached through the injected ASGI transport (which
+    hands a stream over whole once it ends: timing and disconnects stay end to end); else both
+    served on loopback (the end-to-end tier)."""
     with ExitStack() as stack:
+        if in_process(request):
+            yield _in_process(stack)
+        else:
+            d, durl = request.getfixturevalue("double")
+            yield _served(stack, d, durl)
 
-        def make(**overrides: Any) -> Running:
-            app = create_app(Settings(**sidecar_config(UPSTREAM_URL, **overrides)), upstream)
-            http = stack.enter_context(TestClient(app, base_url=SIDECAR_URL))
-            return Running(SIDECAR_URL, app.state.sidecar, d, UPSTREAM_URL, http)
 
-        yield make
+@pytest.fixture
+def make_inprocess() -> Iterator[Callable[..., Running]]:
+    """Sidecars in process, whatever the module says."""
+    with ExitStack() as stack:
+        yield _in_process(stack)
 
 
 @pytest.fixture

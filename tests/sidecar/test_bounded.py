@@ -20,11 +20,8 @@ from testkit.traffic.ceiling_docs import doc, entry
 from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running, request_log_line
 
-
-@pytest.fixture
-def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
-    """This module's sidecars run in process (the in-process tier)."""
-    return make_inprocess
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
 
 
 def _call(sc: Running, n: int) -> Any:

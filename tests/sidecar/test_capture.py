@@ -34,6 +34,10 @@ DOCS = (
 )
 
 
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
+
+
 def _store(tmp_path: Path) -> Path:
     return tmp_path / "capture-{hostname}.sqlite"
 
@@ -74,6 +78,7 @@ def capturing(make_sidecar: Callable[..., Running], tmp_path: Path) -> Running:
     )
 
 
+@pytest.mark.e2e
 def test_captures_the_shape_and_the_answer_per_workload_redacted(
     capturing: Running, tmp_path: Path
 ) -> None:
@@ -359,6 +364,7 @@ def test_response_text_every_wire_format(
     assert response_text(shape, raw, stream) == (text, finish)
 
 
+@pytest.mark.e2e
 def test_a_store_deleted_under_the_writer_is_reopened_and_the_loss_counted(
     capturing: Running, tmp_path: Path
 ) -> None:

@@ -13,11 +13,15 @@ import pytest
 
 from tests.conftest import Running
 
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
+
 
 def _openai_only(make_sidecar: Callable[..., Running], durl: str) -> Running:
     return make_sidecar(upstreams={"openai": {"base_url": durl + "/v1"}})
 
 
+@pytest.mark.e2e
 def test_an_azure_client_is_never_sent_to_the_openai_upstream(
     make_sidecar: Callable[..., Running],
 ) -> None:
@@ -42,6 +46,7 @@ def test_an_azure_client_is_never_sent_to_the_openai_upstream(
     assert len(sc.double.received) == before
 
 
+@pytest.mark.e2e
 def test_a_signed_bedrock_call_is_refused_in_botocore_s_shape(
     make_sidecar: Callable[..., Running],
 ) -> None:
@@ -84,6 +89,7 @@ def test_a_google_key_goes_only_to_a_gemini_upstream(
     assert ok.status_code == 200 and len(sc.double.received) == before + 1
 
 
+@pytest.mark.e2e
 def test_a_websocket_client_is_told_in_words(make_sidecar: Callable[..., Running]) -> None:
     import websockets.exceptions
     import websockets.sync.client

@@ -18,6 +18,10 @@ from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import MODELS, Running
 
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
+
+
 TOKEN = "admin-tok"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 O200K = TiktokenCounter("o200k_base")
@@ -61,12 +65,7 @@ def enforcing(make_sidecar: Callable[..., Running]) -> Running:
 
 
 def oa(sc: Running, workload: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=sc.url + "/v1",
-        api_key="k",
-        max_retries=0,
-        default_headers={"x-ceiling-workload": workload},
-    )
+    return sc.openai(default_headers={"x-ceiling-workload": workload})
 
 
 def test_enforce_trims_lowest_ranked_chunks_to_the_ceiling(enforcing: Running) -> None:

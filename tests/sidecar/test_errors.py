@@ -12,6 +12,10 @@ import pytest
 
 from tests.conftest import Running
 
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
+
+
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
@@ -183,6 +187,7 @@ def test_upstream_timeout_is_504(make_sidecar: Callable[..., Running], double: A
     )
 
 
+@pytest.mark.e2e
 def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> None:
     from testkit.serving import free_port
 
@@ -204,6 +209,7 @@ def test_upstream_unreachable_is_502(make_sidecar: Callable[..., Running]) -> No
     assert sc.http.get("/healthz").status_code == 200
 
 
+@pytest.mark.e2e
 def test_readyz_and_status_with_reachable_upstreams(sidecar: Running) -> None:
     r = sidecar.http.get("/readyz")
     assert r.status_code == 200 and r.json() == {"status": "ok", "ceilings_version": 0}

@@ -23,11 +23,8 @@ from testkit.traffic.rag_bodies import CHUNK
 from testkit.traffic.rag_bodies import rag_messages as _rag
 from tests.conftest import Running
 
-
-@pytest.fixture
-def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
-    """This module's sidecars run in process (the in-process tier)."""
-    return make_inprocess
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
 
 
 LONG = 200  # ~85 kB of body: over the default overlap_bytes (64 kB)

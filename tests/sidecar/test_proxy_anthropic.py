@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -12,11 +11,8 @@ from context_ceiling.core.tokenizers import CalibratedCounter, TiktokenCounter
 from context_ceiling.formats.anthropic import count as count_anthropic
 from tests.conftest import Running
 
-
-@pytest.fixture
-def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
-    """This module's sidecars run in process (the in-process tier)."""
-    return make_inprocess
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
 
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Which contract has the lowest renewal fee?"}]

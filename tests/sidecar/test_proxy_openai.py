@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -21,10 +20,8 @@ MESSAGES: list[Any] = [
 ]
 
 
-@pytest.fixture
-def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
-    """This module's sidecars run in process (the in-process tier)."""
-    return make_inprocess
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
 
 
 def client(sc: Running, **kw: Any) -> openai.OpenAI:

@@ -16,11 +16,8 @@ from context_ceiling.formats.openai_chat import count as count_openai
 from testkit.traffic.ceiling_docs import doc, entry
 from tests.conftest import Running
 
-
-@pytest.fixture
-def make_sidecar(make_inprocess: Callable[..., Running]) -> Callable[..., Running]:
-    """This module's sidecars run in process (the in-process tier)."""
-    return make_inprocess
+#: this module's sidecars run in process (see tests/conftest.py), but for tests marked e2e
+IN_PROCESS = True
 
 
 TOKEN = "tok"
