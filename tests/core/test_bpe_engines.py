@@ -325,11 +325,27 @@ def test_the_guard_is_sound(runs: list[tuple[str, int]]) -> None:
 @given(text=st.text(max_size=400))
 def test_counts_agree_on_arbitrary_unicode(text: str) -> None:
     """Any string Python can hold, lone surrogates included (tiktoken's own repair takes those:
-    neither fast engine can take them)."""
+    neither fast engine can take them). gigatoken's Unicode tables are older than tiktoken's:
+    on a letter assigned in Unicode 17 (CJK Extension J, U+323B0...) its split differs, so its
+    claim is checked on text whose characters Python's own Unicode database assigns (an older
+    version: the recent letters are among those it leaves out; docs/counting.md says so)."""
+    recent = any(unicodedata.category(c) == "Cn" for c in text)
     for name in ENCODINGS:
         want = TiktokenCounter(name, "tiktoken").count(text)
         for engine in FAST_BPES:
+            if engine == "gigatoken" and recent:
+                continue
             assert TiktokenCounter(name, engine).count(text) == want, engine
+
+
+def test_gigatoken_splits_a_letter_newer_than_its_tables_otherwise() -> None:
+    """The documented exception: U+323B0 (CJK Extension J, Unicode 17) is a letter to tiktoken
+    and unassigned to gigatoken, which then counts one token fewer here."""
+    text = "\U000323b0:A"
+    tiktoken = TiktokenCounter("cl100k_base", "tiktoken").count(text)
+    assert TiktokenCounter("cl100k_base", "riptoken").count(text) == tiktoken
+    if "gigatoken" in FAST_BPES:
+        assert TiktokenCounter("cl100k_base", "gigatoken").count(text) != tiktoken
 
 
 @settings(max_examples=300, deadline=None)
