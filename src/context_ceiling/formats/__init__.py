@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
 from typing import Any, Literal
 
@@ -71,32 +71,25 @@ APIS: Mapping[Api, ApiInfo] = MappingProxyType(
 )
 
 
-def _canonical() -> dict[Shape, Format]:
-    # a shape's own format is the one whose API is named after the module that defines the
-    # API; a shape served on another API too (Anthropic messages on Bedrock) keeps its own
-    out: dict[Shape, Format] = {}
-    for r in ROUTES:
-        f = r.format
-        if f.shape not in out or (out[f.shape].api != f.shape and f.api == f.shape):
-            out[f.shape] = f
+def _own(group: Callable[[Format], str], other: Callable[[Format], str]) -> dict[str, Format]:
+    """Each group's own format: the first of the group in registry order, unless a later one is
+    named after the group on its other side too (Anthropic messages on Bedrock share Anthropic's
+    shape; the format whose API is ``anthropic`` is the shape's own, and the Converse format,
+    not the InvokeModel one, is Bedrock's own only by order)."""
+    out: dict[str, Format] = {}
+    for f in (r.format for r in ROUTES):
+        key = group(f)
+        if key not in out or (other(out[key]) != key and other(f) == key):
+            out[key] = f
     return out
 
 
 #: each body shape's own format (the public :func:`count` and :func:`fit` take a shape)
-FORMATS: Mapping[Shape, Format] = MappingProxyType(_canonical())
-
-
-def _api_formats() -> dict[Api, Format]:
-    out: dict[Api, Format] = {}
-    for api in APIS:
-        own = [r.format for r in ROUTES if r.format.api == api]
-        out[api] = next((f for f in own if f.shape == api), own[0])
-    return out
-
+FORMATS: Mapping[Shape, Format] = MappingProxyType(_own(lambda f: f.shape, lambda f: f.api))
 
 #: each API's own format (the one whose shape is named after the API, else its first): it
 #: renders the API's errors and knows its clients
-API_FORMATS: Mapping[Api, Format] = MappingProxyType(_api_formats())
+API_FORMATS: Mapping[Api, Format] = MappingProxyType(_own(lambda f: f.api, lambda f: f.shape))
 
 
 #: the APIs the sweep can call: each API whose own format writes a question (:attr:`Format.ask`)

@@ -14,6 +14,7 @@ Nothing here does I/O: the parts are pure functions of a parsed body or of respo
 
 from __future__ import annotations
 
+import asyncio
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
@@ -357,6 +358,17 @@ class ApiInfo:
     )
     #: the environment variable that holds the API's key, by its SDKs' convention
     key_env: str = ""
+
+    async def signed(
+        self, url: str, headers: list[tuple[str, str]], body: bytes, changed: bool
+    ) -> list[tuple[str, str]]:
+        """The headers to send ``body`` to ``url`` with: signed again where this API signs its
+        requests (on a thread: the signer may read credentials), else as they are. Raises
+        :class:`SigningRefused`."""
+        if self.signer is None:
+            return headers
+        return await asyncio.to_thread(self.signer.sign, url, headers, body, changed)
+
     #: the signing step, where the provider's signature covers the host and the body (every
     #: request to this API's upstreams is signed last; None: the client's credentials go
     #: upstream as sent)

@@ -23,14 +23,11 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import os
 import re
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -65,7 +62,6 @@ from context_ceiling.formats.base import (
     Format,
     Prompt,
     Route,
-    SigningRefused,
     StreamTap,
     Usage,
     as_mapping,
@@ -75,6 +71,7 @@ from context_ceiling.formats.base import (
     output_cap,
 )
 from context_ceiling.formats.eventstream import EventStreamFraming, Message, decode, encode
+from context_ceiling.formats.sigv4 import SigV4Signer
 
 __all__ = [
     "API",
@@ -706,100 +703,16 @@ class ConverseRules(TrimRules):
 
 # -- signing -------------------------------------------------------------------------------------
 
-#: the client's signature headers: replaced when the sidecar signs
-_SIGNATURE_HEADERS = frozenset(
-    {"authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256"}
-)
+#: the host of a regional Bedrock runtime endpoint, the region its group
 _REGION = re.compile(r"^bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com$")
 
-
-class SigV4Signer:
-    """Signs a Bedrock request with SigV4 (service ``bedrock``) through botocore's signer, with
-    credentials from the standard AWS chain (environment, shared files, SSO, the container's
-    or instance's role), read once and refreshed by botocore as they expire. The region is the
-    upstream host's (``bedrock-runtime.REGION.amazonaws.com``), else the chain's
-    (``AWS_REGION``). A request with a Bedrock API key (``Authorization: Bearer``) is not
-    signed: the key does not cover the body."""
-
-    #: seconds before a chain that found no credentials is asked again
-    retry_after = 60.0
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._session: Any = None
-        self._credentials: Any = None
-        self._looked_at = -1e18
-
-    def reset(self) -> None:
-        """Forget the credentials read: the chain is asked again on the next request (after
-        the process's AWS environment changed)."""
-        with self._lock:
-            self._session = self._credentials = None
-            self._looked_at = -1e18
-
-    def _chain(self) -> tuple[Any, Any]:
-        with self._lock:
-            if self._credentials is None and time.monotonic() - self._looked_at > self.retry_after:
-                self._looked_at = time.monotonic()
-                try:
-                    import botocore.session
-                except ImportError:
-                    raise SigningRefused(
-                        "signing Bedrock requests needs botocore: install context-ceiling[bedrock]",
-                        502,
-                        "unreachable",
-                    ) from None
-                self._session = botocore.session.get_session()
-                self._credentials = self._session.get_credentials()
-            return self._session, self._credentials
-
-    def _region(self, host: str, session: Any) -> str:
-        m = _REGION.match(host)
-        region = (
-            m.group(1)
-            if m
-            else os.environ.get("AWS_REGION")
-            or (session.get_config_variable("region") if session is not None else None)
-        )
-        if not region:
-            raise SigningRefused(
-                "cannot tell the AWS region to sign for: use the regional Bedrock URL "
-                "(https://bedrock-runtime.REGION.amazonaws.com) or set AWS_REGION",
-                502,
-                "unreachable",
-            )
-        return str(region)
-
-    def sign(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, changed: bool
-    ) -> list[tuple[str, str]]:
-        auth = next((v for k, v in headers if k.lower() == "authorization"), "")
-        if auth.lower().startswith("bearer "):
-            return headers  # a Bedrock API key goes as sent
-        session, credentials = self._chain()
-        if credentials is None:
-            if changed:
-                raise SigningRefused(
-                    "context-ceiling changed this request to fit its ceiling, and a SigV4 "
-                    "signature covers the body: it has no AWS credentials to sign the changed "
-                    "request (give the sidecar credentials through the standard AWS chain, or "
-                    "use mode observe); the request was not forwarded"
-                )
-            return headers  # the client's signature, as sent
-        from botocore.auth import SigV4Auth
-        from botocore.awsrequest import AWSRequest
-
-        request = AWSRequest(method="POST", url=url, data=body)
-        for k, v in headers:
-            if k.lower() not in _SIGNATURE_HEADERS:
-                request.headers[k] = v
-        region = self._region(urlsplit(url).hostname or "", session)
-        SigV4Auth(credentials.get_frozen_credentials(), "bedrock", region).add_auth(request)
-        return [(k, str(v)) for k, v in request.headers.items()]
-
-
 #: the signer of every Bedrock route (one credential chain per process)
-SIGNER = SigV4Signer()
+SIGNER = SigV4Signer(
+    "bedrock",
+    _REGION,
+    "use the regional Bedrock URL (https://bedrock-runtime.REGION.amazonaws.com)",
+    "signing Bedrock requests needs botocore: install context-ceiling[bedrock]",
+)
 
 
 def _aws(headers: Mapping[str, str]) -> bool:
@@ -860,6 +773,11 @@ def model_of(path: str) -> str:
     return unquote(rest.rsplit("/", 1)[0]) if rest != path and "/" in rest else ""
 
 
+def _provider(_path: str) -> str:
+    """``gen_ai.provider.name`` of every Bedrock route."""
+    return "aws.bedrock"
+
+
 #: Bedrock's other runtime routes (passed through, signed): first path segment -> ``route``
 PASSTHROUGH_ROUTES = MappingProxyType(
     {"model": "model", "async-invoke": "async_invoke", "guardrail": "guardrail"}
@@ -879,7 +797,7 @@ CONVERSE = Format(
     prompt=prompt,
     error_body=error_body,
     too_long=too_long,
-    provider=lambda _path: "aws.bedrock",
+    provider=_provider,
     stream_suffix="/converse-stream",
     framing=EventStreamFraming(_converse_event),
     error_headers=error_headers,
@@ -897,7 +815,7 @@ INVOKE = dataclasses.replace(
     error_body=error_body,
     error_headers=error_headers,
     too_long=too_long,
-    provider=lambda _path: "aws.bedrock",
+    provider=_provider,
     stream_suffix="/invoke-with-response-stream",
     framing=EventStreamFraming(_chunk_event),
     native=None,

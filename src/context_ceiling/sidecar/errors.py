@@ -42,5 +42,5 @@ def error_response(
         error_body(api, status, scrub(message), code),
         status_code=status,
         media_type="application/json",
-        headers={**own, **headers} if own and headers else (headers or dict(own) or None),
+        headers={**own, **(headers or {})} or None,
     )

@@ -439,15 +439,13 @@ class Proxy:
             params: list[tuple[str, str]] | None = list(request.query_params.multi_items())
         else:
             path, params = route.path, None
-        signer = APIS[route.api].signer
-        if signer is not None:
-            # the signature covers the host, the path and the body: signed here, last
-            try:
-                headers = await asyncio.to_thread(
-                    signer.sign, str(client.url(path, params)), headers, content, changed
-                )
-            except SigningRefused as exc:
-                raise Refused(exc.status, str(exc), exc.outcome) from None
+        # the signature covers the host, the path and the body: signed here, last
+        try:
+            headers = await APIS[route.api].signed(
+                str(client.url(path, params)), headers, content, changed
+            )
+        except SigningRefused as exc:
+            raise Refused(exc.status, str(exc), exc.outcome) from None
         return path, params, headers
 
     async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:

@@ -133,18 +133,6 @@ def request_of(ep: Endpoint, prompt: RenderedPrompt) -> tuple[str, dict[str, str
     return ep.base_url.rstrip("/") + path, headers, body
 
 
-async def _signed(
-    ep: Endpoint, url: str, headers: dict[str, str], content: bytes
-) -> dict[str, str]:
-    """The headers to send with, signed where the API signs its requests (AWS SigV4: each
-    attempt anew, the signature carries its time), on a thread (credentials may be read)."""
-    signer = APIS[ep.api].signer
-    if signer is None:
-        return headers
-    signed = await asyncio.to_thread(signer.sign, url, list(headers.items()), content, True)
-    return dict(signed)
-
-
 async def call_model(
     client: httpx.AsyncClient, ep: Endpoint, prompt: RenderedPrompt
 ) -> dict[str, Any]:
@@ -160,7 +148,8 @@ async def call_model(
         t0 = time.perf_counter()
         wait: float | None = None
         try:
-            sent = await _signed(ep, url, headers, content)
+            # signed anew each attempt where the API signs (a SigV4 signature carries its time)
+            sent = await APIS[ep.api].signed(url, list(headers.items()), content, True)
             resp = await client.post(url, content=content, headers=sent, timeout=ep.timeout_s)
             if resp.status_code == 200:
                 return _result(ep, resp.json(), time.perf_counter() - t0, attempt)

@@ -40,7 +40,7 @@ from starlette.types import Receive, Scope, Send
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import API_FORMATS, APIS, client_api_of
 from context_ceiling.formats.azure import deployment
-from context_ceiling.formats.base import Signer, SigningRefused
+from context_ceiling.formats.base import ApiInfo, SigningRefused
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.observability.logs import log_request
 from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE
@@ -136,17 +136,15 @@ def upstream_path(api: Api, base_url: httpx.URL, path: str) -> str:
     return path
 
 
-async def _sign(signer: Signer | None, req: httpx.Request, content: Any) -> None:
-    """Sign ``req`` (its URL, headers and body ``content``) where its upstream's signature
-    covers them (``signer``; None: nothing to do), on a thread: the signer may read
-    credentials."""
-    if signer is None:
+async def _sign(info: ApiInfo, req: httpx.Request, content: Any) -> None:
+    """``req`` signed again where its API signs its requests (the body ``content`` read
+    whole); else as it is."""
+    if info.signer is None:
         return
     body = content if isinstance(content, bytes) else b""
-    signed = await asyncio.to_thread(
-        signer.sign, str(req.url), list(req.headers.items()), body, False
+    req.headers = httpx.Headers(
+        await info.signed(str(req.url), list(req.headers.multi_items()), body, False)
     )
-    req.headers = httpx.Headers(signed)
 
 
 class Passthrough:
@@ -226,8 +224,7 @@ class Passthrough:
                 content = capped(request.stream(), limits.max_body_bytes, BodyTooLarge)
                 if declared is not None and declared.isdigit():
                     headers.append(("content-length", declared))  # the client's framing
-            signer = APIS[api].signer if api in APIS else None
-            if signer is not None and has_body and peeked is None:
+            if APIS[api].signer is not None and has_body and peeked is None:
                 # a signature covers the body: read it whole (capped) to sign it
                 content = await read_body(request, limits.max_body_bytes)
                 headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
@@ -238,7 +235,7 @@ class Passthrough:
                 headers=headers,
                 content=content,
             )
-            await _sign(signer, req, content)
+            await _sign(APIS[api], req, content)
             async with asyncio.timeout(cfg.timeouts.total):
                 resp = await client.send(req, stream=True)
         except BodyTooLarge:
