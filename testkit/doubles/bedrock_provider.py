@@ -276,6 +276,13 @@ class BedrockProviderDouble:
             orjson.dumps({"inputTokens": self.input_tokens}), media_type="application/json"
         )
 
+    async def async_invokes(self, request: Request) -> Response:
+        """``GET /async-invoke``: the asynchronous invocations (none)."""
+        _, refused = await self._receive(request)
+        if refused is not None:
+            return refused
+        return Response(orjson.dumps({"asyncInvokeSummaries": []}), media_type="application/json")
+
     def app(self) -> Starlette:
         return Starlette(
             routes=[
@@ -290,5 +297,6 @@ class BedrockProviderDouble:
                     methods=["POST"],
                 ),
                 Route("/model/{model:path}/count-tokens", self.count_tokens, methods=["POST"]),
+                Route("/async-invoke", self.async_invokes, methods=["GET"]),
             ]
         )

@@ -397,6 +397,9 @@ def test_other_bedrock_routes_pass_through_signed(make_bedrock: Callable[..., Be
         )
 
     assert passed("ok") == 1 and passed("upstream_4xx") == 1
+    # a GET is signed as a GET (the signature covers the method)
+    listed = c.list_async_invokes()
+    assert listed["asyncInvokeSummaries"] == [] and d.received[-1].auth == "sigv4"
 
 
 def test_the_sweep_measures_a_bedrock_model_through_converse(

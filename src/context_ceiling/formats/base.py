@@ -326,9 +326,15 @@ class Signer(Protocol):
     on a thread."""
 
     def sign(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, changed: bool
+        self,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        changed: bool,
+        method: str = "POST",
     ) -> list[tuple[str, str]]:
-        """The headers to send ``body`` to ``url`` with. ``changed``: the sidecar changed the
+        """The headers to send ``body`` to ``url`` with (by ``method``: the signature covers
+        it). ``changed``: the sidecar changed the
         client's body (a signature of the client's no longer holds). Raises
         :class:`SigningRefused` when the request cannot go."""
         ...
@@ -360,14 +366,19 @@ class ApiInfo:
     key_env: str = ""
 
     async def signed(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, changed: bool
+        self,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        changed: bool,
+        method: str = "POST",
     ) -> list[tuple[str, str]]:
         """The headers to send ``body`` to ``url`` with: signed again where this API signs its
         requests (on a thread: the signer may read credentials), else as they are. Raises
         :class:`SigningRefused`."""
         if self.signer is None:
             return headers
-        return await asyncio.to_thread(self.signer.sign, url, headers, body, changed)
+        return await asyncio.to_thread(self.signer.sign, url, headers, body, changed, method)
 
     #: the signing step, where the provider's signature covers the host and the body (every
     #: request to this API's upstreams is signed last; None: the client's credentials go

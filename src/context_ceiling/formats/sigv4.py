@@ -85,7 +85,12 @@ class SigV4Signer:
         return str(region)
 
     def sign(
-        self, url: str, headers: list[tuple[str, str]], body: bytes, changed: bool
+        self,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        changed: bool,
+        method: str = "POST",
     ) -> list[tuple[str, str]]:
         auth = next((v for k, v in headers if k.lower() == "authorization"), "")
         if auth.lower().startswith("bearer "):
@@ -103,7 +108,7 @@ class SigV4Signer:
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        request = AWSRequest(method="POST", url=url, data=body)
+        request = AWSRequest(method=method, url=url, data=body)
         for k, v in headers:
             if k.lower() not in _SIGNATURE_HEADERS:
                 request.headers[k] = v

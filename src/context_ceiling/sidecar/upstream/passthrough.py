@@ -143,7 +143,7 @@ async def _sign(info: ApiInfo, req: httpx.Request, content: Any) -> None:
         return
     body = content if isinstance(content, bytes) else b""
     req.headers = httpx.Headers(
-        await info.signed(str(req.url), list(req.headers.multi_items()), body, False)
+        await info.signed(str(req.url), list(req.headers.multi_items()), body, False, req.method)
     )
 
 
