@@ -66,7 +66,20 @@ E2E_FIXTURES = frozenset({"double", "bedrock_double", "make_bedrock"})
 SIDECAR_FIXTURES = frozenset({"make_sidecar", "sidecar"})
 
 
+def _start_order(item: pytest.Item) -> int:
+    """The longest tests start first, so that ``make test``'s workers finish together: the
+    demo's sweep, the real model's other tests, then the other slow ones, then the rest (in
+    collection order)."""
+    group = item.get_closest_marker("xdist_group")
+    if group is not None and group.args == ("demo",):
+        return 0
+    if item.get_closest_marker("real_model"):
+        return 1
+    return 2 if item.get_closest_marker("slow") else 3
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_start_order)
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if (

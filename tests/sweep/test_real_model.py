@@ -20,7 +20,9 @@ from devtools.llamacpp import RunningServer, llama_server
 from testkit import REPO
 from testkit.serving import serve
 
-pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+#: these tests share one server, on one worker (make test runs the suite on two); the demo's
+#: sweep, the longest test, has a group and a server of its own
+pytestmark = [pytest.mark.real_model, pytest.mark.slow, pytest.mark.xdist_group("real_model")]
 
 
 WORDS = [
@@ -236,6 +238,8 @@ def test_sweep_derive_push_enforce_on_the_real_model(
                 str(llm.window),
                 "--tokenize-url",
                 llm.url,
+                "--max-tokens",
+                "24",  # the answer is a number: a long one only costs the model's time
                 "--low-fill",
                 "0",
                 "--no-refine",
@@ -332,6 +336,7 @@ def test_the_server_never_outlives_its_parent(tmp_path: Any) -> None:
     raise AssertionError("llama-server outlived its parent")
 
 
+@pytest.mark.xdist_group("demo")
 def test_the_demo_sweep_is_accepted_without_force(tmp_path: Path) -> None:
     """``make demo``'s sweep, as it runs (its task set, window, levels, items, tolerance), on the
     real model: ``derive`` accepts it by the product's own rule, with no ``--force``. Fails the
