@@ -320,3 +320,51 @@ def test_racing_pushes_leave_one_truth_across_four_workers(tmp_path: Path) -> No
             on_disk = yaml.safe_load(ceilings.read_text())
             assert on_disk["version"] == top
             assert on_disk["entries"][0]["ceiling_tokens"] == top_tokens
+
+
+@pytest.mark.e2e
+def test_after_sigterm_a_connection_is_answered_or_refused_never_left_hanging(pod: Pod) -> None:
+    """Clients keep opening connections through a SIGTERM: each one is answered (200) or refused
+    at connect; none is accepted and then dropped or left waiting for the drain to end."""
+    import threading
+
+    answered: list[int] = []
+    refused: list[float] = []
+    dropped: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            start = time.monotonic()
+            try:
+                r = httpx.post(
+                    pod.url + "/v1/chat/completions",
+                    json=BODY,
+                    # in flight when the signal comes: the drain must wait for them
+                    headers={"connection": "close", "x-double-delay": "0.4"},
+                    timeout=20,
+                )
+                if r.status_code == 200:
+                    answered.append(r.status_code)
+                else:
+                    dropped.append(f"status {r.status_code}")
+            except httpx.ConnectError:
+                refused.append(time.monotonic() - start)
+                time.sleep(0.01)
+            except httpx.TransportError as e:
+                dropped.append(f"{type(e).__name__} after {time.monotonic() - start:.2f}s")
+
+    threads = [threading.Thread(target=client) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    before = len(answered)
+    pod.proc.send_signal(signal.SIGTERM)
+    assert pod.proc.wait(timeout=30) == 0
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert before > 0 and refused, (before, refused)
+    assert not dropped, dropped
+    assert max(refused) < 1.0, "a refused connection is refused at once"

@@ -75,6 +75,19 @@ class Supervisor(Multiprocess):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGHUP)
 
+    def terminate_all(self) -> None:
+        """Stop listening first, then drain every worker.
+
+        The listening sockets are shared: while this process still holds its copies, the kernel
+        keeps completing handshakes that no draining worker will accept, and those clients hang
+        until the supervisor exits and are then reset. With this process's copies closed, the
+        last worker to start draining closes the socket: from then on a connection is refused
+        (the client retries elsewhere), as with one process, and every connection a worker
+        accepted is answered."""
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
     def keep_subprocess_alive(self) -> None:
         before = {p.pid for p in self.processes}
         super().keep_subprocess_alive()
