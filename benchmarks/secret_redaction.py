@@ -1,6 +1,8 @@
 """Secret redaction of captured text, measured: every family of real-looking keys
-(``testkit/traffic/secret_corpus.py``) through the redaction the capture store applies, and the false
-positives on the bundled task sets' text (documents, questions and answers that hold no secret).
+(``testkit/traffic/secret_corpus.py``) through the redaction the capture store applies, the
+examples of a second scanner's own detectors (the installed detect-secrets package as the
+oracle), and the false positives on the bundled task sets' text (documents, questions and
+answers that hold no secret).
 
 ``python -m benchmarks.secret_redaction [--n 200] [--seeds 5]``
 """
@@ -14,7 +16,15 @@ from pathlib import Path
 
 from context_ceiling.sidecar.capture.redact import Redactor
 from context_ceiling.sidecar.capture.secret_rules import default_rules
-from testkit.traffic.secret_corpus import BENIGN, FAMILIES, benign, corpus, leaked, rule_examples
+from testkit.traffic.secret_corpus import (
+    BENIGN,
+    FAMILIES,
+    benign,
+    corpus,
+    leaked,
+    rule_examples,
+    scanner_examples,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +56,8 @@ def main() -> None:
     flagged = sum(1 for line in lines if r.text(line)[1])
     per_mb = (time.perf_counter() - t) / (chars / 1e6)
     print(
-        f"rule set: {len(rules.rules)} gitleaks rules compiled in {load:.2f} s, {len(rules.skipped)} skipped"
+        f"rule sets: {len(rules.rules)} rules (gitleaks and detect-secrets) compiled in "
+        f"{load:.2f} s, {len(rules.skipped)} skipped"
     )
     print()
     print("| family | secrets | written to the store |")
@@ -59,6 +70,19 @@ def main() -> None:
     print(
         f"Every rule's own examples: {len(examples)} strings its expression generates and it "
         f"reports, from {covered} of {len(rules.rules)} rules: {rule_leaks} written to the store."
+    )
+    scanned = scanner_examples(per_pattern=8)
+    missed = collections.Counter(
+        kind for kind, text, secret in scanned if secret in r.text(text)[0]
+    )
+    print()
+    print(
+        f"detect-secrets' own detectors as the oracle: {len(scanned)} strings that "
+        f"{len({k for k, _, _ in scanned})} of its regex detectors generate and report: "
+        f"{sum(missed.values())} written to the store"
+        + (f" ({dict(missed)})" if missed else "")
+        + ("" if scanned else " (detect-secrets is not installed: skipped)")
+        + "."
     )
     looks = benign(len(BENIGN) * 40)
     altered = sum(1 for t in looks if r.text(t)[1])

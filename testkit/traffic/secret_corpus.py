@@ -241,3 +241,75 @@ def _examples(rules: Any, rule: Any, per_rule: int) -> list[str]:
         warnings.simplefilter("ignore")
         collect()
     return got
+
+
+#: detect-secrets detectors whose finding is no credential to redact: a public IP address, and
+#: a private key's header line (the key's body is what is redacted: the corpus' PEM families)
+SCANNER_SKIPS = ("Public IP (ipv4)", "Private Key")
+
+
+def scanner_examples(per_pattern: int = 8) -> list[tuple[str, str, str]]:
+    """(secret type, text, secret) from the installed detect-secrets package, not from our
+    vendored copy of it: strings each regex detector's own expressions generate (hypothesis,
+    derandomized), kept when that detector reports them with a secret of 3 bits of entropy or
+    more (below that, a generated string is a run of one character, no key). An oracle
+    independent of the rules the redaction applies; empty when detect-secrets is absent."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    try:
+        import detect_secrets.plugins as plugins
+        from detect_secrets.plugins.base import RegexBasedDetector
+    except ImportError:
+        return []
+    out: list[tuple[str, str, str]] = []
+    for info in pkgutil.iter_modules(plugins.__path__):
+        module = importlib.import_module(f"detect_secrets.plugins.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if (
+                not issubclass(cls, RegexBasedDetector)
+                or inspect.isabstract(cls)
+                or cls.__module__ != module.__name__
+            ):
+                continue
+            detector = cls()
+            if detector.secret_type in SCANNER_SKIPS:
+                continue
+            for pattern in detector.denylist:
+                out += _scanner_pattern(detector, pattern, per_pattern)
+    return out
+
+
+def _scanner_pattern(detector: Any, pattern: Any, per_pattern: int) -> list[tuple[str, str, str]]:
+    import warnings
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from context_ceiling.sidecar.capture.secret_rules import entropy
+
+    got: list[tuple[str, str, str]] = []
+
+    @settings(
+        max_examples=per_pattern * 25,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],
+    )
+    @given(st.from_regex(pattern, fullmatch=True, alphabet=st.characters(codec="ascii")))
+    def collect(text: str) -> None:
+        if len(got) >= per_pattern:
+            return
+        for found in detector.analyze_line(filename="c.py", line=text, line_number=1):
+            value = found.secret_value or ""
+            if entropy(value) >= 3.0:
+                got.append((detector.secret_type, text, value))
+                return
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collect()
+    return got

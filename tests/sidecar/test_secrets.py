@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import openai
+import pytest
 
 from context_ceiling.sidecar.capture.redact import Redactor
 from context_ceiling.sidecar.capture.secret_rules import (
@@ -28,6 +29,8 @@ def test_the_vendored_rule_set_loads_whole() -> None:
     assert len(rules.rules) >= 200 and rules.skipped == []
     ids = {r.id for r in rules.rules}
     for wanted in (
+        "ds-cloudant-key",  # detect-secrets' set, beside gitleaks'
+        "ds-softlayer-key",
         "github-fine-grained-pat",
         "huggingface-access-token",
         "stripe-access-token",
@@ -149,3 +152,16 @@ def test_every_rules_own_examples_are_redacted() -> None:
     assert len(covered) >= 200  # a handful of rules' expressions generate only non-secrets
     r = Redactor([], [], lambda kind, n: None)
     assert [rid for rid, text in examples if r.text(text)[1] == 0] == []
+
+
+def test_a_second_scanners_own_detectors_find_nothing_left() -> None:
+    """The oracle is the installed detect-secrets package, not our copy of its rules: strings
+    each of its regex detectors generates and reports are redacted, whichever set finds them."""
+    pytest.importorskip("detect_secrets")
+    from testkit.traffic.secret_corpus import scanner_examples
+
+    examples = scanner_examples(per_pattern=2)
+    kinds = {kind for kind, _, _ in examples}
+    assert len(kinds) >= 20
+    r = Redactor([], [], lambda kind, n: None)
+    assert [(kind, text) for kind, text, secret in examples if secret in r.text(text)[0]] == []

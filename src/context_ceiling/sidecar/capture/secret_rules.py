@@ -1,6 +1,9 @@
-"""Secrets found by a maintained rule set: gitleaks' default rules, vendored and pinned
-(``data/gitleaks.toml``, MIT, see ``data/README.md``), applied to captured text before it is
-written.
+"""Secrets found by maintained rule sets: gitleaks' default rules (``data/gitleaks.toml``, MIT)
+and detect-secrets' regex detectors (``data/detect-secrets.toml``, Apache-2.0, in gitleaks'
+schema), vendored and pinned (see ``data/README.md``), applied to captured text before it is
+written. Two sets because each scanner knows formats the other does not (detect-secrets:
+Artifactory, Cloudant, IBM Cloud and COS, SoftLayer, keyword-bound AWS secrets); a secret is
+redacted when either set reports it.
 
 Why a vendored rule set and not a hand-kept list: the families of keys grow every month (cloud
 providers, model hubs, payment APIs, fine-grained tokens), and a short list lags them; gitleaks'
@@ -135,14 +138,20 @@ def _allow(spec: dict[str, Any]) -> _Allow | None:
 
 
 class SecretRules:
-    """gitleaks' default rules, compiled once; :meth:`find` returns the secrets' spans."""
+    """Rule sets in gitleaks' schema, compiled once; :meth:`find` returns the secrets' spans.
 
-    def __init__(self, source: str | None = None) -> None:
-        data = tomllib.loads(source if source is not None else _vendored())
+    ``sources`` are TOML texts (the vendored sets when none is given). A set's global
+    allowlist applies to its own rules only: gitleaks' allowlist is tuned to its rules."""
+
+    def __init__(self, *sources: str) -> None:
         self.rules: list[_Rule] = []
         self.skipped: list[str] = []
+        for source in sources or VENDORED_SETS:
+            self._load(tomllib.loads(_vendored(source) if source in VENDORED_SETS else source))
+
+    def _load(self, data: dict[str, Any]) -> None:
         glob = data.get("allowlist") or {}
-        self.global_allows = [a for a in (_allow(glob),) if a is not None]
+        own = [a for a in (_allow(glob),) if a is not None]
         for spec in data.get("rules") or []:
             pattern = spec.get("regex")
             if not pattern:
@@ -151,7 +160,7 @@ class SecretRules:
             if rx is None:
                 self.skipped.append(str(spec.get("id")))
                 continue
-            allows = [a for a in (_allow(x) for x in spec.get("allowlists") or []) if a]
+            allows = [a for a in (_allow(x) for x in spec.get("allowlists") or []) if a] + own
             self.rules.append(
                 _Rule(
                     str(spec.get("id")),
@@ -180,8 +189,7 @@ class SecretRules:
                 line_start = text.rfind("\n", 0, m.start()) + 1
                 line_end = text.find("\n", m.end())
                 line = text[line_start : line_end if line_end >= 0 else len(text)]
-                allows = rule.allows + self.global_allows
-                if any(a.allows(secret, m.group(0), line) for a in allows):
+                if any(a.allows(secret, m.group(0), line) for a in rule.allows):
                     continue
                 found.append((rule.id, span))
         return found
@@ -198,9 +206,13 @@ class SecretRules:
         return m.span() if m.group(0) else None
 
 
+#: the vendored rule sets, by file name under ``context_ceiling/sidecar/data``
+VENDORED_SETS = ("gitleaks.toml", "detect-secrets.toml")
+
+
 @cache
-def _vendored() -> str:
-    return (files("context_ceiling.sidecar") / "data" / "gitleaks.toml").read_text()
+def _vendored(name: str) -> str:
+    return (files("context_ceiling.sidecar") / "data" / name).read_text()
 
 
 @cache
