@@ -190,6 +190,10 @@ def one(task: tuple[int, int, int, int]) -> dict[str, Any]:
         "regime": name,
         "base": truth.base,
         "written": written,
+        # a written ceiling that is the reference level itself (reported as such: the outcome)
+        "at_reference": written and a.ceiling_level == a.reference_level,
+        "reported_at_reference": a.outcome == "at_reference",
+        "below_drop": u_star - (a.ceiling_utilization or 0) if written else None,
         "stated": stated if written else None,
         "safe": (not written) or (a.ceiling_utilization or 0) <= u_star,
         "safe_asked": (not written) or (a.ceiling_utilization or 0) <= u_asked,
@@ -347,8 +351,8 @@ def _med(xs: list[float]) -> float:
 def table(res: dict[str, Any]) -> str:
     m0, m1 = PRICED
     lines = [
-        "| regime | runs | ceiling written | enforced ceiling <= true drop point | level within 0.05 below it (base >= 0.8) | tolerance stated (median, max) | previous rule: written | previous rule: <= true drop | previous rule: within 0.05 (base >= 0.8) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| regime | runs | ceiling written | of them at the reference | reported so | enforced ceiling <= true drop point | level within 0.05 below it (base >= 0.8) | median distance below the drop | tolerance stated (median, max) | previous rule: written | previous rule: <= true drop | previous rule: within 0.05 (base >= 0.8) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = [n for n, _, _ in REGIMES]
     groups = []
@@ -361,9 +365,14 @@ def table(res: dict[str, Any]) -> str:
         stated = [r["stated"] for r in rs if r["stated"] is not None]
         old = [r["legacy"] for r in rs if "legacy" in r]
         old_hi = [r["legacy"] for r in hi if "legacy" in r]
+        wr = [r for r in rs if r["written"]]
+        at = [r for r in wr if r["at_reference"]]
+        below = [r["below_drop"] for r in wr if r["below_drop"] is not None]
         lines.append(
-            f"| {name} | {len(rs)} | {_share(rs, 'written')} | {_share(rs, 'safe')} | "
+            f"| {name} | {len(rs)} | {_share(rs, 'written')} | {_share(wr, 'at_reference')} | "
+            f"{_share(at, 'reported_at_reference')} | {_share(rs, 'safe')} | "
             f"{_share(hi, 'placed')} | "
+            + (f"{_med(below):.3f} | " if below else "- | ")
             + (f"{_med(stated):.3f}, {max(stated):.3f}" if stated else "-")
             + f" | {_share(old, 'written')} | {_share(old, 'safe')} | {_share(old_hi, 'placed')} |"
         )

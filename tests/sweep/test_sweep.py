@@ -625,6 +625,17 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     assert fixed["min"] == fixed["expected"] == fixed["max"] > 0
     assert dry("--price", "0")["cost_usd"]["max"] == 0
     assert dry()["cost_usd"] is None  # "scripted" has no list price, and none is guessed
+    # the forecast honours every budget, and says what tolerance the budget buys
+    usd = round(cost["expected"] / 4, 2)
+    tight = dry("--price", "2,8", "--budget-usd", str(usd))["cost_usd"]
+    assert tight["expected"] <= usd and tight["max"] <= usd
+    assert tight["budget_tolerance"] is not None and tight["budget_tolerance"] > 0.05
+    cap = cost["expected_input_tokens"] // 4
+    capped = dry("--price", "2,8", "--max-input-tokens", str(cap))["cost_usd"]
+    assert capped["expected_input_tokens"] <= cap
+    few = dry("--price", "2,8", "--max-calls", "100")
+    assert few["calls"] <= 100 and few["cost_usd"]["expected_calls"] <= 100
+    assert cost["budget_tolerance"] is None
     assert d.calls == 0
     # a dollar cap: no call starts that would cross it
     run = common(url, tmp_path / "capped", "--items", "5", "--price", "1000,1000")
@@ -636,3 +647,22 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     assert 0 < len(calls) < 80 and spent <= 20
     assert run_cli(*common(url, tmp_path / "x", "--budget-usd", "5")) == 2
     assert "no price for scripted" in capsys.readouterr().err
+
+
+def test_the_reach_a_corpus_refuses_is_one_it_then_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A level the task set cannot fill is refused with the highest level it can, rounded down:
+    that level is then accepted as written."""
+    import re
+
+    def dry(levels: str) -> int:
+        args = common("http://127.0.0.1:9/v1", tmp_path / "dry", "--dry-run", "--price", "0")
+        args[args.index("--window") + 1] = "128000"
+        return run_cli(*args, "--levels", levels, "--items", "30", "--no-adaptive")
+
+    assert dry("0.2,0.95") == 2
+    err = capsys.readouterr().err
+    found = re.search(r"choose levels up to ([0-9.]+)", err)
+    assert found, err
+    assert dry(f"0.2,{found.group(1)}") == 0

@@ -162,6 +162,22 @@ class Analysis:
     repeat_icc: float | None = None
     #: what the answers measure (the task set's metric): the word every message uses
     metric: str = "accuracy"
+    #: the ceiling is the reference level itself: nothing above it was shown to hold, so the
+    #: number says little about where the drop is (reported apart, never as an ordinary ceiling)
+    at_reference: bool = False
+    #: how the deciding level was decided: "drop" (shown below the tolerance), "precision" (its
+    #: margin of error within it), "futility" (no more items could make it pass, and it measured
+    #: a drop past the tolerance); None while open or when every level passed
+    decided_by: str | None = None
+    #: items at the deciding level that would resolve the asked tolerance (its measured spread)
+    items_to_resolve: int | None = None
+    #: what the sweep concluded, one word: "ceiling" (a level above the reference holds,
+    #: resolved), "at_reference" (only the reference holds and the next level shows a drop),
+    #: "unresolved" (a number, but not one the data decide) or "refused" (no number to use)
+    outcome: str = "refused"
+    #: a refusal no more items can lift (a model shown below the floor, answers shown not to come
+    #: from the context): the adaptive design stops at once
+    hopeless: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -327,7 +343,17 @@ def analyse_graded(
     )
     _decide(a, ref, tolerance)
     _judge(a, ref, rows, controls, tolerance)
+    a.outcome = outcome_of(a)
     return a
+
+
+def outcome_of(a: Analysis) -> str:
+    """The one-word conclusion (:attr:`Analysis.outcome`)."""
+    if a.ceiling_level is None or a.blocking(accept_unresolved=True):
+        return "refused"
+    if not a.resolved:
+        return "unresolved"
+    return "at_reference" if a.at_reference else "ceiling"
 
 
 def _level(
@@ -391,10 +417,36 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     for k in range(steps + 1):
         tol = round(tolerance + k * TOLERANCE_STEP, 6)
         _chain(a, ref, tol)
-        if a.resolved:
+        if a.resolved and reference_shown_good(a, tol):
             a.stated_tolerance = tol
             return
     _chain(a, ref, tolerance)
+    a.resolved = False
+    d = a.level(a.deciding_level)
+    if d is not None and d.diff_sd > 0:
+        a.items_to_resolve = items_to_resolve(d, tolerance)
+
+
+def reference_shown_good(a: Analysis, tolerance: float) -> bool:
+    """The low-fill control shows the reference good: the low fill's paired advantage over the
+    reference has a 95% upper bound within ``tolerance`` (the burden of proof on the reference:
+    a control measured on too few items to show it does not pass). No low-fill level: nothing
+    to show."""
+    return all(
+        s.complete and s.n_items > 0 and s.diff_ci[1] <= tolerance
+        for s in a.levels
+        if s.role == "low_fill"
+    )
+
+
+def items_to_resolve(s: LevelStats, tolerance: float) -> int:
+    """Items at which the pass test's margin of error at ``s`` (its measured spread) is within
+    ``tolerance``: the sample that decides it whatever the difference turns out to be."""
+    sd = round(max(s.diff_sd, 0.05), 4)
+    n = max(s.n_items, MIN_ITEMS)
+    while bound_width(n, sd, s.alpha) > tolerance and n < 100_000:
+        n = math.ceil(n * 1.25)
+    return n
 
 
 def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
@@ -420,17 +472,37 @@ def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     a.deciding_level = above[0].level if above else None
     d = a.level(a.deciding_level)
     few = any(s.n_items < MIN_ITEMS for s in a.chain if d is None or s.level <= d.level)
-    a.resolved = bool(passing) and not few and (d is None or decided(d, tolerance, a.cap))
+    a.decided_by = decided_by(d, tolerance, a.cap) if d is not None else None
+    a.at_reference = bool(passing) and ref is not None and a.ceiling_level == ref.level
+    # at the reference, only a shown drop decides: a level that merely missed the bound (its
+    # margin of error as planned, or no more items to add) says nothing about where the drop is,
+    # and the wider tolerances are tried before the reference is stated as the ceiling
+    firm = a.decided_by == "drop" if a.at_reference else a.decided_by is not None
+    a.resolved = bool(passing) and not few and (d is None or firm)
+
+
+def decided_by(s: LevelStats, tolerance: float, cap: int | None = None) -> str | None:
+    """How a failing level is decided, or None while it is open: ``drop`` when its bounds lie
+    wholly below ``-tolerance``, ``precision`` when its pass test's margin of error is within
+    the tolerance (as precise as asked: a level measured with no drop at all would have
+    passed), ``futility`` when no more items could make it pass (:func:`futile`) *and* what it
+    measured is itself a drop past the tolerance. A futile level whose measured difference is
+    within the tolerance is no evidence of a drop: it stays open (the widening, or a refusal
+    that says how many items would decide it)."""
+    if not s.complete:
+        return None
+    if s.diff_ci[1] < -tolerance:
+        return "drop"
+    if s.half_width <= tolerance:
+        return "precision"
+    if futile(s, tolerance, cap) and s.diff <= -tolerance:
+        return "futility"
+    return None
 
 
 def decided(s: LevelStats, tolerance: float, cap: int | None = None) -> bool:
-    """A failing level is decided when its bounds lie wholly below ``-tolerance`` (a clear
-    drop), when its pass test's margin of error is within the tolerance (as precise as asked: a
-    level measured with no drop at all would have passed), or when no more items could make it
-    pass (:func:`futile`)."""
-    return s.complete and (
-        s.diff_ci[1] < -tolerance or s.half_width <= tolerance or futile(s, tolerance, cap)
-    )
+    """Whether a failing level is decided (:func:`decided_by`)."""
+    return decided_by(s, tolerance, cap) is not None
 
 
 def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
@@ -458,7 +530,12 @@ def _judge_closed_book(
         diffs = [mean(v) - float(controls[k]) for k, v in ref_items.items() if k in controls]
         a.closed_book_accuracy = round(mean(controls.values()), 4)
         if diffs:
-            lo = difference_interval(diffs)[0]
+            lo, hi = difference_interval(diffs)
+            if hi <= 0 and len(diffs) >= MIN_ITEMS:
+                a.hopeless = (
+                    f"the reference is shown no better than the closed-book control (paired 95% "
+                    f"upper bound {hi:+.0%}): more items cannot make the answers come from the context"
+                )
             if lo <= 0:
                 no.append(
                     f"the reference {a.metric} is not clearly above the closed-book control "
@@ -493,6 +570,11 @@ def _judge(
     if ref is None:
         no.append("the reference level was not measured")
         return
+    if ref.n_items >= MIN_ITEMS and ref.ci[1] < a.floor:
+        a.hopeless = (
+            f"the reference {a.metric} is shown below the floor (95% upper bound {ref.ci[1]:.0%} "
+            f"< {a.floor:.0%}): more items cannot lift it"
+        )
     if ref.accuracy < a.floor:
         no.append(
             f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
@@ -516,20 +598,7 @@ def _judge(
     if a.ceiling_level is None and not no:
         no.append("no level passed: the reference level could not be scored")
     if a.ceiling_level is not None and not a.resolved:
-        d = a.level(a.deciding_level)
-        fewest = min(s.n_items for s in a.chain)
-        why = (
-            f"a level was scored on {fewest} item(s), fewer than the {MIN_ITEMS} a decision needs"
-            if fewest < MIN_ITEMS
-            else f"the pass test at the level that decides the ceiling ({d.level:g}) has a margin "
-            f"of error of {d.half_width:.1%}, wider than even a {a.max_tolerance:.0%} tolerance"
-            if d
-            else "the decision is open"
-        )
-        no.append(
-            f"{UNRESOLVED}: {why}; add items (a larger --items, --budget-usd or --max-calls, then "
-            "ceiling sweep run --resume) or accept it with --accept-unresolved"
-        )
+        no.append(f"{UNRESOLVED}: {_unresolved_why(a)}")
     elif a.stated_tolerance is not None and a.stated_tolerance > tolerance + 1e-9:
         w.append(
             f"the data resolve a {a.stated_tolerance:.1%} tolerance, not the {tolerance:.0%} "
@@ -537,8 +606,56 @@ def _judge(
             f"{a.stated_tolerance * 100:.1f} points of the reference, 95% one-sided); more items "
             "(--items, --budget-usd) narrow it"
         )
+    if a.at_reference and a.resolved:
+        d = a.level(a.deciding_level)
+        w.append(
+            f"the ceiling is the reference level itself ({a.ceiling_level:g}): "
+            + (
+                f"level {d.level:g} measured {d.diff:+.1%} against it (decided by "
+                f"{a.decided_by}), and no level between them was measured; a level between "
+                "them (--refine) may place the ceiling higher"
+                if d is not None
+                else "no level above it was measured"
+            )
+        )
     if a.errors:
         w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
+
+
+def _unresolved_why(a: Analysis) -> str:
+    """Why a ceiling is not resolved, and what would resolve it."""
+    d = a.level(a.deciding_level)
+    fewest = min(s.n_items for s in a.chain)
+    more = (
+        f"about {a.items_to_resolve} items at level {d.level:g} would resolve it; "
+        if d is not None and a.items_to_resolve
+        else ""
+    )
+    fix = (
+        f"{more}add items (a larger --items, --budget-usd or --max-calls, then ceiling sweep "
+        "run --resume) or accept it with --accept-unresolved"
+    )
+    if fewest < MIN_ITEMS:
+        return f"a level was scored on {fewest} item(s), fewer than the {MIN_ITEMS} a decision needs; {fix}"
+    if not reference_shown_good(a, a.max_tolerance):
+        low = next(s for s in a.levels if s.role == "low_fill" and s.diff_ci[1] > a.max_tolerance)
+        return (
+            f"the reference is not shown good: the low-fill control ({low.level:g}) may score up "
+            f"to {low.diff_ci[1]:+.1%} above it (paired 95% upper bound), more than even a "
+            f"{a.max_tolerance:.0%} tolerance; lower the reference (--levels) or {fix}"
+        )
+    if d is None:
+        return f"the decision is open; {fix}"
+    if a.at_reference:
+        return (
+            f"the ceiling would be the reference level itself, but level {d.level:g} is not "
+            f"shown to drop (it measured {d.diff:+.1%} against it, with a margin of error of "
+            f"{d.half_width:.1%}), and no tolerance up to {a.max_tolerance:.0%} lets it pass; {fix}"
+        )
+    return (
+        f"the pass test at the level that decides the ceiling ({d.level:g}) has a margin of "
+        f"error of {d.half_width:.1%}, wider than even a {a.max_tolerance:.0%} tolerance; {fix}"
+    )
 
 
 def design_of(plan: Plan) -> Design:

@@ -79,6 +79,7 @@ def entry_from(
             note=f"level {analysis.ceiling_level} measured at utilization "
             f"{next(s.utilization for s in analysis.levels if s.level == analysis.ceiling_level)}"
             + ("" if analysis.resolved else "; UNRESOLVED")
+            + ("; AT THE REFERENCE: no level above it held" if analysis.at_reference else "")
             + ("; REFUSED, written with --force" if analysis.blocking(True) else ""),
             decision=_decision(analysis),
         ),
@@ -99,7 +100,11 @@ def _decision(a: Analysis) -> dict[str, Any]:
     """How firmly the number stands: the deciding level and its interval."""
     d = a.level(a.deciding_level)
     return {
+        "outcome": a.outcome,
         "resolved": a.resolved,
+        "at_reference": a.at_reference,
+        "decided_by": a.decided_by,
+        "stated_tolerance": a.stated_tolerance,
         "deciding_level": a.deciding_level,
         "deciding_half_width": d.half_width if d else None,
         "reference_accuracy": next((s.accuracy for s in a.levels if s.role == "reference"), None),
@@ -164,6 +169,11 @@ def derive(opts: DeriveOptions, console: Console) -> int:
             "[bold yellow]unresolved[/]: written because --accept-unresolved was given; the "
             "provenance says so"
         )
+    if a.at_reference:
+        console.print(
+            "[bold yellow]at the reference[/]: the ceiling is the reference level itself (no "
+            "level above it held); it says little about where the drop is"
+        )
     console.print(
         f"{entry.model}/{entry.workload}: ceiling {entry.ceiling_tokens:,} tokens "
         f"({entry.ceiling_utilization:.1%} of {entry.window:,}), document version {doc.version} -> {target}"
@@ -174,7 +184,9 @@ def derive(opts: DeriveOptions, console: Console) -> int:
             "run": str(out),
             "document": str(target),
             "version": doc.version,
+            "outcome": a.outcome,
             "resolved": a.resolved,
+            "at_reference": a.at_reference,
             "forced_past": refusals if opts.force else [],
             "entry": entry.model_dump(mode="json"),
         }

@@ -129,7 +129,10 @@ def next_step(
     resolution: float,
     batch: int,
 ) -> Step | None:
-    """What to measure next, or None when the sweep is done."""
+    """What to measure next, or None when the sweep is done (or can only end in a refusal no
+    more data lifts: :attr:`Analysis.hopeless`)."""
+    if a.hopeless:
+        return None
     open_ = open_levels(a) if adaptive else []
     at = a.level(open_[0]) if open_ else None
     if at is not None and a.reference_level is not None:

@@ -181,7 +181,9 @@ def _tolerance(a: Analysis) -> str:
 def ceiling_line(a: Analysis) -> str:
     if a.ceiling_tokens is None:
         return "no ceiling: " + (a.refusals[0] if a.refusals else "no level passed")
-    head = "UNRESOLVED " if not a.resolved else ""
+    head = ("UNRESOLVED " if not a.resolved else "") + (
+        "AT THE REFERENCE " if a.at_reference else ""
+    )
     return head + (
         f"ceiling: level {a.ceiling_level} passes (tolerance {_tolerance(a)}); enforced at "
         f"{a.ceiling_utilization:.1%} of the {a.window:,}-token window = {a.ceiling_tokens:,} input tokens "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import secrets
@@ -105,11 +106,11 @@ class RunOptions:
 def run(opts: RunOptions, console: Console) -> int:
     out, plan = _resumed(opts) if opts.resume else _planned(opts)
     sweep = _Sweep(plan, opts, out, console)
+    if not opts.resume:
+        sweep.fit_opening()  # the dry run prices what the budget affords, as the run does
     if opts.dry_run:
         return sweep.dry_run()
     out.mkdir(parents=True, exist_ok=True)
-    if not opts.resume:
-        sweep.fit_opening()
     sweep.save()
     console.print(
         f"[bold]run[/] {plan.run_id} -> {out}  (window {sweep.window:,}, counter "
@@ -311,10 +312,10 @@ class _Sweep:
         reach = self.builder.base_tokens(longest.question) + corpus_tokens
         short = [lv for lv in self.plan.levels if lv * self.window > reach]
         if short:
-            top = reach / self.window
+            top = math.floor(reach / self.window * 100) / 100  # rounded down: it must be accepted
             raise UserError(
                 f"--levels: the {self.ts.meta.name} corpus fills at most {reach:,} tokens, "
-                f"{top:.0%} of the {self.window:,}-token window, so level(s) "
+                f"{reach / self.window:.0%} of the {self.window:,}-token window, so level(s) "
                 f"{', '.join(f'{lv:g}' for lv in short)} cannot be measured: choose levels up to "
                 f"{top:.2f}, a smaller --window, or a task set with a larger corpus (your own "
                 "traffic: ceiling taskset build)"
@@ -466,8 +467,26 @@ class _Sweep:
             )
         return rows
 
-    def simulated(self) -> SimSweep:
-        """This run's design on a simulated endpoint (what :func:`forecast` replays)."""
+    def budget_tokens(self, calls: int, tokens: int) -> int | None:
+        """Every budget given (``--max-input-tokens``, ``--max-calls``, ``--budget-usd``) as the
+        input tokens it affords at the opening's tokens per call, the tightest of them (the
+        simulated forecast's cap); dollars at the uncached price, so the forecast never spends
+        more than the budget. None: no budget."""
+        opts, per_call = self.opts, max(1.0, tokens / max(1, calls))
+        caps: list[float] = []
+        if opts.max_input_tokens is not None:
+            caps.append(opts.max_input_tokens)
+        if opts.max_calls is not None:
+            caps.append(opts.max_calls * per_call)
+        if opts.budget_usd is not None and self.price is not None:
+            usd = self.price.cost(per_call, self.output_reservation)
+            caps.append(opts.budget_usd / usd * per_call if usd > 0 else math.inf)
+        finite = [c for c in caps if math.isfinite(c)]
+        return math.floor(min(finite)) if finite else None
+
+    def simulated(self, budget_tokens: int | None = None) -> SimSweep:
+        """This run's design on a simulated endpoint (what :func:`forecast` replays), under the
+        run's budget."""
         plan = self.plan
         groups = max(1, plan.groups or 1)
         return SimSweep(
@@ -486,6 +505,7 @@ class _Sweep:
             adaptive=plan.adaptive,
             refine=plan.refine,
             group_size=max(1, round(len(plan.item_ids) / groups)),
+            budget_tokens=budget_tokens,
         )
 
     def costs(self, calls: int, tokens: int) -> dict[str, Any] | None:
@@ -502,7 +522,8 @@ class _Sweep:
         grow = plan.adaptive and not plan.spec.items
         inp = max(0, tokens - calls * plan.spec.max_tokens)  # the estimate holds the reservation
         cap = max(1.0, self.target_items / drawn) if grow else 1.0
-        sim = self.simulated()
+        budget = self.budget_tokens(calls, tokens)
+        sim = self.simulated(budget)
         f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=12)
         # the prompt cache's share of the input (a shared haystack), as the simulation found it
         self.cache_shares = (f["cached_share"], f["written_share"])
@@ -516,6 +537,16 @@ class _Sweep:
             "expected_cached_share": round(f["cached_share"], 3),
         }
         got["expected"] = min(max(got["expected"], got["min"]), max(got["max"], got["min"]))
+        if self.opts.budget_usd is not None:  # a budget stops the run before it is crossed
+            got["max"] = min(got["max"], self.opts.budget_usd)
+            got["expected"] = min(got["expected"], self.opts.budget_usd)
+        #: what the budget buys: the items the forecast measured and the tolerance they resolve
+        got["budget_input_tokens"] = budget
+        got["budget_tolerance"] = (
+            tolerance_for(round(f["items_median"]), plan.spec.repeats)
+            if budget is not None
+            else None
+        )
         got["price_per_million"] = {
             "input": self.price.input,
             "cached_input": self.price.cached_input,
@@ -658,6 +689,11 @@ def cost_line(cost: dict[str, Any] | None, model: str) -> str:
             "per million tokens; --price 0 for a self-hosted model)"
         )
     cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" if cost["budget_usd"] else ""
+    if cost.get("budget_tolerance") is not None:
+        cap += (
+            f"; the budget affords about {cost['budget_input_tokens']:,} input tokens: a ceiling "
+            f"within about {cost['budget_tolerance']:.1%} of the reference"
+        )
     p = cost["price_per_million"]
     return (
         f"cost: about ${cost['expected']:,.2f} expected (the median over simulated curves of what "
