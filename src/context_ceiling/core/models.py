@@ -23,7 +23,7 @@ from context_ceiling.core.tokenizers import (
     TextCounter,
     TiktokenCounter,
 )
-from context_ceiling.core.vocabulary import Strategy
+from context_ceiling.core.vocabulary import OverCeiling, Strategy
 
 OTHER = "other"
 
@@ -107,6 +107,13 @@ class ModelSpec(Strict):
     reasoning_reservation: int = Field(ge=0, default=0)
     #: how this model's ceiling is enforced (trim, native, auto); unset: the workload's
     strategy: Strategy | None = None
+    #: what a request over this model's ceiling gets in enforce mode; unset: the workload's
+    over_ceiling: OverCeiling | None = None
+    fallback: list[str] = Field(
+        default_factory=list,
+        description="models (as clients name them) a request over this model's ceiling may be "
+        "sent to instead, in order of preference; unset: the workload's",
+    )
     tokenizer: TokenizerSpec = Field(default_factory=TiktokenSpec)
     chat_format: ChatFormat = Field(default_factory=ChatFormat)
     upstream: str | None = Field(

@@ -58,6 +58,12 @@ ModeValue = Annotated[
 #: safety net for the window), ``auto`` (native where the upstream is known to support it)
 Strategy = Literal["trim", "native", "auto"]
 
+#: what happens to a request over its ceiling in enforce mode: ``trim`` to fit (rejected when
+#: trimming cannot), ``reject`` it, ``fallback`` to the first listed model whose own ceiling it
+#: fits, or ``trim_then_fallback`` (trim within the stated loss, fall back when that is not
+#: enough)
+OverCeiling = Literal["trim", "reject", "fallback", "trim_then_fallback"]
+
 #: the trimming stages, in their default order (``clear``: older tool results replaced whole)
 Stage = Literal["clear", "tool_results", "retrieved", "history"]
 STAGES: tuple[Stage, ...] = get_args(Stage)

@@ -38,7 +38,7 @@ from context_ceiling.core.models import ModelSpec
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.tokenizers import Bpe
 from context_ceiling.core.trim import Policy
-from context_ceiling.core.vocabulary import Api, Mode, ModeValue, Strategy
+from context_ceiling.core.vocabulary import Api, Mode, ModeValue, OverCeiling, Strategy
 from context_ceiling.formats import APIS
 
 ENV_PREFIX = "CEILING_"
@@ -267,6 +267,9 @@ class WorkloadEnforcement(_Section):
     mode: ModeValue | None = None
     policy: Policy | None = None
     strategy: Strategy | None = None
+    over_ceiling: OverCeiling | None = None
+    fallback: list[str] | None = None
+    max_trimmed_share: float | None = Field(default=None, gt=0, le=1)
 
 
 class Enforcement(_Section):
@@ -285,7 +288,18 @@ class Enforcement(_Section):
     #: threshold and the sidecar trims only to the window; auto: native where the upstream is
     #: Anthropic's or OpenAI's own API. A model entry's ``strategy`` wins over this one.
     strategy: Strategy = "trim"
-    #: per-workload overrides of mode, policy and strategy
+    #: what a request over its ceiling gets in enforce mode: trim (to fit; rejected when
+    #: trimming cannot), reject, fallback (to the first model of ``fallback`` whose own measured
+    #: ceiling it fits, unchanged), trim_then_fallback (trim within ``max_trimmed_share``, else
+    #: fall back). A model entry's ``over_ceiling`` wins over this one
+    over_ceiling: OverCeiling = "trim"
+    #: models (as clients name them, each with a model entry) a request over its ceiling may go
+    #: to instead, in order; a model entry's ``fallback`` wins over this list
+    fallback: list[str] = Field(default_factory=list)
+    #: trim_then_fallback: the largest share of a request's input tokens trimming may remove
+    #: before the request falls back instead (unset: any trim that fits)
+    max_trimmed_share: float | None = Field(default=None, gt=0, le=1)
+    #: per-workload overrides of mode, policy, strategy and the over-ceiling action
     workloads: dict[str, WorkloadEnforcement] = Field(default_factory=dict)
 
     def for_workload(self, workload: str) -> tuple[Mode, Policy]:
@@ -297,6 +311,18 @@ class Enforcement(_Section):
     def strategy_for(self, workload: str) -> Strategy:
         o = self.workloads.get(workload)
         return (o.strategy if o is not None else None) or self.strategy
+
+    def over_ceiling_for(self, workload: str) -> tuple[OverCeiling, list[str], float | None]:
+        """The over-ceiling action, the fallback models and the trim allowance in force for a
+        workload (a model entry's own action and list win over these)."""
+        o = self.workloads.get(workload)
+        if o is None:
+            return self.over_ceiling, list(self.fallback), self.max_trimmed_share
+        return (
+            o.over_ceiling or self.over_ceiling,
+            list(o.fallback if o.fallback is not None else self.fallback),
+            o.max_trimmed_share if o.max_trimmed_share is not None else self.max_trimmed_share,
+        )
 
 
 class Staleness(_Section):

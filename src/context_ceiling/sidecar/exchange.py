@@ -87,6 +87,11 @@ class Exchange:
     answer_unread: str = "too_large"
     #: the request body's size
     body_bytes: int = 0
+    #: sent to a fallback model over its own ceiling: the model the client asked for, and
+    #: where that model sat in the path (the segment as sent, the fallback's in its place)
+    routed_from: str | None = None
+    routed_from_label: str | None = None
+    routed_path: tuple[str, str] | None = None
     #: when it is counted (:func:`context_ceiling.sidecar.schedule.plan`)
     schedule: Schedule = Schedule.FIRST
     #: a count running on a counting thread: the count and the decision on it, settled into

@@ -29,11 +29,11 @@ from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import APIS
 from context_ceiling.formats.base import Route, SigningRefused, Usage
-from context_ceiling.sidecar import schedule
+from context_ceiling.sidecar import routing, schedule
 from context_ceiling.sidecar.capture.redact import looks_like_credential
 from context_ceiling.sidecar.capture.writer import CollectingTap
 from context_ceiling.sidecar.config import Upstream
-from context_ceiling.sidecar.enforce import context_error
+from context_ceiling.sidecar.enforce import Decision, context_error
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import Exchange, Schedule, request_id
 from context_ceiling.sidecar.observability.logs import bounded
@@ -334,14 +334,79 @@ class Proxy:
         else:
             assert ex.count is not None
             d = schedule.verdict(st, route, ex, obj, ex.count, counter)
+        d, why, rerouted = self._over_ceiling(request, route, ex, obj, d)
+        if rerouted is not None:
+            return rerouted
         ex.decision = d
         self.rec.record_decision(ex, d)
         if d.reject:
             assert spec is not None
-            message = context_error(route.format, ex.label, ex.workload, d, spec.window)
+            message = context_error(route.format, ex.label, ex.workload, d, spec.window) + why
             raise Refused(400, message, "rejected", "context_length_exceeded")
         schedule.observe_counted(st, self.rec, ex)
         return client, upstream_cfg
+
+    def _over_ceiling(
+        self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any], d: Decision
+    ) -> tuple[Decision, str, tuple[UpstreamClient, Upstream] | None]:
+        """The over-ceiling action on a verdict (:mod:`context_ceiling.sidecar.routing`): the
+        decision as it stands, a rejection (with why, for its message), or the fallback's
+        upstream the exchange was rerouted to."""
+        st = self.state
+        action = routing.action_for(st.settings.enforcement, ex.workload, ex.spec)
+        if routing.rejects(action, d):
+            return routing.rejected(d), " (over_ceiling: reject, so nothing was trimmed)", None
+        if not routing.needs_fallback(action, d):
+            return d, "", None
+        routed, tried = routing.candidates(
+            route,
+            request.url.path,
+            self._sent_path(request, route),
+            obj,
+            ex.model,
+            ex.workload,
+            action,
+            st.registry,
+            ex.ceilings,
+            st.settings.enforcement,
+            served=lambda s: st.route(route.api, s.upstream) is not None,
+            chunk_pattern=st.chunk_pattern,
+        )
+        if routed is not None:
+            return d, "", self._reroute(request, route, ex, routed)
+        return routing.rejected(d), "; " + routing.tried(tried), None
+
+    def _reroute(
+        self, request: Request, route: Route, ex: Exchange, routed: routing.Routed
+    ) -> tuple[UpstreamClient, Upstream]:
+        """The exchange becomes the fallback's: its model, entry, count and decision; its
+        upstream, checked for the request's credentials as the first one was. Metrics, usage,
+        answer signals and prices then follow the model that answers."""
+        st = self.state
+        self.rec.record_routed(ex, routed.spec.metric_label)
+        target = st.route(route.api, routed.spec.upstream)
+        assert target is not None  # candidates() took only served models
+        ex.upstream, client, upstream_cfg = target
+        owner = owner_of(request.headers, request.url.path)
+        if not accepts(owner, route.api, upstream_cfg):
+            assert owner is not None
+            raise Refused(404, refusal_message(owner))
+        ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
+        ex.routed_from, ex.routed_from_label = ex.model, ex.label
+        ex.routed_path = routed.path_model
+        ex.model, ex.spec, ex.label = routed.model, routed.spec, routed.spec.metric_label
+        ex.count, ex.decision = routed.count, routed.decision
+        schedule.observe_counted(st, self.rec, ex)
+        return client, upstream_cfg
+
+    @staticmethod
+    def _sent_path(request: Request, route: Route) -> str:
+        """The path as it goes upstream (the client's, escapes kept, where the route sends it
+        as it came)."""
+        if route.path_as_sent:
+            raw: bytes = request.scope.get("raw_path") or b""
+            return raw.decode("latin-1") or request.url.path
+        return route.path
 
     async def _forward(
         self,
@@ -398,7 +463,7 @@ class Proxy:
                 carrier.items()
             )
         path, params, headers = await self._addressed(
-            request, route, client, headers, content, changed
+            request, route, client, headers, content, changed, ex.routed_path
         )
         deadline = time.monotonic() + upstream_cfg.timeouts.total
         ex.upstream_started = time.perf_counter()
@@ -429,9 +494,11 @@ class Proxy:
         headers: list[tuple[str, str]],
         content: bytes,
         changed: bool,
+        routed_path: tuple[str, str] | None = None,
     ) -> tuple[str, list[tuple[str, str]] | None, list[tuple[str, str]]]:
         """Where the request goes upstream (path, query) and its final headers: signed again
-        where the route's provider signs the body (``changed``: the sidecar changed it)."""
+        where the route's provider signs the body (``changed``: the sidecar changed it).
+        ``routed_path``: the model's segment in the path and the fallback's, to swap."""
         if route.path_as_sent:
             # the path as it arrived, percent-escapes kept (a Bedrock model ARN's ``%3A``)
             raw_path: bytes = request.scope.get("raw_path") or b""
@@ -439,6 +506,8 @@ class Proxy:
             params: list[tuple[str, str]] | None = list(request.query_params.multi_items())
         else:
             path, params = route.path, None
+        if routed_path is not None:
+            path, changed = path.replace(*routed_path, 1), True
         # the signature covers the host, the path and the body: signed here, last
         try:
             headers = await APIS[route.api].signed(

@@ -236,8 +236,16 @@ class Metrics:
         )
         self.over_ceiling = Counter(
             "llm_context_over_ceiling",
-            "Requests over their input budget, by what was done: trimmed, rejected or observed.",
+            "Requests over their input budget, by what was done: trimmed, rejected, observed "
+            "or routed (sent to a fallback model whose ceiling it fits).",
             ["model", "workload", "action"],
+            registry=r,
+        )
+        self.routed = Counter(
+            "llm_context_routed",
+            "Requests over their model's ceiling sent to a fallback model whose measured "
+            "ceiling they fit, by the model asked for and the model that answered.",
+            ["from_model", "to_model", "workload"],
             registry=r,
         )
         self.cache_loss_tokens = Counter(

@@ -49,6 +49,9 @@ class Recorder:
             h["x-ceiling-clearing-event"] = "1"
         if d and d.native is not None:
             h["x-ceiling-context-management"] = "native"
+        if ex.routed_from is not None:
+            h["x-ceiling-routed-to"] = ex.model
+            h["x-ceiling-routed-from"] = ex.routed_from_label or ""
         h["x-ceiling-mode"] = (
             d.mode if d else self.state.settings.enforcement.for_workload(ex.workload)[0]
         )
@@ -268,6 +271,7 @@ class Recorder:
                 "response_model": bounded(u.response_model),
                 "mode": d.mode if d else None,
                 "bypass": ex.bypass,
+                "routed_from": bounded(ex.routed_from) if ex.routed_from else None,
                 "ceiling_tokens": d.entry.ceiling_tokens if d and d.entry else None,
                 "budget": d.budget if d else None,
                 "trimmed_tokens": r.trimmed if r else 0,
@@ -337,6 +341,13 @@ class Recorder:
             for comp, tokens in ex.count.components.items():
                 attrs[f"ceiling.input_tokens.{comp.value}"] = tokens
         self.state.tracing.finish(ex.span, attrs, None if ex.outcome == "ok" else ex.outcome)
+
+    def record_routed(self, ex: Exchange, to_label: str) -> None:
+        """A request over its ceiling sent to a fallback (before the exchange takes the
+        fallback's model): counted under the model asked for and by where it went."""
+        m, wl = self.state.metrics, ex.workload
+        m.child(m.over_ceiling, model=ex.label, workload=wl, action="routed").inc()
+        m.child(m.routed, from_model=ex.label, to_model=to_label, workload=wl).inc()
 
     def record_decision(self, ex: Exchange, d: Decision) -> None:
         m, model, wl = self.state.metrics, ex.label, ex.workload
