@@ -353,7 +353,9 @@ def test_the_demo_sweep_is_accepted_without_force(tmp_path: Path) -> None:
     entry = load_document(run / "ceilings.yaml").entries[0]
     summary = json.loads((run / "summary.json").read_text())["analysis"]
     assert summary["resolved"] and not summary["refusals"]
-    assert entry.tolerance == DEMO.tolerance
+    assert summary["outcome"] in ("ceiling", "at_reference")
+    # the tolerance asked for, or the smallest wider one the data resolve, said so
+    assert DEMO.tolerance <= entry.tolerance <= summary["max_tolerance"]
     assert 0 < entry.ceiling_tokens < server.window
     # a real curve: the reference reads the task, the last level does clearly worse
     levels = summary["levels"]
