@@ -22,6 +22,8 @@ except PackageNotFoundError:  # pragma: no cover - a source tree that was never 
 if TYPE_CHECKING:
     from context_ceiling.api import (
         Budget,
+        BudgetAnswer,
+        BudgetError,
         CeilingEntry,
         CeilingError,
         CeilingsDocument,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Budget",
+    "BudgetAnswer",
+    "BudgetError",
     "CeilingEntry",
     "CeilingError",
     "CeilingsDocument",

@@ -9,7 +9,7 @@ sending and the sidecar that enforces after agree on every count.
 
 from __future__ import annotations
 
-from context_ceiling.budget import Budget
+from context_ceiling.budget import Budget, BudgetAnswer, BudgetError
 from context_ceiling.ceilings.document import (
     CeilingEntry,
     CeilingsDocument,
@@ -27,6 +27,8 @@ from context_ceiling.formats import count, fit
 
 __all__ = [
     "Budget",
+    "BudgetAnswer",
+    "BudgetError",
     "CeilingEntry",
     "CeilingError",
     "CeilingsDocument",

@@ -14,16 +14,83 @@ its budget once (``Budget.from_sidecar``: the sidecar's read-only ``GET /budget`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from context_ceiling.ceilings.document import CeilingsDocument
+from context_ceiling.core.errors import CeilingError
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec, build_counter
 from context_ceiling.core.tokenizers import CalibratedCounter, TextCounter, TiktokenCounter
 from context_ceiling.core.trim import MARKER, input_budget
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import count
+
+
+class BudgetError(CeilingError):
+    """``Budget.from_sidecar`` could not get a budget: the sidecar's own message (its error body)
+    or the transport's, with the HTTP status when there was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TokenizerInfo(BaseModel):
+    """How to count against the budget: a shipped encoding, with a factor for calibrated
+    models."""
+
+    kind: str = Field(description="tiktoken, calibrated, huggingface or upstream")
+    encoding: str | None = Field(default=None, description="the tiktoken encoding counted with")
+    factor: float | None = Field(default=None, description="calibrated: the count's multiplier")
+
+
+class BudgetProvenance(BaseModel):
+    """Where the ceiling comes from."""
+
+    ceilings_version: int = Field(description="the ceilings document in force")
+    sweep_run_id: str | None = None
+    task_set_hash: str | None = None
+    created_at: str | None = None
+    mode: str | None = Field(default=None, description="the entry's own enforcement mode")
+
+
+class FallbackBudget(BaseModel):
+    """A model a request over the ceiling may go to, with its own input budget."""
+
+    model: str = Field(description="the model as clients name it")
+    label: str = Field(description="its label in metrics and ceilings documents")
+    window: int
+    ceiling_tokens: int | None = Field(description="its measured ceiling for the workload")
+    input_budget: int = Field(description="what a request to it may hold (its ceiling, or window)")
+    measured: bool = Field(description="False: no ceiling measured, judged by the window")
+
+
+class BudgetAnswer(BaseModel):
+    """``GET /budget``: the input budget a request builder fits its prompt to."""
+
+    model: str = Field(description="the model's label")
+    workload: str
+    window: int
+    reservation: int = Field(description="output tokens reserved on top of the input")
+    ceiling_tokens: int | None = Field(description="the measured ceiling; null: none")
+    input_budget: int = Field(description="min(ceiling, window - reservation)")
+    tokenizer: TokenizerInfo
+    provenance: BudgetProvenance
+    over_ceiling: str = Field(
+        default="trim",
+        description="what a request over the budget gets in enforce mode: trim, reject, "
+        "fallback or trim_then_fallback",
+    )
+    fallback: list[FallbackBudget] = Field(
+        default_factory=list,
+        description="the models, in order, a request over the budget may be sent to, each with "
+        "its own budget (fallback and trim_then_fallback)",
+    )
 
 
 @dataclass
@@ -95,20 +162,55 @@ class Budget:
         reservation: int | None = None,
         token: str | None = None,
         timeout: float = 5.0,
+        cache: str | Path | None = None,
     ) -> Budget:
         """Ask a running sidecar (its read-only ``GET /budget``; ``token``: its read token, if
-        one is configured)."""
+        one is configured). Raises :class:`BudgetError` with the sidecar's own message when it
+        refuses (a 4xx: an unknown model, a wrong token) or cannot be reached. ``cache``: a file
+        each answer is written to; when the sidecar cannot answer (unreachable, a 5xx, an
+        unreadable answer) the budget is read from it instead, with ``provenance["cached"]``
+        saying why (a refusal is never answered from the cache)."""
         import httpx
 
         params: dict[str, Any] = {"model": model, "workload": workload}
         if reservation is not None:
             params["reservation"] = reservation
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        r = httpx.get(
-            base_url.rstrip("/") + "/budget", params=params, headers=headers, timeout=timeout
-        )
-        r.raise_for_status()
-        return cls.from_answer(r.json())
+        try:
+            r = httpx.get(
+                base_url.rstrip("/") + "/budget", params=params, headers=headers, timeout=timeout
+            )
+            if r.status_code != 200:
+                raise BudgetError(
+                    f"the sidecar answered {r.status_code}: {_message_of(r.content)}",
+                    r.status_code,
+                )
+            answer = r.json()
+            budget = cls.from_answer(answer)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            error = BudgetError(f"no budget from {base_url}: {exc}")
+            if cache is None or not Path(cache).is_file():
+                raise error from exc
+            return cls._cached(Path(cache), error)
+        except BudgetError as error:
+            if cache is None or not Path(cache).is_file() or (error.status or 500) < 500:
+                raise
+            return cls._cached(Path(cache), error)
+        if cache is not None:
+            Path(cache).write_text(json.dumps(answer))
+        return budget
+
+    @classmethod
+    def _cached(cls, cache: Path, error: BudgetError) -> Budget:
+        """The last answer the sidecar gave, when it cannot answer now (marked so)."""
+        try:
+            budget = cls.from_answer(json.loads(cache.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BudgetError(
+                f"{error}; and the cached answer {cache} is unreadable: {exc}"
+            ) from exc
+        budget.provenance["cached"] = str(error)
+        return budget
 
     # -- fitting ---------------------------------------------------------------------------
 
@@ -195,9 +297,16 @@ def _message_tokens(budget: Budget, m: Mapping[str, Any]) -> int:
 
 
 def answer_for(
-    spec: ModelSpec, label: str, workload: str, reservation: int, ceilings: CeilingsDocument
+    spec: ModelSpec,
+    label: str,
+    workload: str,
+    reservation: int,
+    ceilings: CeilingsDocument,
+    over_ceiling: str = "trim",
+    fallback: Sequence[tuple[str, ModelSpec]] = (),
 ) -> dict[str, Any]:
-    """What ``GET /budget`` answers for a model, workload and output reservation."""
+    """What ``GET /budget`` answers for a model, workload and output reservation
+    (:class:`BudgetAnswer`); ``fallback``: the models a request over it may go to, in order."""
     b = Budget.for_model(spec, reservation, ceilings, workload)
     entry = ceilings.lookup(label, workload)
     tok = spec.tokenizer
@@ -206,19 +315,43 @@ def answer_for(
         tokenizer["encoding"] = tok.encoding
     if isinstance(tok, CalibratedSpec):
         tokenizer["factor"] = tok.factor
-    return {
-        "model": label,
-        "workload": entry.workload if entry is not None else workload,
-        "window": spec.window,
-        "reservation": b.reservation,
-        "ceiling_tokens": b.ceiling_tokens,
-        "input_budget": b.tokens,
-        "tokenizer": tokenizer,
-        "provenance": {
-            "ceilings_version": ceilings.version,
-            "sweep_run_id": entry.provenance.sweep_run_id if entry else None,
-            "task_set_hash": entry.provenance.task_set_hash if entry else None,
-            "created_at": entry.created_at.isoformat() if entry and entry.created_at else None,
-            "mode": entry.mode if entry else None,
-        },
-    }
+    others = []
+    for name, other in fallback:
+        ob = Budget.for_model(other, reservation, ceilings, workload)
+        others.append(
+            FallbackBudget(
+                model=name,
+                label=other.metric_label,
+                window=other.window,
+                ceiling_tokens=ob.ceiling_tokens,
+                input_budget=ob.tokens,
+                measured=ob.ceiling_tokens is not None,
+            )
+        )
+    return BudgetAnswer(
+        model=label,
+        workload=entry.workload if entry is not None else workload,
+        window=spec.window,
+        reservation=b.reservation,
+        ceiling_tokens=b.ceiling_tokens,
+        input_budget=b.tokens,
+        tokenizer=TokenizerInfo(**tokenizer),
+        provenance=BudgetProvenance(
+            ceilings_version=ceilings.version,
+            sweep_run_id=entry.provenance.sweep_run_id if entry else None,
+            task_set_hash=entry.provenance.task_set_hash if entry else None,
+            created_at=entry.created_at.isoformat() if entry and entry.created_at else None,
+            mode=entry.mode if entry else None,
+        ),
+        over_ceiling=over_ceiling,
+        fallback=others,
+    ).model_dump(mode="json")
+
+
+def _message_of(body: bytes) -> str:
+    """The sidecar's error message (``{"error": {"message": ...}}``), else the body's start."""
+    try:
+        err = json.loads(body).get("error") or {}
+        return str(err.get("message") or body[:200].decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return body[:200].decode(errors="replace")

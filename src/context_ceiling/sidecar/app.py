@@ -31,6 +31,7 @@ from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.observability.metrics import Metrics
 from context_ceiling.sidecar.observability.tracing import Tracing
+from context_ceiling.sidecar.openapi import document as openapi_document
 from context_ceiling.sidecar.proxy import Proxy
 from context_ceiling.sidecar.state import SidecarState
 from context_ceiling.sidecar.upstream.passthrough import Passthrough
@@ -97,6 +98,10 @@ class Ops:
         if state.drain.draining:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok", "ceilings_version": state.ceilings.current.version})
+
+    async def openapi(self, request: Request) -> Response:
+        """``GET /openapi.json``: the sidecar's own API (:mod:`context_ceiling.sidecar.openapi`)."""
+        return JSONResponse(openapi_document())
 
     async def budget(self, request: Request) -> Response:
         """``GET /budget?model=M&workload=W&reservation=R``: the input budget a request builder
@@ -278,6 +283,7 @@ def create_app(
             Route("/readyz", ops.readyz, methods=["GET"]),
             Route("/status", ops.status, methods=["GET"]),
             Route("/budget", ops.budget, methods=["GET"]),
+            Route("/openapi.json", ops.openapi, methods=["GET"]),
             Route("/metrics", ops.metrics, methods=["GET"]),
             Route("/admin/ceilings", admin.ceilings, methods=["GET", "PUT"]),
             Route("/admin/ceilings/validate", admin.validate, methods=["POST"]),

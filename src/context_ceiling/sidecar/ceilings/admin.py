@@ -27,6 +27,7 @@ from context_ceiling.ceilings.document import (
 )
 from context_ceiling.sidecar.ceilings.store import parse_off_loop
 from context_ceiling.sidecar.observability.logs import bounded
+from context_ceiling.sidecar.routing import action_for
 from context_ceiling.sidecar.state import SidecarState
 
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
@@ -192,6 +193,20 @@ def budget_answer(state: SidecarState, request: Request) -> Response:
             "invalid_request_error",
             f"'reservation' must be a whole number of tokens below the window ({spec.window})",
         )
+    action = action_for(state.settings.enforcement, workload, spec)
+    fallback = [
+        (name, other)
+        for name in (action.fallback if action.kind in ("fallback", "trim_then_fallback") else ())
+        if name != model and (other := state.registry.resolve(name)) is not None
+    ]
     return JSONResponse(
-        answer_for(spec, spec.metric_label, workload, reservation, state.ceilings.current)
+        answer_for(
+            spec,
+            spec.metric_label,
+            workload,
+            reservation,
+            state.ceilings.current,
+            over_ceiling=action.kind,
+            fallback=fallback,
+        )
     )
