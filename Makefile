@@ -50,6 +50,7 @@ generate: venv  ## regenerate every generated file (dashboards, chart schema, CL
 	$(PY) -m devtools.chart_schema
 	$(PY) -m devtools.cli_docs
 	$(PY) -m devtools.config_docs
+	$(PY) -m devtools.http_api_docs
 
 litellm:  ## LiteLLM's proxy in its own cached venv (the chaining tests and the benchmark peer)
 	bash scripts/litellm.sh >/dev/null

@@ -118,7 +118,9 @@ def test_the_python_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ran >= 2
 
 
-@pytest.mark.parametrize("module", ["devtools.cli_docs", "devtools.config_docs"])
+@pytest.mark.parametrize(
+    "module", ["devtools.cli_docs", "devtools.config_docs", "devtools.http_api_docs"]
+)
 def test_generated_references_are_current(module: str) -> None:
     import importlib
 
