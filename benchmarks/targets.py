@@ -217,10 +217,15 @@ def sidecar(
     return Target(name, sp.url + "/v1/chat/completions", sp.proc)
 
 
-def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target | None:
+def litellm(
+    up: str,
+    workdir: Path,
+    models: list[str] | None = None,
+    router_settings: dict[str, Any] | None = None,
+) -> Target | None:
     """LiteLLM's proxy, one worker, no database, logging at ERROR, serving ``models`` (default:
-    the benchmark's) from the OpenAI-style API at ``up``/v1; None when not installed. The
-    chaining tests start it this way too."""
+    the benchmark's) from the OpenAI-style API at ``up``/v1, with ``router_settings`` (its
+    fallbacks, retries); None when not installed. The chaining tests start it this way too."""
     if not LITELLM.exists():
         return None
     port = free_port()
@@ -237,6 +242,7 @@ def litellm(up: str, workdir: Path, models: list[str] | None = None) -> Target |
             for name in (models or [model_name(s) for s in SIZES])
         ],
         "litellm_settings": {"drop_params": True, "telemetry": False},
+        **({"router_settings": router_settings} if router_settings else {}),
     }
     (workdir / "litellm.yaml").write_text(yaml.safe_dump(cfg))
     proc = _spawn(

@@ -133,3 +133,22 @@ def test_sweep_cost_benchmark_runs_the_real_sweep_on_the_doubles() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("| openai |") == 4 and r.stdout.count("| anthropic |") == 4
     assert "batch, shared haystacks (batch + cache)" in r.stdout
+
+
+def test_routing_benchmark_serves_nothing_above_a_measured_ceiling() -> None:
+    """The routing benchmark's sidecar policies on a slice of its traffic: every request is
+    accounted for, and nothing the sidecar serves is above its answering model's ceiling."""
+    from benchmarks.routing import MODELS, sidecar_results, traffic
+
+    sent = list(traffic(12, seed=1))
+    bodies = [b for _, b in sent[::40]] + [b for k, b in sent if k == "rag"]
+    for policy in ("trim", "fallback", "trim_then_fallback"):
+        results = sidecar_results(policy, bodies)
+        assert len(results) == len(bodies)
+        served = [r for r in results if r.model is not None]
+        assert all(r.tokens <= MODELS[r.model].ceiling for r in served if r.model), policy
+        kinds = {r.outcome for r in results}
+        if policy == "fallback":
+            assert "routed" in kinds and "trimmed" not in kinds
+        if policy == "trim":
+            assert "trimmed" in kinds and "routed" not in kinds

@@ -38,6 +38,8 @@ class Recording:
 
     app: Any
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: models the upstream fails (a 503 in OpenAI's error shape)
+    failing: set[str] = field(default_factory=set)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,7 +52,19 @@ class Recording:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
-        self.seen.append((scope["path"], orjson.loads(body) if body else {}))
+        parsed = orjson.loads(body) if body else {}
+        self.seen.append((scope["path"], parsed))
+        if parsed.get("model") in self.failing:
+            error = orjson.dumps({"error": {"message": "the fallback is overloaded", "type": "x"}})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": error})
+            return
         sent = False
 
         async def replay() -> MutableMapping[str, Any]:
@@ -77,6 +91,8 @@ MODELS = [
     _model("gemini-big", 1000000),
     _model("trimmer", 8000, over_ceiling="trim_then_fallback", fallback=["big"]),
     _model("refuser", 8000, over_ceiling="reject"),
+    _model("flaky-small", 8000, fallback=["flaky-big"]),
+    _model("flaky-big", 128000),
 ]
 CEILINGS = doc(
     3,
@@ -92,6 +108,8 @@ CEILINGS = doc(
             ("gemini-big", 40000, 1000000),
             ("trimmer", 1000, 8000),
             ("refuser", 1000, 8000),
+            ("flaky-small", 1000, 8000),
+            ("flaky-big", 40000, 128000),
         )
     ),
 )
@@ -285,3 +303,29 @@ def test_a_stated_loss_sends_a_heavy_trim_to_the_fallback(sc: Setup) -> None:
     )
     assert raw.headers["x-ceiling-routed-to"] == "big"
     assert raw.headers["x-ceiling-trimmed-tokens"] == "0"
+
+
+def test_responses_requests_route_too(sc: Setup) -> None:
+    raw = oai(sc).responses.with_raw_response.create(
+        model="small", input=words(3000), max_output_tokens=50
+    )
+    assert raw.parse().output_text
+    assert raw.headers["x-ceiling-routed-to"] == "big"
+    path, body = sc.upstream.seen[-1]
+    assert path == "/v1/responses" and body["model"] == "big"
+
+
+def test_a_fallback_that_fails_upstream_answers_with_its_own_error(sc: Setup) -> None:
+    sc.upstream.failing.add("flaky-big")
+    with pytest.raises(openai.InternalServerError) as err:
+        oai(sc).chat.completions.create(
+            model="flaky-small", messages=[{"role": "user", "content": words(3000)}], max_tokens=5
+        )
+    assert err.value.status_code == 503 and "the fallback is overloaded" in str(err.value)
+    assert err.value.response.headers["x-ceiling-routed-to"] == "flaky-big"
+    assert sc.upstream.seen[-1][1]["model"] == "flaky-big"
+    failed = sc.state.metrics.registry.get_sample_value(
+        "llm_context_requests_total",
+        {"model": "flaky-big", "workload": "rag", "api": "openai_chat", "outcome": "upstream_5xx"},
+    )
+    assert failed == 1
