@@ -22,6 +22,35 @@ from testkit.serving import serve
 from testkit.traffic.ceiling_docs import doc, entry
 
 
+def generated_client(spec: dict[str, Any], where: Path) -> Any:
+    """The typed models datamodel-code-generator writes from ``spec``, imported."""
+    import importlib.util
+    import json
+    import sys
+    import warnings
+
+    from datamodel_code_generator import DataModelType, InputFileType, generate
+
+    out = where / "budget_client.py"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        generate(
+            json.dumps(spec),
+            input_file_type=InputFileType.OpenAPI,
+            output=out,
+            output_model_type=DataModelType.PydanticV2BaseModel,
+        )
+    loaded = importlib.util.spec_from_file_location("budget_client", out)
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules["budget_client"] = module  # its models' forward references resolve there
+    try:
+        loaded.loader.exec_module(module)
+    finally:
+        del sys.modules["budget_client"]
+    return module
+
+
 def conforms(body: Any, schema: str) -> None:
     """``body`` is valid against the document's schema ``schema`` (its references resolved in
     the document)."""
@@ -81,6 +110,12 @@ def test_the_budget_answers_as_documented_and_the_client_says_why_not(tmp_path: 
             ("big", 40000, True),
             ("huge", 1000000 - 500, False),
         ]
+        # a client generated from the served document reads the answer, typed
+        client = generated_client(served, tmp_path)
+        read = client.BudgetAnswer.model_validate(answer)
+        assert read.input_budget == 3000 and read.fallback[0].model == "big"
+        with pytest.raises(ValueError):
+            client.BudgetAnswer.model_validate({**answer, "input_budget": "many"})
         plain = httpx.get(url + "/budget", params={"model": "small"}).json()
         conforms(plain, "BudgetAnswer")
         assert plain["over_ceiling"] == "trim" and plain["fallback"] == []

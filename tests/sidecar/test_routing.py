@@ -93,6 +93,8 @@ MODELS = [
     _model("refuser", 8000, over_ceiling="reject"),
     _model("flaky-small", 8000, fallback=["flaky-big"]),
     _model("flaky-big", 128000),
+    _model("lone", 8000, fallback=["unmeasured"]),
+    _model("unmeasured", 1000000),  # no ceiling measured: judged by its window
 ]
 CEILINGS = doc(
     3,
@@ -110,6 +112,7 @@ CEILINGS = doc(
             ("refuser", 1000, 8000),
             ("flaky-small", 1000, 8000),
             ("flaky-big", 40000, 128000),
+            ("lone", 1000, 8000),
         )
     ),
 )
@@ -181,6 +184,7 @@ def test_a_request_over_its_ceiling_goes_to_the_first_fallback_it_fits(sc: Setup
     assert answer.choices[0].message.content  # a normal answer for the SDK
     assert raw.headers["x-ceiling-routed-to"] == "big"
     assert raw.headers["x-ceiling-routed-from"] == "small"
+    assert raw.headers["x-ceiling-routed-by"] == "ceiling"
     assert raw.headers["x-ceiling-ceiling-tokens"] == "40000"  # the model that answered
     assert raw.headers["x-ceiling-trimmed-tokens"] == "0"
     path, body = sc.upstream.seen[-1]
@@ -329,3 +333,48 @@ def test_a_fallback_that_fails_upstream_answers_with_its_own_error(sc: Setup) ->
         {"model": "flaky-big", "workload": "rag", "api": "openai_chat", "outcome": "upstream_5xx"},
     )
     assert failed == 1
+
+
+def test_streams_of_every_api_route_and_read_as_the_sdk_expects(sc: Setup) -> None:
+    long = words(3000)
+    chunks = list(
+        oai(sc).responses.create(model="small", input=long, max_output_tokens=50, stream=True)
+    )
+    assert any(getattr(e, "type", "") == "response.completed" for e in chunks)
+    assert sc.upstream.seen[-1][1]["model"] == "big"
+    client = anthropic.Anthropic(
+        base_url="http://sidecar.test",
+        api_key="k",
+        max_retries=0,
+        http_client=sc.http,
+        default_headers=RAG,
+    )
+    with client.messages.stream(
+        model="claude-small", max_tokens=50, messages=[{"role": "user", "content": long}]
+    ) as stream:
+        assert stream.get_final_text()
+    assert sc.upstream.seen[-1][1]["model"] == "claude-big"
+    gem = genai.Client(
+        api_key="k",
+        http_options=genai_types.HttpOptions(
+            base_url="http://sidecar.test", headers=RAG, httpx_client=sc.http
+        ),
+    )
+    text = "".join(
+        c.text or ""
+        for c in gem.models.generate_content_stream(model="gemini-small", contents=long)
+    )
+    assert text
+    assert sc.upstream.seen[-1][0].endswith("/models/gemini-big:streamGenerateContent")
+    assert sc.routed("claude-big", "claude-small") == 1
+    assert sc.routed("gemini-big", "gemini-small") == 1
+
+
+def test_a_fallback_without_a_measured_ceiling_is_judged_by_its_window_and_says_so(
+    sc: Setup,
+) -> None:
+    raw = oai(sc).chat.completions.with_raw_response.create(
+        model="lone", messages=[{"role": "user", "content": words(3000)}], max_tokens=50
+    )
+    assert raw.headers["x-ceiling-routed-to"] == "unmeasured"
+    assert raw.headers["x-ceiling-routed-by"] == "window"

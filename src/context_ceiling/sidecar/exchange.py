@@ -92,6 +92,8 @@ class Exchange:
     routed_from: str | None = None
     routed_from_label: str | None = None
     routed_path: tuple[str, str] | None = None
+    #: the fallback was judged by its measured ceiling (False: by its window, none measured)
+    routed_measured: bool = True
     #: when it is counted (:func:`context_ceiling.sidecar.schedule.plan`)
     schedule: Schedule = Schedule.FIRST
     #: a count running on a counting thread: the count and the decision on it, settled into

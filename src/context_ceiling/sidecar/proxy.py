@@ -393,7 +393,7 @@ class Proxy:
             raise Refused(404, refusal_message(owner))
         ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
         ex.routed_from, ex.routed_from_label = ex.model, ex.label
-        ex.routed_path = routed.path_model
+        ex.routed_path, ex.routed_measured = routed.path_model, routed.measured
         ex.model, ex.spec, ex.label = routed.model, routed.spec, routed.spec.metric_label
         ex.count, ex.decision = routed.count, routed.decision
         schedule.observe_counted(st, self.rec, ex)

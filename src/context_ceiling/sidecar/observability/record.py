@@ -52,6 +52,7 @@ class Recorder:
         if ex.routed_from is not None:
             h["x-ceiling-routed-to"] = ex.model
             h["x-ceiling-routed-from"] = ex.routed_from_label or ""
+            h["x-ceiling-routed-by"] = "ceiling" if ex.routed_measured else "window"
         h["x-ceiling-mode"] = (
             d.mode if d else self.state.settings.enforcement.for_workload(ex.workload)[0]
         )
@@ -272,6 +273,9 @@ class Recorder:
                 "mode": d.mode if d else None,
                 "bypass": ex.bypass,
                 "routed_from": bounded(ex.routed_from) if ex.routed_from else None,
+                "routed_by": ("ceiling" if ex.routed_measured else "window")
+                if ex.routed_from
+                else None,
                 "ceiling_tokens": d.entry.ceiling_tokens if d and d.entry else None,
                 "budget": d.budget if d else None,
                 "trimmed_tokens": r.trimmed if r else 0,
