@@ -114,7 +114,7 @@ def test_the_budget_answers_as_documented_and_the_client_says_why_not(tmp_path: 
         client = generated_client(served, tmp_path)
         read = client.BudgetAnswer.model_validate(answer)
         assert read.input_budget == 3000 and read.fallback[0].model == "big"
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="input_budget"):
             client.BudgetAnswer.model_validate({**answer, "input_budget": "many"})
         plain = httpx.get(url + "/budget", params={"model": "small"}).json()
         conforms(plain, "BudgetAnswer")
