@@ -29,7 +29,8 @@ def generated_client(spec: dict[str, Any], where: Path) -> Any:
     import sys
     import warnings
 
-    from datamodel_code_generator import DataModelType, InputFileType, generate
+    from datamodel_code_generator import InputFileType, generate
+    from datamodel_code_generator.enums import DataModelType
 
     out = where / "budget_client.py"
     with warnings.catch_warnings():
