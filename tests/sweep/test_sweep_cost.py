@@ -221,3 +221,26 @@ def test_the_repeats_agreement_is_an_intraclass_correlation() -> None:
     got = repeat_icc(rows(coin))
     assert got is not None and got < 0.2
     assert repeat_icc(rows({"a": [1], "b": [0]})) is None  # no item asked twice
+
+
+def test_the_repeat_switch_reads_the_paired_differences_agreement() -> None:
+    """Items that differ from each other (easy ones always right, hard ones always wrong) make
+    the outcomes' repeats look redundant; what the pass test averages is the paired difference,
+    and there the repeats of the few items that vary disagree completely."""
+    from context_ceiling.sweep.analysis import repeat_icc
+
+    rows = []
+    for k in range(40):
+        for level in (0.2, 0.5):
+            for r in range(3):
+                if k < 20:
+                    correct = 1
+                elif k < 37:
+                    correct = 0
+                else:  # the same item, right and wrong by turns, at either level
+                    correct = [[1, 0, 1], [0, 1, 1]][level == 0.5][r]
+                rows.append({"item": f"i{k}", "level": level, "repeat": r, "correct": correct})
+    outcomes = repeat_icc(rows)
+    paired = repeat_icc(rows, reference=0.2)
+    assert outcomes is not None and outcomes >= 0.75  # the old reading: "redundant"
+    assert paired is not None and paired < 0.75

@@ -209,20 +209,32 @@ def graded(
     return out
 
 
-def repeat_icc(rows: Iterable[dict[str, Any]]) -> float | None:
-    """The intraclass correlation of the calls' outcomes within (item, level): 1 - the pooled
-    variance between an item's repeats over the variance of all calls (one-way ANOVA on the
-    0/1 outcomes). None when no item was asked twice at a level or every call agrees."""
-    cells: dict[tuple[str, float], list[int]] = defaultdict(list)
+def repeat_icc(rows: Iterable[dict[str, Any]], reference: float | None = None) -> float | None:
+    """How much an item's repeats agree on what the pass test uses: the intraclass correlation
+    of the paired differences (a repeat at a level minus the same repeat at the reference),
+    within (item, level): 1 - their pooled variance between an item's repeats over their
+    variance across all pairs (one-way ANOVA). Agreement of the outcomes alone would read items
+    that differ from each other (some easy, some hard) as repeats that agree. Without a
+    ``reference`` the outcomes themselves are used. None when no item has two repeats at a level
+    and the reference, or every pair agrees."""
+    by: dict[tuple[str, float], dict[int, int]] = defaultdict(dict)
     for r in rows:
-        cells[(r["item"], float(r["level"]))].append(int(r["correct"]))
-    calls = [x for xs in cells.values() for x in xs]
-    within = sum(sum((x - mean(xs)) ** 2 for x in xs) for xs in cells.values() if len(xs) > 1)
-    dof = sum(len(xs) - 1 for xs in cells.values() if len(xs) > 1)
-    if not dof or not calls:
+        cell = by[(r["item"], float(r["level"]))]
+        cell[int(r["repeat"]) if "repeat" in r else len(cell)] = int(r["correct"])
+    cells: list[list[float]] = []
+    for (item, level), reps in by.items():
+        if reference is None:
+            cells.append([float(x) for x in reps.values()])
+        elif level != reference:
+            ref = by.get((item, reference), {})
+            cells.append([float(x - ref[k]) for k, x in reps.items() if k in ref])
+    values = [x for xs in cells for x in xs]
+    within = sum(sum((x - mean(xs)) ** 2 for x in xs) for xs in cells if len(xs) > 1)
+    dof = sum(len(xs) - 1 for xs in cells if len(xs) > 1)
+    if not dof or len(values) < 2:
         return None
-    p = mean(calls)
-    total = p * (1 - p) * len(calls) / max(1, len(calls) - 1)
+    centre = mean(values)
+    total = sum((x - centre) ** 2 for x in values) / (len(values) - 1)
     if total <= 0:
         return None
     return round(min(1.0, max(0.0, 1 - (within / dof) / total)), 4)
@@ -339,7 +351,10 @@ def analyse_graded(
         floor=floor,
         refined=list(design.refined),
         cap=design.cap,
-        repeat_icc=repeat_icc(r for r in rows if not r["control"] and r["item"] not in excluded),
+        repeat_icc=repeat_icc(
+            (r for r in rows if not r["control"] and r["item"] not in excluded),
+            design.reference,
+        ),
     )
     _decide(a, ref, tolerance)
     _judge(a, ref, rows, controls, tolerance)
