@@ -1,0 +1,196 @@
+"""What a sweep costs before it runs: the opening design, the median of what the adaptive design
+spends over simulated curves (the prompt cache's shares included), every item uncached, what
+each budget buys, and every budget turned into the input tokens it affords.
+
+The run prices itself at its start and in the dry run (``sweep/run.py``); the simulation it
+replays is the sweep's own design and analysis (``sweep/simulate.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from context_ceiling.core.prices import Price
+from context_ceiling.sweep.plan import Plan
+from context_ceiling.sweep.simulate import SimSweep, forecast, random_truth, with_truth
+from context_ceiling.sweep.statistics import tolerance_for
+
+__all__ = ["Pricing", "budget_lines", "cost_line"]
+
+
+@dataclass
+class Pricing:
+    """A run's price: its plan, its price per token (None: unknown), what each call may write,
+    the task set's items, the items planned and the most the design may draw, and its budgets."""
+
+    plan: Plan
+    price: Price | None
+    output_reservation: int
+    window: int
+    task_items: int
+    planned: int
+    target_items: int
+    budget_usd: float | None = None
+    max_calls: int | None = None
+    max_input_tokens: int | None = None
+    #: the prompt cache's read and written shares of the input, as the forecast found them
+    cache_shares: tuple[float, float] = (0.0, 0.0)
+
+    def _usd(self, input_tokens: float, output_tokens: float) -> float:
+        """Dollars at the run's price with the prompt cache's shares applied."""
+        assert self.price is not None
+        cached, written = self.cache_shares
+        return self.price.cost(
+            input_tokens, output_tokens, input_tokens * cached, input_tokens * written
+        )
+
+    def budgets(self, calls: int, tokens: int) -> list[dict[str, Any]]:
+        """Item counts from 60 to the task set, each with what its opening grid costs (the
+        opening's calls scaled, uncached) and the tolerance it buys (:func:`tolerance_for`)."""
+        plan, drawn = self.plan, max(1, len(self.plan.item_ids))
+        total = self.task_items
+        counts = sorted({n for n in (60, 120, 200, 400, self.planned, total) if 0 < n <= total})
+        inp = max(0, tokens - calls * plan.spec.max_tokens)
+        rows = []
+        for n in counts:
+            f = n / drawn
+            usd = self._usd(inp * f, calls * f * self.output_reservation) if self.price else None
+            rows.append(
+                {
+                    "items": n,
+                    "usd": round(usd, 2) if usd is not None else None,
+                    "tolerance": tolerance_for(n, plan.spec.repeats),
+                }
+            )
+        return rows
+
+    def budget_tokens(self, calls: int, tokens: int) -> int | None:
+        """Every budget given (``--max-input-tokens``, ``--max-calls``, ``--budget-usd``) as the
+        input tokens it affords at the opening's tokens per call, the tightest of them (the
+        simulated forecast's cap); dollars at the uncached price, so the forecast never spends
+        more than the budget. None: no budget."""
+        per_call = max(1.0, tokens / max(1, calls))
+        caps: list[float] = []
+        if self.max_input_tokens is not None:
+            caps.append(self.max_input_tokens)
+        if self.max_calls is not None:
+            caps.append(self.max_calls * per_call)
+        if self.budget_usd is not None and self.price is not None:
+            usd = self.price.cost(per_call, self.output_reservation)
+            caps.append(self.budget_usd / usd * per_call if usd > 0 else math.inf)
+        finite = [c for c in caps if math.isfinite(c)]
+        return math.floor(min(finite)) if finite else None
+
+    def simulated(self, budget_tokens: int | None = None) -> SimSweep:
+        """This run's design on a simulated endpoint (what :func:`forecast` replays), under the
+        run's budget."""
+        plan = self.plan
+        groups = max(1, plan.groups or 1)
+        return SimSweep(
+            random_truth(random.Random(0), "cliff"),
+            taskset=self.task_items,
+            window=self.window,
+            levels_spec=plan.spec.levels,
+            repeats=plan.spec.repeats,
+            tolerance=plan.spec.tolerance,
+            margin=plan.spec.margin,
+            resolution=plan.spec.resolution,
+            low_fill=plan.spec.low_fill,
+            reservation=plan.spec.max_tokens,
+            output_tokens=self.output_reservation,
+            items=plan.spec.items,
+            adaptive=plan.adaptive,
+            refine=plan.refine,
+            group_size=max(1, round(len(plan.item_ids) / groups)),
+            budget_tokens=budget_tokens,
+        )
+
+    def costs(self, calls: int, tokens: int) -> dict[str, Any] | None:
+        """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``: it
+        is certain to run), ``expected`` the median of what the adaptive design spends over a
+        range of simulated curves (:func:`context_ceiling.sweep.simulate.forecast`, the prompt
+        cache's share of a shared haystack included), ``max`` every item the adaptive design may
+        add at every level, uncached; every call's whole output reservation counted. None: no
+        price."""
+        if self.price is None:
+            return None
+        plan, drawn = self.plan, max(1, len(self.plan.item_ids))
+        out = self.output_reservation
+        grow = plan.adaptive and not plan.spec.items
+        inp = max(0, tokens - calls * plan.spec.max_tokens)  # the estimate holds the reservation
+        cap = max(1.0, self.target_items / drawn) if grow else 1.0
+        budget = self.budget_tokens(calls, tokens)
+        sim = self.simulated(budget)
+        f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=12)
+        # the prompt cache's share of the input (a shared haystack), as the simulation found it
+        self.cache_shares = (f["cached_share"], f["written_share"])
+        med = f["input_tokens_median"]
+        got: dict[str, Any] = {
+            "min": round(self._usd(inp, calls * out), 2),
+            "expected": round(self._usd(med, f["calls_median"] * out), 2),
+            "max": round(self.price.cost(inp * cap, calls * cap * out), 2),
+            "expected_calls": round(f["calls_median"]),
+            "expected_input_tokens": round(med),
+            "expected_cached_share": round(f["cached_share"], 3),
+        }
+        got["expected"] = min(max(got["expected"], got["min"]), max(got["max"], got["min"]))
+        if self.budget_usd is not None:  # a budget stops the run before it is crossed
+            got["max"] = min(got["max"], self.budget_usd)
+            got["expected"] = min(got["expected"], self.budget_usd)
+        #: what the budget buys: the items the forecast measured and the tolerance they resolve
+        got["budget_input_tokens"] = budget
+        got["budget_tolerance"] = (
+            tolerance_for(round(f["items_median"]), plan.spec.repeats)
+            if budget is not None
+            else None
+        )
+        got["price_per_million"] = {
+            "input": self.price.input,
+            "cached_input": self.price.cached_input,
+            "output": self.price.output,
+        }
+        got["source"] = self.price.source
+        got["budget_usd"] = self.budget_usd
+        return got
+
+
+def cost_line(cost: dict[str, Any] | None, model: str) -> str:
+    """One line on what the run costs (or why no price is known)."""
+    if cost is None:
+        return (
+            f"cost: no price known for {model}; say what it costs with --price IN,OUT (dollars "
+            "per million tokens; --price 0 for a self-hosted model)"
+        )
+    cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" if cost["budget_usd"] else ""
+    if cost.get("budget_tolerance") is not None:
+        cap += (
+            f"; the budget affords about {cost['budget_input_tokens']:,} input tokens: a ceiling "
+            f"within about {cost['budget_tolerance']:.1%} of the reference"
+        )
+    p = cost["price_per_million"]
+    return (
+        f"cost: about ${cost['expected']:,.2f} expected (the median over simulated curves of what "
+        f"the adaptive design spends: {cost['expected_calls']:,} calls, "
+        f"{cost['expected_input_tokens']:,} input tokens, {cost['expected_cached_share']:.0%} "
+        f"read from the prompt cache), ${cost['min']:,.2f} at least (the opening design), "
+        f"${cost['max']:,.2f} at most (every item the adaptive design may add, uncached){cap}; "
+        f"input ${p['input']:g}, cached input ${p['cached_input']:g} and output ${p['output']:g} "
+        f"per million tokens ({cost['source']}), the whole output reservation counted"
+    )
+
+
+def budget_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What each budget buys: items, and the tolerance the decision resolves at with them."""
+    out = []
+    for r in rows:
+        usd = f" for ${r['usd']:,.2f}" if r["usd"] is not None else ""
+        bought = (
+            f"a ceiling within {r['tolerance']:.1%} of the reference"
+            if r["tolerance"] < 1
+            else "too few for any tolerance under 50 points"
+        )
+        out.append(f"  {r['items']:>5} items{usd}: {bought}")
+    return out
