@@ -13,11 +13,15 @@ from context_ceiling.sidecar.observability.answers import SIGNALS
 
 RUNBOOK = "https://github.com/context-ceiling/context-ceiling/blob/main/dashboards/runbook.md"
 
-#: The standalone rules (``generated/rules.yaml``) select every scrape job whose name contains
-#: ``context-ceiling``: the chart's ServiceMonitor names the job after the Service
-#: (``RELEASE-context-ceiling``). The chart's own PrometheusRule replaces it with the exact job
-#: and namespace of its release (:data:`CHART_SELECTOR`).
-SELECTOR = 'job=~".*context-ceiling.*"'
+#: The standalone rules (``generated/rules.yaml``) select by the product's own metric names,
+#: whatever the scrape job is called (``job: ceiling``, a ServiceMonitor's ``RELEASE-...``): no
+#: label matcher. The two alerts about scrape targets (``up``) select the jobs that export the
+#: sidecar's metrics (:func:`dashboards.rules.alerts`). The chart's own PrometheusRule replaces
+#: it with the exact job and namespace of its release (:data:`CHART_SELECTOR`).
+SELECTOR = ""
+#: the sidecar's metric every process exports from its start: what marks a scrape job as a
+#: sidecar's for the standalone ``up`` alerts
+MARKER_METRIC = "llm_context_config_version"
 #: placeholders in the chart's copy of the rules, filled in per release by
 #: ``templates/prometheusrule.yaml`` from the values
 CHART_SELECTOR = "__SELECTOR__"

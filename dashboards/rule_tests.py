@@ -16,7 +16,8 @@ from dashboards.rules import alerts
 
 #: the labels of one scrape of the standalone rules' default target: what `helm install ceiling`
 #: gives its series (job = the Service's name), in a cluster labelled by the Prometheus
-STANDALONE_TARGET = {"cluster": "c1", "namespace": "llm", "job": "ceiling-context-ceiling"}
+#: a scrape job named as a user might (no "context-ceiling" in it): the standalone rules take it
+STANDALONE_TARGET = {"cluster": "c1", "namespace": "llm", "job": "ceiling"}
 #: another scrape job in the same Prometheus: none of its series may fire an alert
 FOREIGN = 'cluster="c1",namespace="llm",job="billing-api"'
 UTIL_LES = ["0.5", "0.9", "0.95", "0.98", "1.0", "1.05", "+Inf"]
@@ -340,6 +341,8 @@ def cases(target: dict[str, str], absent_labels: dict[str, str]) -> list[Case]:
             [
                 {"series": f"up{{{_labels(inst('a'))}}}", "values": "0x20"},
                 {"series": f"up{{{_labels(inst('b'))}}}", "values": "1x20"},
+                # the job is a sidecar's: its other instance exports the sidecar's metrics
+                {"series": f"llm_context_config_version{{{_labels(inst('b'))}}}", "values": "3x20"},
                 {"series": f'up{{{FOREIGN},instance="z"}}', "values": "0x20"},
             ],
             "10m",
@@ -350,6 +353,10 @@ def cases(target: dict[str, str], absent_labels: dict[str, str]) -> list[Case]:
             # the sidecar's target is scraped for 5 minutes, then disappears; another job stays
             [
                 {"series": f"up{{{_labels(inst('a'))}}}", "values": "1x5 _x40"},
+                {
+                    "series": f"llm_context_config_version{{{_labels(inst('a'))}}}",
+                    "values": "3x5 _x40",
+                },
                 {"series": f'up{{{FOREIGN},instance="z"}}', "values": "1x45"},
             ],
             "30m",
@@ -379,9 +386,19 @@ def promtool_tests(
     off there is left out)."""
     by_name = {a["alert"]: a for a in (rules if rules is not None else alerts())}
     tests = []
-    for name, series, at, firing in cases(target or STANDALONE_TARGET, equality_matchers(selector)):
+    for name, every, at, firing in cases(target or STANDALONE_TARGET, equality_matchers(selector)):
         if name not in by_name:
             continue
+        # rules scoped to a job (the chart's) must ignore another job's sidecar metrics; the
+        # standalone rules take every job that exports them for a sidecar's, so there another
+        # job is one that exports none of them (only its ``up``)
+        series = (
+            every
+            if "job" in selector
+            else [
+                s for s in every if not (FOREIGN in s["series"] and s["series"].startswith("llm_"))
+            ]
+        )
         a = by_name[name]
         exp = [
             {

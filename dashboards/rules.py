@@ -13,6 +13,7 @@ from dashboards.config import (
     CHART_THRESHOLD,
     GENERATION,
     KEEP,
+    MARKER_METRIC,
     MW,
     RUNBOOK,
     SELECTOR,
@@ -30,8 +31,9 @@ FAILURE = 'result="failure"'
 
 
 def _m(metric: str, selector: str, *matchers: str) -> str:
-    """``metric{selector, matchers...}``."""
-    return metric + "{" + ", ".join(x for x in (selector, *matchers) if x) + "}"
+    """``metric{selector, matchers...}`` (``metric`` alone without any)."""
+    inside = ", ".join(x for x in (selector, *matchers) if x)
+    return metric + "{" + inside + "}" if inside else metric
 
 
 def recording_rules(sel: str = SELECTOR) -> list[dict[str, Any]]:
@@ -222,18 +224,24 @@ def alerts(
         ),
         alert(
             "LLMContextSidecarDown",
-            f"{_m('up', sel)} == 0",
+            f"{_m('up', sel)} == 0" if sel else _down_standalone(),
             "The context-ceiling sidecar {{ $labels.instance }} is down",
             "Prometheus cannot scrape the sidecar: requests through it fail or bypass measurement.",
         ),
         alert(
             "LLMContextSidecarAbsent",
-            f"absent({_m('up', sel)})",
+            f"absent({_m('up', sel)})" if sel else f"absent({MARKER_METRIC})",
             "No context-ceiling sidecar is scraped",
             "Prometheus has no scrape target for the sidecar at all: no pods, or the ServiceMonitor "
             "(or scrape config) does not select them, so nothing here can alert.",
         ),
     ]
+
+
+def _down_standalone() -> str:
+    """A target that is down, in a job that exported the sidecar's metrics within the hour (any
+    job name: the standalone rules have no job selector)."""
+    return f"up == 0 and on ({KEEP}) max by ({KEEP}) (max_over_time({MARKER_METRIC}[1h]))"
 
 
 def _answer_signal_expr(sel: str, factor: str, min_answers: str, min_rate: str) -> str:
