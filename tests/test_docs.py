@@ -31,6 +31,10 @@ def _blocks(lang: str) -> list[tuple[Path, str]]:
     return out
 
 
+BLOB = "https://github.com/context-ceiling/context-ceiling/blob/main/"
+RAW = "https://raw.githubusercontent.com/context-ceiling/context-ceiling/main/"
+
+
 def test_the_readme_is_a_front_page() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.encode()) <= 12_800, "the README is a front page: move detail into docs/"
@@ -40,8 +44,11 @@ def test_the_readme_is_a_front_page() -> None:
     assert commands[:2] == ["make demo", "make test"]
     for needed in ("pip install context-ceiling", "## Quick start", "base_url", "models:"):
         assert needed in readme
-    for link in re.findall(r"\]\(((?!http)[^)#]+)", readme):
-        assert (ROOT / link).exists(), f"README links to a missing file: {link}"
+    # a package index shows the README away from the repository: every link into it is absolute
+    assert re.findall(r"\]\(((?!http|#)[^)]+)", readme) == [], "a relative link in the README"
+    for prefix in (BLOB, RAW):
+        for link in re.findall(re.escape(prefix) + r"([^)#]+)", readme):
+            assert (ROOT / link).exists(), f"README links to a missing file: {link}"
 
 
 @pytest.mark.e2e
