@@ -304,12 +304,7 @@ class Proxy:
                 f"model {bounded(ex.model)!r} is served by {served}, which does not take "
                 f"{route.api} requests on this sidecar",
             )
-        ex.upstream, client, upstream_cfg = target
-        owner = owner_of(request.headers, request.url.path)
-        if not accepts(owner, route.api, upstream_cfg):
-            assert owner is not None
-            raise Refused(404, refusal_message(owner))
-        ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
+        client, upstream_cfg = self._take(request, route, ex, target)
         bypass_token = request.headers.get(BYPASS_HEADER)
         if bypass_token is not None:
             if st.admin_token is None or not hmac.compare_digest(
@@ -386,17 +381,29 @@ class Proxy:
         self.rec.record_routed(ex, routed.spec.metric_label)
         target = st.route(route.api, routed.spec.upstream)
         assert target is not None  # candidates() took only served models
+        client, upstream_cfg = self._take(request, route, ex, target)
+        ex.routed_from, ex.routed_from_label = ex.model, ex.label
+        ex.routed_path, ex.routed_measured = routed.path_model, routed.measured
+        ex.model, ex.spec, ex.label = routed.model, routed.spec, routed.spec.metric_label
+        ex.count, ex.decision = routed.count, routed.decision
+        schedule.observe_counted(st, self.rec, ex)
+        return client, upstream_cfg
+
+    @staticmethod
+    def _take(
+        request: Request,
+        route: Route,
+        ex: Exchange,
+        target: tuple[str, UpstreamClient, Upstream],
+    ) -> tuple[UpstreamClient, Upstream]:
+        """The exchange goes to this upstream, if the request's credentials may (a key of one
+        provider never reaches another's upstream)."""
         ex.upstream, client, upstream_cfg = target
         owner = owner_of(request.headers, request.url.path)
         if not accepts(owner, route.api, upstream_cfg):
             assert owner is not None
             raise Refused(404, refusal_message(owner))
         ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
-        ex.routed_from, ex.routed_from_label = ex.model, ex.label
-        ex.routed_path, ex.routed_measured = routed.path_model, routed.measured
-        ex.model, ex.spec, ex.label = routed.model, routed.spec, routed.spec.metric_label
-        ex.count, ex.decision = routed.count, routed.decision
-        schedule.observe_counted(st, self.rec, ex)
         return client, upstream_cfg
 
     @staticmethod
