@@ -56,7 +56,7 @@ litellm:  ## LiteLLM's proxy in its own cached venv (the chaining tests and the 
 	bash scripts/litellm.sh >/dev/null
 
 test: venv lint typecheck local-model tools litellm  ## the README's test command; CI runs exactly this
-	$(BIN)/pytest -q -n auto --dist loadgroup
+	$(BIN)/pytest -q -n auto --dist loadgroup --no-loadscope-reorder
 
 test-fast: venv lint typecheck  ## the inner loop: the in-process tier (no socket, server or child process)
 	$(BIN)/pytest -q --in-process

@@ -96,8 +96,11 @@ def llama_server(
     cache_prompt: bool = True,
     log_path: Path | None = None,
     alias: str = "qwen2.5-coder-0.5b-instruct",
+    priority: int = 0,
 ) -> Iterator[RunningServer]:
-    """Start llama-server with ``ctx_size`` tokens of context on a free loopback port."""
+    """Start llama-server with ``ctx_size`` tokens of context on a free loopback port.
+    ``priority``: a niceness to run it at (negative: ahead of other work on the machine, where
+    this process may raise it; else as it is)."""
     local = local or ensure_local_model()
     port = free_port()
     args = [
@@ -129,6 +132,9 @@ def llama_server(
         preexec_fn=die_with_parent,
     )
     atexit.register(_stop, proc)
+    if priority:
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, proc.pid, priority)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

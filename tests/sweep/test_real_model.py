@@ -346,7 +346,9 @@ def test_the_demo_sweep_is_accepted_without_force(tmp_path: Path) -> None:
     from devtools.demo_sweep import DEMO
 
     run = tmp_path / "sweep"
-    with llama_server(DEMO.window) as server:
+    # the suite's longest test, on its own worker: ahead of the others for the cores, so the
+    # suite ends when the rest of it does
+    with llama_server(DEMO.window, priority=-5) as server:
         args = DEMO.sweep_args(server.openai_base_url, "qwen", server.window, run)
         assert cli_main([*args, "--tokenize-url", server.url]) == 0
     assert cli_main(["sweep", "derive", str(run), "--model", "demo-model", "--json"]) == 0
