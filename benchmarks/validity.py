@@ -126,7 +126,10 @@ def legacy() -> Iterator[None]:
     patches: list[tuple[object, str, object]] = [
         (analysis, "difference_bounds", _legacy_bounds),
         (analysis, "futile", lambda *_: False),
-        (analysis, "decided", _legacy_decided),
+        # its resolution rule: any decided level settles the ceiling (at the reference too),
+        # and the low-fill control only refuses a drop shown before the reference
+        (analysis, "decided_by", lambda *a: "drop" if _legacy_decided(*a) else None),
+        (analysis, "reference_shown_good", lambda *_: True),
         (analysis, "GRID_ALPHA", 0.05),
         (analysis, "refine_alpha", lambda k: 0.05),
         (simulate, "items_for", _legacy_items),

@@ -175,6 +175,9 @@ class Analysis:
     #: resolved), "at_reference" (only the reference holds and the next level shows a drop),
     #: "unresolved" (a number, but not one the data decide) or "refused" (no number to use)
     outcome: str = "refused"
+    #: the low-fill level while it does not yet show the reference good at the asked tolerance
+    #: and more items could (the adaptive design adds them there and at the reference)
+    low_fill_open: float | None = None
     #: a refusal no more items can lift (a model shown below the floor, answers shown not to come
     #: from the context): the adaptive design stops at once
     hopeless: str | None = None
@@ -429,6 +432,9 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     d = a.level(a.deciding_level)
     if d is not None and d.role == "level" and d.complete and not futile(d, tolerance, a.cap):
         a.open_level = d.level if d.diff_lower <= -tolerance <= d.diff_ci[1] else None
+    low = next((s for s in a.levels if s.role == "low_fill" and s.complete and s.n_items), None)
+    if low is not None and not reference_shown_good(a, tolerance) and low.diff < tolerance:
+        a.low_fill_open = low.level
     for k in range(steps + 1):
         tol = round(tolerance + k * TOLERANCE_STEP, 6)
         _chain(a, ref, tol)
@@ -489,10 +495,10 @@ def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     few = any(s.n_items < MIN_ITEMS for s in a.chain if d is None or s.level <= d.level)
     a.decided_by = decided_by(d, tolerance, a.cap) if d is not None else None
     a.at_reference = bool(passing) and ref is not None and a.ceiling_level == ref.level
-    # at the reference, only a shown drop decides: a level that merely missed the bound (its
-    # margin of error as planned, or no more items to add) says nothing about where the drop is,
-    # and the wider tolerances are tried before the reference is stated as the ceiling
-    firm = a.decided_by == "drop" if a.at_reference else a.decided_by is not None
+    # at the reference, only a measured drop decides (shown, or measured past the tolerance with
+    # no more items to add): a level that merely missed the bound with its margin of error as
+    # planned says nothing about where the drop is, and the wider tolerances are tried first
+    firm = a.decided_by in ("drop", "futility") if a.at_reference else a.decided_by is not None
     a.resolved = bool(passing) and not few and (d is None or firm)
 
 

@@ -141,6 +141,14 @@ def next_step(
         if drawn < target_items:
             n = min(batch, target_items - drawn)
             return Step("items", (a.reference_level, at.level), n)
+    low = a.level(a.low_fill_open) if adaptive else None
+    if low is not None and a.reference_level is not None:
+        # the low-fill control must show the reference good: more items where it cannot yet
+        if low.n_design < drawn:
+            return Step("extend", (low.level,))
+        if drawn < target_items:
+            n = min(batch, target_items - drawn)
+            return Step("items", (low.level, a.reference_level), n)
     if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
         new = refinements(a.levels, a.tolerance, resolution, {s.level for s in a.levels})
         if new:
