@@ -666,3 +666,22 @@ def test_the_reach_a_corpus_refuses_is_one_it_then_accepts(
     found = re.search(r"choose levels up to ([0-9.]+)", err)
     assert found, err
     assert dry(f"0.2,{found.group(1)}") == 0
+
+
+@pytest.mark.e2e  # it asks the endpoint for llama.cpp's /props first
+def test_window_auto_takes_a_listed_models_window_off_llama_cpp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--window auto`` against an endpoint that is not llama.cpp: the model's advertised window
+    from the price data set, or one line saying to pass ``--window N``."""
+
+    def dry(model: str) -> int:
+        args = common("http://127.0.0.1:9/v1", tmp_path / model, "--dry-run", "--json")
+        args[args.index("--model") + 1] = model
+        args[args.index("--window") + 1] = "auto"
+        return run_cli(*args, "--price", "0", "--levels", "0.2,0.5", "--items", "30")
+
+    assert dry("gpt-4o") == 0
+    assert json.loads(capsys.readouterr().out)["window"] == 128000
+    assert dry("a-private-model-nobody-lists") == 2
+    assert "pass --window N" in capsys.readouterr().err

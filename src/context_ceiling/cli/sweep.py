@@ -105,7 +105,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="utilization levels; 'max' = the practical limit",
     )
     p.add_argument("--repeats", type=int, help="calls per item and level")
-    p.add_argument("--window", help="context window in tokens, or auto (llama.cpp /props)")
+    p.add_argument(
+        "--window",
+        help="context window in tokens, or auto: a llama.cpp server's own, else the model's "
+        "advertised window in the price data set",
+    )
     p.add_argument(
         "--tokenizer",
         choices=["auto", "engine", "o200k_base", "cl100k_base"],

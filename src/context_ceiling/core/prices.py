@@ -15,7 +15,7 @@ from typing import Any
 
 from context_ceiling.core.errors import UserError
 
-__all__ = ["Price", "Tier", "lookup", "parse_price"]
+__all__ = ["Price", "Tier", "known_window", "lookup", "parse_price"]
 
 MILLION = 1_000_000
 #: the request size prices are read at: under every long-context tier (Anthropic and Google
@@ -93,6 +93,21 @@ def parse_price(spec: str) -> Price:
         )
     cached = parts[2] if len(parts) == 3 else parts[0]
     return Price(parts[0], parts[1], cached, f"--price {spec}")
+
+
+def known_window(model: str, provider: str | None = None) -> int | None:
+    """The advertised context window of ``model`` in the genai-prices snapshot (the same data set
+    the prices come from); None when it lists no such model or no window for it."""
+    try:
+        from genai_prices import Usage, calc_price
+    except ImportError:
+        return None
+    try:
+        got = calc_price(Usage(input_tokens=1), model_ref=model, provider_id=provider)
+    except LookupError:
+        return None
+    window = got.model.context_window
+    return int(window) if window else None
 
 
 def lookup(model: str, provider: str | None = None, batch: bool = False) -> Price | None:

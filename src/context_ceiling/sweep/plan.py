@@ -17,6 +17,7 @@ import httpx
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from context_ceiling.core.errors import UserError
+from context_ceiling.core.prices import known_window
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
 from context_ceiling.core.vocabulary import SweepApi
@@ -160,8 +161,9 @@ def engine_root(base_url: str) -> str:
     return u[:-3] if u.endswith("/v1") else u
 
 
-def window_of(arg: str, base_url: str) -> int:
-    """``--window``: a number of tokens, or ``auto`` (a llama.cpp server's /props)."""
+def window_of(arg: str, base_url: str, model: str | None = None) -> int:
+    """``--window``: a number of tokens, or ``auto``: a llama.cpp server's own (/props), else
+    the model's advertised window in the genai-prices data set the prices come from."""
     if arg != "auto":
         try:
             return int(arg)
@@ -171,7 +173,13 @@ def window_of(arg: str, base_url: str) -> int:
         props = httpx.get(engine_root(base_url) + "/props", timeout=10, trust_env=False).json()
         return int(props["default_generation_settings"]["n_ctx"])
     except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
-        raise UserError("--window auto needs a llama.cpp server (/props); pass --window N") from exc
+        known = known_window(model) if model else None
+        if known is not None:
+            return known
+        raise UserError(
+            "--window auto needs a llama.cpp server (/props) or a model the price data set "
+            f"lists with its window ({model!r} is not); pass --window N"
+        ) from exc
 
 
 def levels_for(spec: str, window: int, reservation: int, low_fill: float = 0.0) -> list[float]:

@@ -224,7 +224,9 @@ class _Sweep:
     def __init__(self, plan: Plan, opts: RunOptions, out: Path, console: Console) -> None:
         self.plan, self.opts, self.out, self.console = plan, opts, out, console
         self.ts = load_taskset(plan.spec.taskset)
-        self.window = plan.window or window_of(plan.spec.window, plan.spec.base_url)
+        self.window = plan.window or window_of(
+            plan.spec.window, plan.spec.base_url, plan.spec.model
+        )
         if not plan.levels:
             plan.levels = levels_for(
                 plan.spec.levels, self.window, plan.spec.max_tokens, plan.spec.low_fill
