@@ -69,11 +69,7 @@ def planned_decision(
     if mode == "off" or spec is None:
         return d
     fmt = format_of(api)
-    asked = fmt.requested_output(obj)
-    d.reservation = (
-        asked if asked is not None else cfg.default_output_reservation
-    ) + spec.reasoning_reservation
-    d.reservation = min(d.reservation, spec.window - 1)
+    d.reservation = reservation_of(obj, fmt, spec, cfg)
     strategy = spec.strategy or cfg.strategy_for(workload)
     if (
         mode == "enforce"
@@ -87,6 +83,14 @@ def planned_decision(
         return d
     d.budget = input_budget(spec.window, d.reservation, entry.ceiling_tokens if entry else None)
     return d
+
+
+def reservation_of(obj: dict[str, Any], fmt: Format, spec: ModelSpec, cfg: Enforcement) -> int:
+    """The output tokens reserved on top of a request's input: its own output limit (or the
+    configured default) plus the model's reasoning reservation, below the window."""
+    asked = fmt.requested_output(obj)
+    reserve = asked if asked is not None else cfg.default_output_reservation
+    return min(reserve + spec.reasoning_reservation, spec.window - 1)
 
 
 def trim_to(

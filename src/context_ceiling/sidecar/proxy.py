@@ -408,8 +408,8 @@ class Proxy:
 
     @staticmethod
     def _sent_path(request: Request, route: Route) -> str:
-        """The path as it goes upstream (the client's, escapes kept, where the route sends it
-        as it came)."""
+        """The path as it goes upstream: where the route sends it as it came, the client's
+        with its percent-escapes kept (a Bedrock model ARN's ``%3A``), else the route's."""
         if route.path_as_sent:
             raw: bytes = request.scope.get("raw_path") or b""
             return raw.decode("latin-1") or request.url.path
@@ -506,13 +506,8 @@ class Proxy:
         """Where the request goes upstream (path, query) and its final headers: signed again
         where the route's provider signs the body (``changed``: the sidecar changed it).
         ``routed_path``: the model's segment in the path and the fallback's, to swap."""
-        if route.path_as_sent:
-            # the path as it arrived, percent-escapes kept (a Bedrock model ARN's ``%3A``)
-            raw_path: bytes = request.scope.get("raw_path") or b""
-            path = raw_path.decode("latin-1") or request.url.path
-            params: list[tuple[str, str]] | None = list(request.query_params.multi_items())
-        else:
-            path, params = route.path, None
+        path = Proxy._sent_path(request, route)
+        params = list(request.query_params.multi_items()) if route.path_as_sent else None
         if routed_path is not None:
             path, changed = path.replace(*routed_path, 1), True
         # the signature covers the host, the path and the body: signed here, last

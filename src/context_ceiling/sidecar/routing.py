@@ -15,6 +15,8 @@ else the enforcement defaults (:meth:`Enforcement.over_ceiling_for`).
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -27,7 +29,7 @@ from context_ceiling.core.trim import input_budget
 from context_ceiling.core.vocabulary import OverCeiling
 from context_ceiling.formats.base import Route
 from context_ceiling.sidecar.config import Enforcement
-from context_ceiling.sidecar.enforce import Decision
+from context_ceiling.sidecar.enforce import Decision, reservation_of
 
 __all__ = [
     "Action",
@@ -118,8 +120,8 @@ def candidates(
     registry: Registry,
     doc: CeilingsDocument,
     cfg: Enforcement,
-    served: Any,
-    chunk_pattern: Any = None,
+    served: Callable[[ModelSpec], bool],
+    chunk_pattern: re.Pattern[str] | None = None,
 ) -> tuple[Routed | None, list[Candidate]]:
     """The first fallback whose own budget the request fits unchanged, and every model tried.
 
@@ -149,13 +151,7 @@ def candidates(
                 continue
             swap = (form, name if form == model else quote(name, safe=""))
         body = {**obj, "model": name} if in_body else obj
-        fmt = route.format
-        asked = fmt.requested_output(body)
-        reservation = min(
-            (asked if asked is not None else cfg.default_output_reservation)
-            + spec.reasoning_reservation,
-            spec.window - 1,
-        )
+        reservation = reservation_of(body, route.format, spec, cfg)
         entry = doc.lookup(spec.metric_label, workload)
         budget = input_budget(spec.window, reservation, entry.ceiling_tokens if entry else None)
         counter = registry.counter(spec)
