@@ -27,7 +27,7 @@ from context_ceiling.core.errors import CeilingError
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec, build_counter
 from context_ceiling.core.tokenizers import CalibratedCounter, TextCounter, TiktokenCounter
 from context_ceiling.core.trim import MARKER, input_budget
-from context_ceiling.core.vocabulary import Shape
+from context_ceiling.core.vocabulary import OverCeiling, Shape
 from context_ceiling.formats import count
 
 
@@ -81,7 +81,7 @@ class BudgetAnswer(BaseModel):
     input_budget: int = Field(description="min(ceiling, window - reservation)")
     tokenizer: TokenizerInfo
     provenance: BudgetProvenance
-    over_ceiling: str = Field(
+    over_ceiling: OverCeiling = Field(
         default="trim",
         description="what a request over the budget gets in enforce mode: trim, reject, "
         "fallback or trim_then_fallback",
@@ -302,7 +302,7 @@ def answer_for(
     workload: str,
     reservation: int,
     ceilings: CeilingsDocument,
-    over_ceiling: str = "trim",
+    over_ceiling: OverCeiling = "trim",
     fallback: Sequence[tuple[str, ModelSpec]] = (),
 ) -> dict[str, Any]:
     """What ``GET /budget`` answers for a model, workload and output reservation

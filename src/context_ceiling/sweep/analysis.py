@@ -521,11 +521,6 @@ def decided_by(s: LevelStats, tolerance: float, cap: int | None = None) -> str |
     return None
 
 
-def decided(s: LevelStats, tolerance: float, cap: int | None = None) -> bool:
-    """Whether a failing level is decided (:func:`decided_by`)."""
-    return decided_by(s, tolerance, cap) is not None
-
-
 def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
     """Even at ``cap`` items (every item the design may measure there), a level whose difference
     is one standard error better than measured would not pass: more items only spend, and the
