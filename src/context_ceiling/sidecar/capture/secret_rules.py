@@ -146,8 +146,8 @@ class SecretRules:
     def __init__(self, *sources: str) -> None:
         self.rules: list[_Rule] = []
         self.skipped: list[str] = []
-        for source in sources or VENDORED_SETS:
-            self._load(tomllib.loads(_vendored(source) if source in VENDORED_SETS else source))
+        for source in sources or tuple(_vendored(name) for name in VENDORED_SETS):
+            self._load(tomllib.loads(source))
 
     def _load(self, data: dict[str, Any]) -> None:
         glob = data.get("allowlist") or {}
