@@ -12,8 +12,10 @@ the kubelet: it can project the new data into a directory that a real sidecar wa
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from starlette.applications import Starlette
@@ -189,3 +191,67 @@ class KubeApiServerDouble:
                 Route("/apis/{group}/{version}", self.discovery),
             ]
         )
+
+
+@dataclass(frozen=True)
+class ServedCluster:
+    """A :class:`KubeApiServerDouble` on loopback over TLS, as an API server is reached: its
+    URL, its port, and the CA that signed its certificate (a pod's ``ca.crt``, a kubeconfig's
+    ``certificate-authority``)."""
+
+    url: str
+    port: int
+    ca: Path
+
+
+@contextmanager
+def serve_cluster(api: KubeApiServerDouble, workdir: Path) -> Iterator[ServedCluster]:
+    """Serve ``api`` over HTTPS with a certificate for 127.0.0.1 from a fresh test CA (trustme)
+    written under ``workdir``; the client verifies it as it would a cluster's."""
+    import trustme
+
+    from testkit.serving import serve
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    workdir.mkdir(parents=True, exist_ok=True)
+    key_chain, ca_path = workdir / "apiserver.pem", workdir / "ca.crt"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(key_chain))
+    ca.cert_pem.write_to_path(str(ca_path))
+    with serve(api.app(), ssl_certfile=str(key_chain), ssl_keyfile=str(key_chain)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        yield ServedCluster(f"https://127.0.0.1:{port}", port, ca_path)
+
+
+def kubeconfig(
+    path: Path, served: ServedCluster, contexts: dict[str, tuple[str, str]], current: str
+) -> Path:
+    """A kubeconfig at ``path`` for ``served``: one context per name -> (bearer token,
+    namespace), ``current`` its current context."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": served.url,
+                            "certificate-authority": str(served.ca),
+                        },
+                    }
+                ],
+                "users": [{"name": n, "user": {"token": t}} for n, (t, _) in contexts.items()],
+                "contexts": [
+                    {"name": n, "context": {"cluster": "c", "user": n, "namespace": ns}}
+                    for n, (_, ns) in contexts.items()
+                ],
+                "current-context": current,
+            }
+        )
+    )
+    return path

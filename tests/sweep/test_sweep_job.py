@@ -21,7 +21,7 @@ from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sweep.taskset import load_taskset
 from testkit import wait_for
-from testkit.doubles.kube_apiserver import KubeApiServerDouble
+from testkit.doubles.kube_apiserver import KubeApiServerDouble, kubeconfig, serve_cluster
 from testkit.doubles.scripted_model import ScriptedModelDouble
 from testkit.serving import serve
 from tests.deploy.test_helm import CHART, by_kind, helm, render  # noqa: F401  (helm is a fixture)
@@ -79,12 +79,25 @@ def project(cm_dir: Path) -> Any:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A pod's service account (token, namespace; ca.crt once the API server is served); no
+    kubeconfig anywhere (HOME is empty), so the in-cluster path is the one taken."""
     sa = tmp_path / "serviceaccount"
     sa.mkdir()
     (sa / "token").write_text(SA_TOKEN)
     (sa / "namespace").write_text(NS)
     monkeypatch.setenv("CEILING_KUBE_SERVICEACCOUNT", str(sa))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     return {"sa": sa}
+
+
+def in_pod(monkeypatch: pytest.MonkeyPatch, sa: Path, port: int, ca: Path) -> dict[str, str]:
+    """The environment the kubelet gives a pod whose API server listens on ``port``."""
+    (sa / "ca.crt").write_bytes(ca.read_bytes())
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
 
 
 def test_chart_sweep_job_end_to_end(
@@ -111,7 +124,8 @@ def test_chart_sweep_job_end_to_end(
     api.write(ceilings_cm["metadata"]["name"], ceilings_cm["data"])
 
     model = ScriptedModelDouble(load_taskset("contracts"), 8192, knee=0.45)
-    with serve(model.app()) as model_url, serve(api.app()) as api_url:
+    with serve(model.app()) as model_url, serve_cluster(api, tmp_path / "api") as served:
+        pod_env = in_pod(monkeypatch, cluster["sa"], served.port, served.ca)
         settings = Settings(
             upstreams={"openai": {"base_url": model_url + "/v1"}},
             models=SWEEP_VALUES["config"]["models"],  # type: ignore[index]
@@ -136,11 +150,14 @@ def test_chart_sweep_job_end_to_end(
             (tmp_path / "runs").mkdir()
             env_names = {e["name"] for e in container["env"]}
             assert {"JOB_NAME", "CEILING_ADMIN_TOKEN"} <= env_names
-            env = os.environ | {
-                "JOB_NAME": "t-context-ceiling-sweep-29400000",
-                "CEILING_ADMIN_TOKEN": TOKEN,
-                "CEILING_KUBE_API": api_url,
-            }
+            env = (
+                os.environ
+                | {
+                    "JOB_NAME": "t-context-ceiling-sweep-29400000",
+                    "CEILING_ADMIN_TOKEN": TOKEN,
+                }
+                | pod_env
+            )
             pods = [
                 subprocess.Popen(
                     [CEILING, *args],
@@ -213,8 +230,8 @@ def test_configmap_updates_are_conditional_and_least_privilege(
     api.write("c-ceilings", {"ceilings.yaml": yaml.safe_dump(doc(3))})
     api.write("other", {"x": "y"})
     new = tmp_path / "new.yaml"
-    with serve(api.app()) as url:
-        monkeypatch.setenv("CEILING_KUBE_API", url)
+    with serve_cluster(api, tmp_path / "api") as served:
+        in_pod(monkeypatch, cluster["sa"], served.port, served.ca)
         # an older or equal version is refused and nothing is written
         new.write_text(yaml.safe_dump(doc(3, entry(tokens=1000))))
         assert main(["push", str(new), "--to-configmap", "c-ceilings"]) == 1
@@ -226,7 +243,7 @@ def test_configmap_updates_are_conditional_and_least_privilege(
         assert main(["push", str(new), "--to-configmap", "c-ceilings"]) == 0
         assert parse_document(api.configmaps["c-ceilings"]["ceilings.yaml"]).version == 4
         # someone else changed it between our read and our write: 409, nothing written
-        with ConfigMaps(Cluster.in_cluster()) as cms:
+        with ConfigMaps(Cluster.resolve()) as cms:
             seen = cms.get("c-ceilings")
             api.write("c-ceilings", {"ceilings.yaml": yaml.safe_dump(doc(5))})
             with pytest.raises(KubeError, match=r"409.*nothing was written"):
@@ -238,9 +255,65 @@ def test_configmap_updates_are_conditional_and_least_privilege(
         # a bad service account token is a clear error
         (cluster["sa"] / "token").write_text("wrong")
         assert main(["push", str(new), "--to-configmap", "c-ceilings"]) == 1
-    monkeypatch.delenv("CEILING_KUBE_API")
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     assert main(["push", str(new), "--to-configmap", "c-ceilings"]) == 1  # not in a pod
+
+
+def test_push_to_configmap_from_a_workstation_reads_the_kubeconfig(
+    tmp_path: Path,
+    cluster: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Outside a cluster, as the chart's NOTES print it: the kubeconfig's server, CA, user and
+    context namespace (``--kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``), ``--context``
+    to pick another; the token a user has, not a service account's."""
+    from context_ceiling.cli import main
+    from testkit.traffic.ceiling_docs import doc, entry
+
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]
+    api = KubeApiServerDouble("alice-token", NS, rules)
+    api.write("c-ceilings", {"ceilings.yaml": yaml.safe_dump(doc(1))})
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    new = tmp_path / "new.yaml"
+    push = ["push", str(new), "--to-configmap", "c-ceilings"]
+
+    def live() -> int:
+        return parse_document(api.configmaps["c-ceilings"]["ceilings.yaml"]).version
+
+    with serve_cluster(api, tmp_path / "api") as served:
+        contexts = {"prod": ("alice-token", NS), "dev": ("alice-token", "dev"), "bad": ("x", NS)}
+        config = kubeconfig(tmp_path / "kc.yaml", served, contexts, current="dev")
+        # no kubeconfig and not in a pod: one line that says what to give
+        new.write_text(yaml.safe_dump(doc(2, entry(tokens=1000))))
+        assert main(push) == 1
+        assert "no kubeconfig" in capsys.readouterr().err
+        # --kubeconfig at its current context: the dev namespace, where the ConfigMap is not
+        assert main([*push, "--kubeconfig", str(config)]) == 1
+        assert 'namespace "dev"' in capsys.readouterr().err and live() == 1
+        # --context picks prod and its namespace
+        assert main([*push, "--kubeconfig", str(config), "--context", "prod"]) == 0
+        assert "configmap llm/c-ceilings: written" in capsys.readouterr().out and live() == 2
+        # $KUBECONFIG, and --namespace over the context's
+        monkeypatch.setenv("KUBECONFIG", str(config))
+        new.write_text(yaml.safe_dump(doc(3, entry(tokens=900))))
+        assert main([*push, "--namespace", NS]) == 0 and live() == 3
+        monkeypatch.delenv("KUBECONFIG")
+        # ~/.kube/config, its current context prod
+        kubeconfig(tmp_path / "home" / ".kube" / "config", served, contexts, current="prod")
+        new.write_text(yaml.safe_dump(doc(4, entry(tokens=800))))
+        assert main([*push, "--dry-run"]) == 0 and live() == 3
+        assert main(push) == 0 and live() == 4
+        # a user the API server does not know: 401, said as such, nothing written
+        new.write_text(yaml.safe_dump(doc(5, entry(tokens=700))))
+        assert main([*push, "--context", "bad"]) == 1
+        err = capsys.readouterr().err
+        assert "401" in err and "credentials" in err and live() == 4
+        # a context the kubeconfig lacks
+        assert main([*push, "--context", "nope"]) == 1
+        assert "nope" in capsys.readouterr().err
+    # every call carried the kubeconfig user's token over TLS: the double refused none of ours
+    assert ("patch", "c-ceilings") in api.requests
 
 
 def test_job_argument_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -228,20 +228,24 @@ def push(
     force: bool = False,
     timeout: float = 10.0,
     strict: bool = False,
+    kubeconfig: str | None = None,
+    context: str | None = None,
 ) -> list[str]:
     """Push; returns the report lines. Raises CeilingsError for a bad document or token and
     PushError (after trying every target) when any target failed.
 
-    ``configmap`` is ``NAME`` or ``NAME/KEY`` (key ``ceilings.yaml`` by default) in the pod's own
-    namespace (or ``namespace``), updated with the pod's service account: the source of truth that
-    every replica mounted from it reloads. ``strict``: a sidecar refuses a document with entries
+    ``configmap`` is ``NAME`` or ``NAME/KEY`` (key ``ceilings.yaml`` by default), updated as
+    ``kubeconfig`` (else ``$KUBECONFIG``, else ``~/.kube/config``) at ``context`` says, or in a
+    pod with the pod's service account, in ``namespace`` (else the context's or the pod's): the
+    source of truth that every replica mounted from it reloads. ``strict``: a sidecar refuses a document with entries
     that would enforce nothing there (they are reported either way)."""
     doc = load_document(path)
     lines: list[str] = []
     failures: list[str] = []
     if configmap is not None:
         try:
-            _to_configmap(doc, configmap, namespace, dry_run, force, timeout, lines)
+            where = (namespace, kubeconfig, context)
+            _to_configmap(doc, configmap, where, dry_run, force, timeout, lines)
         except PushError as exc:
             failures.append(str(exc))
     if file is not None:
@@ -265,14 +269,14 @@ def push(
 
 
 class _ConfigMap:
-    """One key of a ConfigMap, updated with the pod's service account: the source of truth that
-    every replica mounting it reloads."""
+    """One key of a ConfigMap, updated with a kubeconfig's credentials or the pod's service
+    account: the source of truth that every replica mounting it reloads."""
 
     checks_version = True
 
     def __init__(self, cms: ConfigMaps, name: str, key: str) -> None:
         self.cms, self.key = cms, key
-        self.where = f"configmap {cms.cluster.namespace}/{name}"
+        self.where = f"configmap {cms.namespace}/{name}"
         self.cm = cms.get(name)
 
     def read(self, force: bool) -> CeilingsDocument:
@@ -298,7 +302,7 @@ class _ConfigMap:
 def _to_configmap(
     doc: CeilingsDocument,
     target: str,
-    namespace: str | None,
+    where: tuple[str | None, str | None, str | None],
     dry_run: bool,
     force: bool,
     timeout: float,
@@ -306,7 +310,7 @@ def _to_configmap(
 ) -> None:
     name, key = split_target(target)
     try:
-        with ConfigMaps(Cluster.in_cluster(namespace), timeout) as cms:
+        with ConfigMaps(Cluster.resolve(*where), timeout) as cms:
             _apply(_ConfigMap(cms, name, key), doc, dry_run, force, lines)
     except KubeError as exc:
         raise PushError(str(exc)) from exc

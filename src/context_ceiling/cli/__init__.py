@@ -119,6 +119,22 @@ def add_json(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_kube(p: argparse.ArgumentParser) -> None:
+    """Where the ceilings ConfigMap is: ``--kubeconfig``, ``--context``, ``--namespace`` (as
+    kubectl reads them; in a pod with none given, its service account)."""
+    p.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="the kubeconfig to use (default: $KUBECONFIG, else ~/.kube/config; in a pod, its "
+        "service account)",
+    )
+    p.add_argument("--context", help="the kubeconfig context (default: its current context)")
+    p.add_argument(
+        "--namespace",
+        help="the ConfigMap's namespace (default: the context's, in a pod the pod's, else default)",
+    )
+
+
 def print_json(result: Any) -> None:
     """One JSON object on stdout (paths and other non-JSON values as strings)."""
     print(json.dumps(result, indent=2, default=str))

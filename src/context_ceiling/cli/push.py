@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from context_ceiling.cli import add_json, print_json
+from context_ceiling.cli import add_json, add_kube, print_json
 from context_ceiling.core.errors import UserError
 
 
@@ -22,9 +22,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--to-configmap",
         metavar="NAME[/KEY]",
-        help="update this ConfigMap (key ceilings.yaml) with the pod's service account",
+        help="update this ConfigMap (key ceilings.yaml) as the kubeconfig says, or in a pod with "
+        "its service account",
     )
-    p.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
+    add_kube(p)
     p.add_argument("--dry-run", action="store_true", help="show what would change, change nothing")
     p.add_argument("--force", action="store_true", help="apply even if the version is not newer")
     p.add_argument(
@@ -68,6 +69,8 @@ def push_command(args: argparse.Namespace) -> int:
             args.file,
             configmap=args.to_configmap,
             namespace=args.namespace,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
             dry_run=args.dry_run,
             force=args.force,
             strict=args.strict,

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from context_ceiling.cli import Parser, add_json, options
+from context_ceiling.cli import Parser, add_json, add_kube, options
 from context_ceiling.core.vocabulary import MODES
 from context_ceiling.formats import SWEEP_APIS
 from context_ceiling.sweep.derive import DeriveOptions, derive
@@ -261,7 +261,7 @@ def _add_job_parser(s: Any) -> None:
         metavar="NAME[/KEY]",
         help="update this ceilings ConfigMap (service account: get + patch on it)",
     )
-    j.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's)")
+    add_kube(j)
     j.add_argument(
         "--accept-unresolved",
         action="store_true",

@@ -41,6 +41,8 @@ class JobOptions:
     mode: Mode | None = None
     configmap: str | None = None  # NAME[/KEY] of the ceilings ConfigMap to update
     namespace: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
     accept_unresolved: bool = False
 
 
@@ -99,7 +101,7 @@ def _finalize(job: JobOptions, run_dir: Path, shards: list[Path], console: Conso
         return code
     # derive on top of what is live, so the new document keeps every other entry and has the
     # next version; the update below is conditional on that same live version
-    live = _live_document(job.configmap, job.namespace, run_dir) if job.configmap else None
+    live = _live_document(job, run_dir) if job.configmap else None
     code = derive(
         DeriveOptions(
             run=str(merged),
@@ -120,6 +122,8 @@ def _finalize(job: JobOptions, run_dir: Path, shards: list[Path], console: Conso
             None,
             configmap=job.configmap,
             namespace=job.namespace,
+            kubeconfig=job.kubeconfig,
+            context=job.context,
         )
         console.print("\n".join(lines))
     (run_dir / "finalized").touch()
@@ -138,9 +142,10 @@ def _claim(lock: Path, index: int) -> bool:
     return True
 
 
-def _live_document(target: str, namespace: str | None, run_dir: Path) -> Path | None:
-    name, key = split_target(target)
-    with ConfigMaps(Cluster.in_cluster(namespace)) as cms:
+def _live_document(job: JobOptions, run_dir: Path) -> Path | None:
+    assert job.configmap is not None
+    name, key = split_target(job.configmap)
+    with ConfigMaps(Cluster.resolve(job.namespace, job.kubeconfig, job.context)) as cms:
         text = cms.get(name).data.get(key, "")
     if not text.strip():
         return None
