@@ -304,14 +304,24 @@ def panels() -> list[dict[str, Any]]:
             "timeseries",
             [
                 (
-                    f'sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{JOB_SEL}, model=~"$model"}}{r}))',
+                    # whichever names the sidecar emits (OTEL_SEMCONV_STABILITY_OPT_IN): the
+                    # earlier histogram by token type, else the current usage counters; with
+                    # both emitted, ``or`` keeps the first and counts nothing twice
+                    f'sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{JOB_SEL}, model=~"$model"}}{r}))\n'
+                    + "\n".join(
+                        f"or label_replace(sum(rate(gen_ai_client_inference_usage_{kind}_total"
+                        f'{{{JOB_SEL}, model=~"$model"}}{r})), "gen_ai_token_type", "{kind.split("_")[0]}", "", "")'
+                        for kind in ("input_tokens", "output_tokens")
+                    ),
                     "{{gen_ai_token_type}}",
                 ),
             ],
             12,
             40,
             description="Tokens per second as the provider reported them (input, output), "
-            "from the OpenTelemetry GenAI client metrics.",
+            "from the OpenTelemetry GenAI client metrics: gen_ai.client.token.usage, or "
+            "gen_ai.client.inference.usage.* with OTEL_SEMCONV_STABILITY_OPT_IN="
+            "gen_ai_latest_experimental.",
         ),
         _panel(
             14,

@@ -26,10 +26,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
+@pytest.fixture(params=["", "gen_ai_latest_experimental"], ids=["genai-earlier", "genai-latest"])
 def prometheus(
-    tmp_path: Path, make_sidecar: Callable[..., Running]
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    make_sidecar: Callable[..., Running],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[tuple[str, Running]]:
+    """A sidecar emitting the GenAI conventions' earlier names, or (the opt-in) the current
+    ones, scraped by a real Prometheus with the generated rules."""
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", request.param)
     sc = make_sidecar(
         admin_token=TOKEN,
         models=MODELS,

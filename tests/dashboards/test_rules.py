@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -57,9 +58,15 @@ def _metric_names(expr: str) -> set[str]:
     return names - labels
 
 
-def test_every_metric_named_exists_on_metrics(sidecar: Running) -> None:
+def test_every_metric_named_exists_on_metrics(
+    make_sidecar: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every family a rule or panel names is exported (the GenAI ones under both the earlier
+    and the current names: the panels read either)."""
     import openai
 
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental/dup")
+    sidecar = make_sidecar()
     client = openai.OpenAI(base_url=sidecar.url + "/v1", api_key="k", max_retries=0)
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     exposed = httpx.get(sidecar.url + "/metrics").text

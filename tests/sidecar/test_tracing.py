@@ -110,13 +110,16 @@ def test_failed_request_span_has_error_type(
 def test_semconv_metrics_on_the_prometheus_endpoint(
     traced: tuple[str, InMemorySpanExporter, HostedProviderDouble],
 ) -> None:
-    url, _, _ = traced
+    url, _, d = traced
     openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0).chat.completions.create(
         model="gpt-4o", messages=MSG
     )
     text = httpx.get(url + "/metrics").text
+    port = d.received[-1].headers["host"].rsplit(":", 1)[1]  # the upstream's (server.port)
     assert (
-        'gen_ai_client_token_usage_bucket{gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-4o",gen_ai_token_type="input",le="4096.0",model="gpt-4o",server_address="127.0.0.1"} 1.0'
+        'gen_ai_client_token_usage_bucket{gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-4o",gen_ai_token_type="input",le="4096.0",model="gpt-4o",server_address="127.0.0.1",server_port="'
+        + port
+        + '"} 1.0'
         in text
     )
     assert "gen_ai_client_operation_duration_seconds_count" in text

@@ -59,7 +59,7 @@ def test_models_are_routed_to_their_named_upstream(tmp_path) -> None:  # type: i
         assert (
             state.metrics.registry.get_sample_value(
                 "llm_context_passthrough_requests_total",
-                {"upstream": "anthropic", "route": "message_batches", "outcome": "upstream_4xx"},
+                {"upstream": "claude-eu", "route": "message_batches", "outcome": "upstream_4xx"},
             )
             == 1
         )
@@ -228,6 +228,7 @@ def test_an_upstream_that_compresses_unasked_is_decoded_for_the_client() -> None
                 "gen_ai_provider_name": "openai",
                 "gen_ai_request_model": "gpt-4o",
                 "server_address": "127.0.0.1",
+                "server_port": up.rsplit(":", 1)[1],
                 "model": "gpt-4o",
                 "gen_ai_token_type": "input",
             },

@@ -257,6 +257,11 @@ def _compactions(u: Usage, output: Any) -> None:
         )
 
 
+#: the statuses of a response that has stopped (queued and in_progress have not: a background
+#: create answers with one of those, and has no finish reason yet)
+ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
 def _usage(u: Usage, obj: Any) -> None:
     """A Responses API ``response`` object: usage, model, and why it stopped."""
     if not isinstance(obj, dict):
@@ -269,8 +274,8 @@ def _usage(u: Usage, obj: Any) -> None:
     incomplete = obj.get("incomplete_details")
     if isinstance(incomplete, dict) and isinstance(incomplete.get("reason"), str):
         u.finish_reason = incomplete["reason"]
-    elif isinstance(status, str):
-        u.finish_reason = status
+    elif status in ENDED:
+        u.finish_reason = status  # a background create answers queued: it has not stopped yet
 
 
 def body_usage(body: bytes) -> Usage:

@@ -87,6 +87,10 @@ class Upstream(_Section):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     #: connections kept open to this upstream
     pool_size: int = Field(default=100, ge=1)
+    #: the ``gen_ai.provider.name`` its requests are reported under (default: the conventions'
+    #: name for a host they know, such as ``openai`` for api.openai.com or ``azure.ai.openai``
+    #: for an Azure resource; else a named upstream's name, else its API's provider)
+    provider: str | None = Field(default=None, pattern=r"^[a-z0-9_.-]{1,64}$")
 
     @field_validator("base_url")
     @classmethod

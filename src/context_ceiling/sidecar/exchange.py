@@ -68,11 +68,16 @@ class Exchange:
     upstream: str = ""  # the upstream's name (the API's default: its API's name)
     #: the upstream's host (the semantic conventions' server.address)
     server_address: str = ""
+    #: the upstream's port (server.port, required with server.address)
+    server_port: int = 0
     #: gen_ai.provider.name and gen_ai.operation.name of this request
     provider: str = ""
     operation: str = "chat"
     #: when the first streamed content arrived (time to first token)
     first_chunk_at: float | None = None
+    #: a stream's reads relayed with content, and when the last one arrived
+    chunks: int = 0
+    last_chunk_at: float | None = None
     #: the client takes a gzip-encoded answer
     accepts_gzip: bool = False
     #: sampled for the capture store: the client's parsed body (before trimming) and, once it

@@ -38,6 +38,7 @@ from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import Exchange, Schedule, request_id
 from context_ceiling.sidecar.observability.logs import bounded
 from context_ceiling.sidecar.observability.record import Recorder
+from context_ceiling.sidecar.observability.semconv import provider_name
 from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
 from context_ceiling.sidecar.state import SidecarState
 from context_ceiling.sidecar.upstream.bodies import (
@@ -403,7 +404,20 @@ class Proxy:
         if not accepts(owner, route.api, upstream_cfg):
             assert owner is not None
             raise Refused(404, refusal_message(owner))
-        ex.server_address = urlsplit(upstream_cfg.base_url).hostname or ""
+        where = urlsplit(upstream_cfg.base_url)
+        ex.server_address = where.hostname or ""
+        ex.server_port = where.port or (443 if where.scheme == "https" else 80)
+        if not route.count_only:
+            named = ex.upstream if ex.upstream != route.api else None
+            ex.provider = provider_name(
+                upstream_cfg.provider,
+                ex.server_address,
+                route.provider(request.url.path),
+                named,
+                compatible=route.api == "openai" and not getattr(upstream_cfg, "azure", False),
+            )
+            if ex.span is not None:
+                ex.span.set_attribute("gen_ai.provider.name", ex.provider)
         return client, upstream_cfg
 
     @staticmethod
@@ -577,13 +591,14 @@ class Proxy:
                         ex.answer_raw = collecting.events  # joined on the checker thread
                     elif collecting.size < self._answer_bytes:
                         ex.answer_unread = "busy"  # other answers held the bytes
+            ex.chunks, ex.last_chunk_at = relay.chunks, relay.last_chunk_at
             schedule.after(self.state, self.rec, ex)
 
         def first() -> None:
             ex.first_chunk_at = time.perf_counter()
 
         headers = response_headers(resp.headers) | self.rec.headers(ex)
-        return StreamRelay(
+        relay = StreamRelay(
             resp,
             tap,
             deadline,
@@ -594,6 +609,7 @@ class Proxy:
             on_first=first,
             framing=ex.route.format.framing,
         )
+        return relay
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/models``: the models of every upstream of the API the client's headers

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from context_ceiling.ceilings.document import CeilingsDocument
 from context_ceiling.core.tokenizers import CountCache
 from context_ceiling.core.utilization import COMPONENTS, Component
+from context_ceiling.sidecar.observability.semconv import GenAiNames
 
 _M = TypeVar("_M", bound=MetricWrapperBase)
 
@@ -84,6 +85,41 @@ GENAI_TOKEN_BUCKETS = (
     16777216,
     67108864,
 )
+#: the current conventions' boundaries for the streaming timings
+CHUNK_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+
+#: the current conventions' usage counters (``gen_ai.client.inference.usage.*``): the suffix of
+#: each, and what it counts (cache reads and writes are among the input tokens, reasoning among
+#: the output tokens)
+INFERENCE_USAGE = {
+    "input_tokens": "input tokens used.",
+    "output_tokens": "output tokens used, reasoning included.",
+    "cache_read_input_tokens": "input tokens read from the provider's prompt cache.",
+    "cache_write_input_tokens": "input tokens written to the provider's prompt cache.",
+    "reasoning_output_tokens": "output tokens spent on reasoning.",
+}
+
+
+def dotted(kind: str) -> str:
+    """A usage counter's suffix as the conventions spell it (``cache_read.input_tokens``)."""
+    return kind.replace("_input_", ".input_").replace("_output_", ".output_")
+
+
 GENAI_DURATION_BUCKETS = (
     0.01,
     0.02,
@@ -155,7 +191,11 @@ class RunningCeilings(Protocol):
 class Metrics:
     """All sidecar metric families, registered on one registry the app owns."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, genai: GenAiNames | None = None
+    ) -> None:
+        """Every family on ``registry`` (a new one by default); the GenAI families under the
+        names ``genai`` selects (default: from ``OTEL_SEMCONV_STABILITY_OPT_IN``)."""
         self.registry = registry or CollectorRegistry(auto_describe=True)
         #: what /metrics serves: this registry, or the pod's (expose_group)
         self.exposed = self.registry
@@ -166,6 +206,16 @@ class Metrics:
         ProcessCollector(registry=r)
         GCCollector(registry=r)
         PlatformCollector(registry=r)
+        self._requests(r)
+        self._enforcement(r)
+        self._answer_signals(r)
+        self._costs_and_upstreams(r)
+        self.genai_names = genai or GenAiNames.from_env()
+        self._genai(r, self.genai_names)
+        self._operations(r)
+
+    def _requests(self, r: CollectorRegistry) -> None:
+        """Every proxied request: its outcome, its fill, its input and output."""
         self.requests = Counter(
             "llm_context_requests",
             "Proxied requests by outcome.",
@@ -215,6 +265,8 @@ class Metrics:
             registry=r,
         )
 
+    def _enforcement(self, r: CollectorRegistry) -> None:
+        """The ceiling at work: trims, over-ceiling actions, routing, the prompt cache."""
         self.ceiling_utilization = Histogram(
             "llm_context_ceiling_utilization_ratio",
             "Input tokens / ceiling per request, before trimming: how close traffic runs to the ceiling.",
@@ -277,6 +329,8 @@ class Metrics:
             registry=r,
         )
 
+    def _answer_signals(self, r: CollectorRegistry) -> None:
+        """What the answers say, by fill."""
         # answer signals by fill (sidecar/observability/answers.py): counted on the checker thread after the
         # answer was relayed; ``fill`` is one of core.utilization.FILL_BUCKETS or unknown,
         # ``side`` below/above the running ceiling or none
@@ -313,6 +367,8 @@ class Metrics:
             registry=r,
         )
 
+    def _costs_and_upstreams(self, r: CollectorRegistry) -> None:
+        """What the context costs; pass-through traffic; upstream reachability."""
         # what the context costs (sidecar/observability/costs.py), in US dollars at list or configured prices
         self.input_cost = Counter(
             "llm_context_input_cost_usd",
@@ -332,7 +388,8 @@ class Metrics:
 
         self.passthrough = Counter(
             "llm_context_passthrough_requests",
-            "Requests on routes the sidecar does not measure, passed through, by upstream API, "
+            "Requests on routes the sidecar does not measure, passed through, by the upstream that "
+            "took them (a default one by its API's name, a named one by its name), "
             "known route (anything else: other) and outcome.",
             ["upstream", "route", "outcome"],
             registry=r,
@@ -345,49 +402,108 @@ class Metrics:
             multiprocess_mode="livemax",  # up when any worker reaches it
         )
 
-        # OpenTelemetry GenAI semantic-convention metrics, with the spec's bucket boundaries.
-        # gen_ai_request_model is the model name the request asked for (bounded: the first
-        # GENAI_MODELS names the registry matches, then the registry label); ``model`` is the
-        # registry label the sidecar's own families and the dashboard use; server_address is
-        # the upstream's host.
+    def _genai(self, r: CollectorRegistry, names: GenAiNames) -> None:
+        """OpenTelemetry GenAI semantic-convention metrics, with the spec's bucket boundaries,
+        under the earlier names, the current ones, or both (``semconv.GenAiNames``).
+        gen_ai_request_model is the model name the request asked for (bounded: the first
+        GENAI_MODELS names the registry matches, then the registry label); ``model`` is the
+        registry label the sidecar's own families and the dashboard use; server_address and
+        server_port are the upstream's."""
         genai = [
             "gen_ai_operation_name",
             "gen_ai_provider_name",
             "gen_ai_request_model",
             "server_address",
+            "server_port",
             "model",
         ]
-        self.genai_tokens = Histogram(
-            "gen_ai_client_token_usage",
-            "gen_ai.client.token.usage: tokens used per operation, by token type (input/output).",
-            [*genai, "gen_ai_token_type"],
-            buckets=GENAI_TOKEN_BUCKETS,
-            registry=r,
-        )
-        self.genai_duration = Histogram(
-            "gen_ai_client_operation_duration_seconds",
-            "gen_ai.client.operation.duration: seconds per GenAI operation.",
+        self.genai_tokens: Histogram | None = None
+        self.genai_duration: Histogram | None = None
+        self.genai_ttft: Histogram | None = None
+        self.genai_tpot: Histogram | None = None
+        if names.legacy:
+            self.genai_tokens = Histogram(
+                "gen_ai_client_token_usage",
+                "gen_ai.client.token.usage: tokens used per operation, by token type "
+                "(input/output).",
+                [*genai, "gen_ai_token_type"],
+                buckets=GENAI_TOKEN_BUCKETS,
+                registry=r,
+            )
+            self.genai_duration = Histogram(
+                "gen_ai_client_operation_duration_seconds",
+                "gen_ai.client.operation.duration: seconds per GenAI operation.",
+                genai,
+                buckets=GENAI_DURATION_BUCKETS,
+                registry=r,
+            )
+            self.genai_ttft = Histogram(
+                "gen_ai_server_time_to_first_token_seconds",
+                "gen_ai.server.time_to_first_token: seconds from the upstream call to the first "
+                "streamed content, as the sidecar saw it (streams only).",
+                genai,
+                buckets=(0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48),
+                registry=r,
+            )
+            self.genai_tpot = Histogram(
+                "gen_ai_server_time_per_output_token_seconds",
+                "gen_ai.server.time_per_output_token: seconds per output token after the first "
+                "(streams only).",
+                genai,
+                buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
+                registry=r,
+            )
+        #: the current names: counters by modality, per-operation histograms, inference timings
+        self.inference_usage: dict[str, Counter] = {}
+        self.inference_operation: dict[str, Histogram] = {}
+        self.inference_duration: Histogram | None = None
+        self.inference_ttfc: Histogram | None = None
+        self.inference_tpoc: Histogram | None = None
+        if not names.latest:
+            return
+        modality = [*genai, "gen_ai_token_modality"]
+        for kind, what in INFERENCE_USAGE.items():
+            self.inference_usage[kind] = Counter(
+                f"gen_ai_client_inference_usage_{kind}",
+                f"gen_ai.client.inference.usage.{dotted(kind)}: {what}",
+                modality,
+                registry=r,
+            )
+        for kind in ("input_tokens", "output_tokens"):
+            self.inference_operation[kind] = Histogram(
+                f"gen_ai_client_inference_operation_{kind}",
+                f"gen_ai.client.inference.operation.{kind}: {kind.split('_')[0]} tokens per "
+                "inference operation.",
+                genai,
+                buckets=GENAI_TOKEN_BUCKETS,
+                registry=r,
+            )
+        self.inference_duration = Histogram(
+            "gen_ai_client_inference_duration_seconds",
+            "gen_ai.client.inference.duration: seconds per inference operation.",
             genai,
             buckets=GENAI_DURATION_BUCKETS,
             registry=r,
         )
-        self.genai_ttft = Histogram(
-            "gen_ai_server_time_to_first_token_seconds",
-            "gen_ai.server.time_to_first_token: seconds from the upstream call to the first "
-            "streamed content, as the sidecar saw it (streams only).",
+        self.inference_ttfc = Histogram(
+            "gen_ai_client_inference_time_to_first_chunk_seconds",
+            "gen_ai.client.inference.time_to_first_chunk: seconds from the upstream call to the "
+            "first chunk of a stream (streams only).",
             genai,
-            buckets=(0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48),
+            buckets=CHUNK_BUCKETS,
             registry=r,
         )
-        self.genai_tpot = Histogram(
-            "gen_ai_server_time_per_output_token_seconds",
-            "gen_ai.server.time_per_output_token: seconds per output token after the first "
-            "(streams only).",
+        self.inference_tpoc = Histogram(
+            "gen_ai_client_inference_time_per_output_chunk_seconds",
+            "gen_ai.client.inference.time_per_output_chunk: seconds between chunks after the "
+            "first, one observation per stream at its mean gap (streams only).",
             genai,
-            buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
+            buckets=CHUNK_BUCKETS,
             registry=r,
         )
 
+    def _operations(self, r: CollectorRegistry) -> None:
+        """The sidecar itself: background tasks, the ceilings document, traffic capture."""
         # background tasks (ceilings watch, upstream probe, the worker group's follower): a
         # failure is logged, counted and the task restarted, never the end of the server
         self.background_failures = Counter(

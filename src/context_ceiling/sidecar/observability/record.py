@@ -10,6 +10,7 @@ from typing import Any
 from context_ceiling.ceilings.document import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
 from context_ceiling.core.vocabulary import STAGE_COMPONENT
+from context_ceiling.formats.base import Usage
 from context_ceiling.sidecar.capture.writer import Pending
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
@@ -297,7 +298,8 @@ class Recorder:
         )
 
     def _genai(self, ex: Exchange, now: float, stale: frozenset[str]) -> None:
-        """GenAI semantic conventions: the client metrics, and the span's closing attributes."""
+        """GenAI semantic conventions: the client metrics under the names chosen
+        (``semconv.GenAiNames``), and the span's closing attributes."""
         if ex.route.count_only:
             return
         m, u = self.state.metrics, ex.usage
@@ -306,23 +308,45 @@ class Recorder:
             "gen_ai_provider_name": ex.provider or ex.route.api,
             "gen_ai_request_model": self.state.request_models.name(ex.model, ex.label, ex.spec),
             "server_address": ex.server_address,
+            "server_port": str(ex.server_port) if ex.server_port else "",
             "model": ex.label,
         }
-        if ex.upstream_started is not None:
-            m.child(m.genai_duration, **base).observe(now - ex.upstream_started)
-            if ex.first_chunk_at is not None and ex.outcome == "ok":
-                m.child(m.genai_ttft, **base).observe(ex.first_chunk_at - ex.upstream_started)
-                if u.output_tokens and u.output_tokens > 1:
-                    m.child(m.genai_tpot, **base).observe(
-                        (now - ex.first_chunk_at) / (u.output_tokens - 1)
-                    )
-        if u.input_tokens is not None:
-            m.child(m.genai_tokens, **base, gen_ai_token_type="input").observe(u.input_tokens)
-        if u.output_tokens is not None:
-            m.child(m.genai_tokens, **base, gen_ai_token_type="output").observe(u.output_tokens)
-        if ex.span is None:
-            return
-        d = ex.decision
+        self._timings(ex, now, base)
+        if m.genai_tokens is not None:
+            if u.input_tokens is not None:
+                m.child(m.genai_tokens, **base, gen_ai_token_type="input").observe(u.input_tokens)
+            if u.output_tokens is not None:
+                m.child(m.genai_tokens, **base, gen_ai_token_type="output").observe(u.output_tokens)
+        if m.inference_usage:
+            self._inference_usage(u, base)
+        if ex.span is not None:
+            self._span(ex, stale)
+
+    def _timings(self, ex: Exchange, now: float, base: dict[str, str]) -> None:
+        """The operation's duration; a stream's time to its first chunk and between chunks."""
+        m, u = self.state.metrics, ex.usage
+        started, first = ex.upstream_started, ex.first_chunk_at
+        if started is not None:
+            for family in (m.genai_duration, m.inference_duration):
+                if family is not None:
+                    m.child(family, **base).observe(now - started)
+        if started is not None and first is not None and ex.outcome == "ok":
+            for family in (m.genai_ttft, m.inference_ttfc):
+                if family is not None:
+                    m.child(family, **base).observe(first - started)
+            if m.genai_tpot is not None and u.output_tokens and u.output_tokens > 1:
+                m.child(m.genai_tpot, **base).observe((now - first) / (u.output_tokens - 1))
+            if m.inference_tpoc is not None and ex.chunks > 1 and ex.last_chunk_at is not None:
+                m.child(m.inference_tpoc, **base).observe(
+                    (ex.last_chunk_at - first) / (ex.chunks - 1)
+                )
+
+    def _span(self, ex: Exchange, stale: frozenset[str]) -> None:
+        """The span's closing attributes (under the names chosen), and its end."""
+        assert ex.span is not None
+        m, u, d = self.state.metrics, ex.usage, ex.decision
+        started, first = ex.upstream_started, ex.first_chunk_at
+        streamed = started is not None and first is not None and ex.outcome == "ok"
         attrs: dict[str, Any] = {
             "gen_ai.request.max_tokens": ex.max_tokens,
             "gen_ai.response.model": u.response_model,
@@ -331,6 +355,7 @@ class Recorder:
             "gen_ai.usage.output_tokens": u.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": u.cached_tokens,
             "server.address": ex.server_address or None,
+            "server.port": ex.server_port or None,
             "http.response.status_code": ex.status or None,
             "ceiling.workload": ex.workload,
             "ceiling.window": ex.spec.window if ex.spec else None,
@@ -341,10 +366,41 @@ class Recorder:
             "ceiling.mode": d.mode if d else None,
             "ceiling.stale": sorted(stale),
         }
+        names = m.genai_names
+        if names.legacy:
+            attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_write_tokens
+        if names.latest:
+            attrs["gen_ai.usage.cache_write.input_tokens"] = u.cache_write_tokens
+            attrs["gen_ai.usage.reasoning.output_tokens"] = u.reasoning_tokens
+            attrs["gen_ai.request.stream"] = ex.stream
+            if streamed and started is not None and first is not None:
+                attrs["gen_ai.response.time_to_first_chunk"] = first - started
         if ex.count is not None:
             for comp, tokens in ex.count.components.items():
                 attrs[f"ceiling.input_tokens.{comp.value}"] = tokens
         self.state.tracing.finish(ex.span, attrs, None if ex.outcome == "ok" else ex.outcome)
+
+    def _inference_usage(self, u: Usage, base: dict[str, str]) -> None:
+        """The current conventions' usage: a counter per kind by modality (no upstream here
+        breaks its usage down by modality the sidecar reads, so ``unknown``, as the conventions
+        say for that case) and the per-operation histograms (no modality: percentiles across
+        modalities do not add up)."""
+        m = self.state.metrics
+        kinds = {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cache_read_input_tokens": u.cached_tokens,
+            "cache_write_input_tokens": u.cache_write_tokens,
+            "reasoning_output_tokens": u.reasoning_tokens,
+        }
+        for kind, tokens in kinds.items():
+            if tokens is not None:
+                family = m.inference_usage[kind]
+                m.child(family, **base, gen_ai_token_modality="unknown").inc(tokens)
+        for kind in ("input_tokens", "output_tokens"):
+            tokens = kinds[kind]
+            if tokens is not None:
+                m.child(m.inference_operation[kind], **base).observe(tokens)
 
     def record_routed(self, ex: Exchange, to_label: str) -> None:
         """A request over its ceiling sent to a fallback (before the exchange takes the

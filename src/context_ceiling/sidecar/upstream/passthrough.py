@@ -201,11 +201,11 @@ class Passthrough:
                 f"{route_label(asked, request.url.path)!r} (configure upstreams.{asked})",
                 headers={"x-ceiling-request-id": rid},
             )
-        api = picked[0]
+        api, name = picked
         route = route_label(api, request.url.path)
 
         def fail(status: int, outcome: Outcome, message: str) -> Response:
-            self._record(api, route, request, rid, started, status, outcome)
+            self._record(name, route, request, rid, started, status, outcome)
             return error_response(api, status, message, headers={"x-ceiling-request-id": rid})
 
         too_large = f"request body exceeds the limit of {limits.max_body_bytes} bytes"
@@ -250,14 +250,14 @@ class Passthrough:
             resp,
             deadline,
             lambda outcome: self._record(
-                api, route, request, rid, started, resp.status_code, outcome
+                name, route, request, rid, started, resp.status_code, outcome
             ),
             rid,
         )
 
     def _record(
         self,
-        api: Api,
+        upstream: str,
         route: str,
         request: Request,
         rid: str,
@@ -266,7 +266,10 @@ class Passthrough:
         outcome: Outcome,
     ) -> None:
         m = self.state.metrics
-        m.passthrough.labels(upstream=api, route=route, outcome=outcome).inc()
+        # the upstream that took it, by name (the API's default under its API's name): a
+        # named upstream or a second Azure resource is told apart; labels stay bounded by the
+        # configuration
+        m.passthrough.labels(upstream=upstream, route=route, outcome=outcome).inc()
         m.requests.labels(
             model="other", workload="default", api="passthrough", outcome=outcome
         ).inc()
@@ -274,7 +277,7 @@ class Passthrough:
             {
                 "request_id": rid,
                 "api": "passthrough",
-                "upstream": api,
+                "upstream": upstream,
                 "route": route,
                 "method": request.method if request.method.isalpha() else "other",
                 "status": status,
