@@ -109,6 +109,69 @@ def test_serve_check_json(tmp_path: Path) -> None:
     assert out["mode"] == "off" and out["ceilings_version"] is None and out["workers"] == 1
 
 
+def test_json_failures_are_one_json_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json promises one JSON object on stdout: a config that does not load is
+    ``{"ok": false, "errors": [...]}`` (every problem, each with its "did you mean"), exit 2, and
+    the same line on stderr."""
+    from context_ceiling.cli import main
+
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(
+        "upstream: {openai: {base_url: 'http://127.0.0.1:9/v1'}}\n"
+        "models: [{match: gpt-4o, window: 128000, tokeniser: {kind: tiktoken}}]\n"
+        "enforcment: {mode: observe}\n"
+    )
+    assert main(["serve", "-c", str(cfg), "--check", "--json"]) == 2
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["ok"] is False and len(out["errors"]) == 3
+    assert any(
+        "upstream: not a setting here; did you mean 'upstreams'?" in e for e in out["errors"]
+    )
+    assert any("models.0.tokeniser" in e and "'tokenizer'" in e for e in out["errors"])
+    assert any("did you mean 'enforcement'?" in e for e in out["errors"])
+    assert "did you mean 'upstreams'?" in captured.err
+    # a nested key with nothing close lists what may be there
+    cfg.write_text(
+        "upstreams: {openai: {base_url: 'http://127.0.0.1:9/v1', zzz: 1}}\n"
+        "models: [{match: gpt-4o, window: 128000}]\n"
+    )
+    assert main(["serve", "-c", str(cfg), "--check"]) == 2
+    assert "settings here: base_url, pool_size, provider, timeouts" in capsys.readouterr().err
+    # a ceilings document that does not parse, validated with --json
+    bad = tmp_path / "ceilings.yaml"
+    bad.write_text("version: 1\nentries: [{model: m, workload: default, ceiling_tokns: 5}]\n")
+    assert main(["ceilings", "validate", str(bad), "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and out["errors"] and str(bad) in out["errors"][0]
+
+
+def test_check_notes_a_model_counted_with_another_familys_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from context_ceiling.cli import main
+
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(
+        "upstreams: {gemini: {base_url: 'http://127.0.0.1:9'}}\n"
+        "models:\n"
+        "  - {match: gemini-2.5-pro, window: 1048576}\n"
+        "  - {match: 'claude-*', window: 200000, tokenizer: {kind: tiktoken}}\n"
+        "  - {match: 'claude-x', window: 200000, "
+        "tokenizer: {kind: calibrated, encoding: cl100k_base, factor: 1.1}}\n"
+        "  - {match: gpt-4o, window: 128000}\n"
+    )
+    assert main(["serve", "-c", str(cfg), "--check", "--json"]) == 0
+    captured = capsys.readouterr()
+    notes = json.loads(captured.out)["notes"]
+    assert len(notes) == 2  # the calibrated one and the OpenAI one are counted as chosen
+    assert "'gemini-2.5-pro'" in notes[0] and "Google's tokenizer" in notes[0]
+    assert "'claude-*'" in notes[1] and "Anthropic's tokenizer" in notes[1]
+    assert captured.err.count("note:") == 2
+
+
 @pytest.mark.e2e
 def test_push_json_reports_each_target_and_is_idempotent(tmp_path: Path) -> None:
     src = tmp_path / "new.yaml"

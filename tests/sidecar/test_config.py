@@ -77,7 +77,7 @@ def test_env_only(monkeypatch: pytest.MonkeyPatch) -> None:
             GOOD.replace('"https://api.openai.com/v1"', "ftp://x"),
             ["upstreams.openai.base_url", "http"],
         ),
-        (GOOD + "surprise: 1\n", ["surprise", "Extra inputs are not permitted"]),
+        (GOOD + "surprise: 1\n", ["surprise", "not a setting here"]),
         (GOOD.replace("workloads: [rag]", "workloads: [Bad Name]"), ["workloads", "must match"]),
         ("listen: [1, 2", ["sidecar.yaml", "invalid YAML"]),
         ("- just\n- a list\n", ["top level must be a mapping"]),

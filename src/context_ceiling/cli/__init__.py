@@ -101,13 +101,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = " ".join(x for x in ("ceiling", args.command, getattr(args, "action", None)) if x)
     try:
         code: int = args.func(args)
-    except UserError as exc:
-        print(f"{where}: {exc}", file=sys.stderr)
-        return 2
     except CeilingError as exc:
         print(f"{where}: {exc}", file=sys.stderr)
-        return 1
+        if getattr(args, "json", False) and not getattr(exc, "reported", False):
+            # --json promises one JSON object on stdout, a failure included
+            print_json({"ok": False, "errors": errors_of(exc)})
+        return 2 if isinstance(exc, UserError) else 1
     return code
+
+
+def errors_of(exc: CeilingError) -> list[str]:
+    """An error's problems, one string each (a configuration's or a document's every problem,
+    else its message)."""
+    where = getattr(exc, "where", None)
+    for name in ("problems", "reasons"):
+        found = getattr(exc, name, None)
+        if isinstance(found, list) and found:
+            return [f"{where}: {p}" if where else str(p) for p in found]
+    return [str(exc)]
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

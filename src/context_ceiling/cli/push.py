@@ -78,6 +78,7 @@ def push_command(args: argparse.Namespace) -> int:
     except PushError as exc:
         if args.json:
             print_json({"ok": False, "dry_run": args.dry_run, "targets": _by_target(str(exc))})
+            exc.reported = True  # its JSON is out: main prints no second object
         raise
     if args.json:
         print_json({"ok": True, "dry_run": args.dry_run, "targets": _by_target("\n".join(lines))})

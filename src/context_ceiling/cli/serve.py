@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from context_ceiling.cli import add_json, print_json
@@ -112,6 +113,24 @@ def _start_and_stop(settings: Any) -> None:
         raise UserError(f"the sidecar would not start: {failed[0]}")
 
 
+def _notes(models: Any) -> list[str]:
+    """What loads but will not count as it reads: a model entry of another family counted
+    with an OpenAI encoding."""
+    from context_ceiling.core.models import foreign_tokenizer
+
+    notes = []
+    for spec in models:
+        family = foreign_tokenizer(spec)
+        if family is not None:
+            notes.append(
+                f"model entry {spec.match!r} is counted with {spec.tokenizer.encoding}, an "
+                f"OpenAI encoding, not {family} tokenizer: its counts are estimates (a third "
+                "off on short prompts); set its tokenizer (kind: calibrated with a fitted "
+                "factor, huggingface, or upstream; see the counting docs)"
+            )
+    return notes
+
+
 def _check(settings: Any, as_json: bool = False) -> int:
     """What startup would load, without listening: the registry (tokenizer files), the
     ceilings file against that registry, the admin token file."""
@@ -122,6 +141,9 @@ def _check(settings: Any, as_json: bool = False) -> int:
 
     registry = Registry(settings.models, None, settings.counting.bpe)
     bpe = TiktokenCounter("o200k_base", settings.counting.bpe).engine
+    notes = _notes(settings.models)
+    for note in notes:
+        print(f"ceiling serve --check: note: {note}", file=sys.stderr)
     admin = admin_token(settings)
     ceilings = "no ceilings file"
     version: int | None = None
@@ -158,6 +180,7 @@ def _check(settings: Any, as_json: bool = False) -> int:
                 "capture_store": store,
                 "workers": settings.workers,
                 "bpe": str(bpe),
+                "notes": notes,
             }
         )
         return 0

@@ -13,6 +13,9 @@ from __future__ import annotations
 class CeilingError(Exception):
     """A failure the program understands: one line, exit status 1."""
 
+    #: set once a command has printed this failure as its ``--json`` object
+    reported: bool = False
+
 
 class UserError(CeilingError):
     """A problem the user can fix: one line, exit status 2."""

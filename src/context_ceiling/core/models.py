@@ -93,6 +93,37 @@ class ModelPrice(Strict):
     )
 
 
+#: model families whose tokenizer is not OpenAI's, by how their names start: a model of one
+#: counted with a tiktoken encoding is estimated, not counted (a third off on a short prompt)
+FOREIGN_FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p, re.IGNORECASE), family)
+    for p, family in (
+        (r"(anthropic\.)?claude", "Anthropic's"),
+        (r"(models/|google/)?(gemini|gemma)", "Google's"),
+        (r"(meta[-/.])?(meta-)?llama", "Meta's Llama"),
+        (r"(mistral(ai)?[/.])?(mistral|mixtral|codestral|ministral|magistral)", "Mistral's"),
+        (r"(qwen/)?qwen", "Qwen's"),
+        (r"(deepseek-ai/)?deepseek", "DeepSeek's"),
+        (r"(cohere\.)?command", "Cohere's"),
+        (r"(amazon\.)?(nova|titan)", "Amazon's"),
+    )
+)
+
+
+def foreign_tokenizer(spec: ModelSpec) -> str | None:
+    """The family whose own tokenizer a model entry's names belong to when the entry counts
+    with a tiktoken encoding (set or by default), else None: ``--check`` says so, since the
+    count is then an estimate (``calibrated``, ``huggingface`` and ``upstream`` are chosen on
+    purpose and not flagged)."""
+    if not isinstance(spec.tokenizer, TiktokenSpec):
+        return None
+    for name in (spec.match, spec.label or ""):
+        for pattern, family in FOREIGN_FAMILIES:
+            if pattern.match(name):
+                return family
+    return None
+
+
 class ModelSpec(Strict):
     """One registry entry."""
 

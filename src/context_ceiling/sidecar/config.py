@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
+    BaseModel,
     ConfigDict,
     Field,
     SecretStr,
@@ -48,7 +49,10 @@ OTHER_ENV = ("CONFIG", "CACHE", "KUBE_", "DEMO_", "LLAMA_")
 
 
 class ConfigError(UserError, ValueError):
-    """A configuration problem, already phrased as one line for the operator."""
+    """A configuration problem, already phrased as one line for the operator; ``problems``:
+    each problem on its own (``--json`` lists them)."""
+
+    problems: list[str] = []  # noqa: RUF012 (a class default, never mutated)
 
 
 class _Section(Strict):
@@ -525,14 +529,50 @@ def _env_source(loc: tuple[int | str, ...]) -> str | None:
     return None
 
 
-def _describe(exc: ValidationError, path: Path | None) -> str:
-    problems = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        env = _env_source(tuple(err["loc"]))
-        source = f"env {env}" if env else (str(path) if path else "config")
-        problems.append(f"{source}: {loc}: {err['msg']}")
-    return "; ".join(problems)
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The setting names a key may have at ``loc`` (a path of keys and list indexes from the
+    top), walking the settings' models; [] where the path leaves them."""
+    import types
+    import typing
+
+    kind: Any = Settings
+    for part in loc:
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            field = kind.model_fields.get(str(part))
+            if field is None:
+                return []
+            kind = field.annotation
+        elif typing.get_origin(kind) in (dict, list, tuple):
+            kind = typing.get_args(kind)[-1] if typing.get_args(kind) else Any
+        else:
+            return []
+        # Optional[X], X | None, Annotated[X, ...]: the model inside, if there is one
+        while typing.get_origin(kind) in (typing.Union, types.UnionType, typing.Annotated):
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            kind = args[0] if args else Any
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return sorted(kind.model_fields)
+    return []
+
+
+def _describe_one(err: Any, path: Path | None) -> str:
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    env = _env_source(tuple(err["loc"]))
+    source = f"env {env}" if env else (str(path) if path else "config")
+    message = err["msg"]
+    if err["type"] == "extra_forbidden" and err["loc"]:
+        known = _fields_at(tuple(err["loc"][:-1]))
+        close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+        message = "not a setting here" + (f"; did you mean {close[0]!r}?" if close else "")
+        if known and not close and len(known) <= 8:  # a short section: what may be there
+            message += f" (settings here: {', '.join(known)})"
+    return f"{source}: {loc}: {message}"
+
+
+def _describe(exc: ValidationError, path: Path | None) -> list[str]:
+    """Every problem pydantic found, one line each, with the source that set the value and,
+    for an unknown key, the setting it is closest to."""
+    return [_describe_one(err, path) for err in exc.errors()]
 
 
 def _check_env_names() -> None:
@@ -578,7 +618,10 @@ def load_settings(path: str | Path | None = None) -> Settings:
     try:
         settings = Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, p)) from exc
+        problems = _describe(exc, p)
+        error = ConfigError("; ".join(problems))
+        error.problems = problems
+        raise error from exc
     except SettingsError as exc:
         raise _settings_error(exc) from exc
     u = settings.upstreams
