@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.formats.openai_chat import count as count_openai
-from context_ceiling.sweep.taskset import ExactAnswer, Item, SetAnswer, TaskSet
+from context_ceiling.sweep.taskset import ExactAnswer, Item, OneOfAnswer, SetAnswer, TaskSet
 
 _Q = re.compile(r"Question: (.*?)\nReply with JSON", re.S)
 
@@ -73,6 +73,8 @@ class ScriptedModelDouble:
                 if isinstance(a, ExactAnswer)
                 else a.values
                 if isinstance(a, SetAnswer)
+                else a.values[0]
+                if isinstance(a, OneOfAnswer)
                 else a.value
             )
             return {"answer": value, "evidence": item.gold}

@@ -93,7 +93,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key-env",
         help="env var holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY)",
     )
-    p.add_argument("--taskset", help="bundled name or a task set directory")
+    p.add_argument(
+        "--taskset",
+        help="bundled name, a task set directory, inspect:FILE.py@TASK (an inspect_ai task) or "
+        "records:FILE.jsonl (question / evidence / answer)",
+    )
     p.add_argument(
         "--items",
         type=int,

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from context_ceiling.cli import add_json, options, print_json
+from context_ceiling.core.errors import UserError
 from context_ceiling.sweep.labelling import export, import_labels
 from context_ceiling.sweep.traffic import BuildOptions, build, reference
 
@@ -56,6 +57,14 @@ def add_parser(sub: Any) -> None:
     i = s.add_parser("import", help="apply labels (exact / set / json) to a task set")
     i.add_argument("taskset", help="the task set directory")
     i.add_argument("labels", help="the labelled .jsonl or .csv")
+    c = s.add_parser(
+        "convert",
+        help="write a task set directory from an evaluation task: inspect:FILE.py@TASK or "
+        "records:FILE.jsonl (question / evidence / answer)",
+    )
+    c.add_argument("source", help="inspect:FILE.py@TASK, inspect:module@TASK or records:FILE")
+    c.add_argument("--out", required=True, help="the task set directory to write")
+    add_json(c)
     r = s.add_parser(
         "reference",
         help="make each unlabelled item's gold the model's answer with only its evidence",
@@ -80,6 +89,24 @@ def taskset_command(args: argparse.Namespace) -> int:
             f"{args.out}: {rep.items} items, unlabelled (graded as agreement with the answer "
             "production gave); next: ceiling taskset reference (the swept model's own "
             "evidence-only answers) and/or export / import labels"
+        )
+        return 0
+    if args.action == "convert":
+        from context_ceiling.sweep.external import PREFIXES, open_taskset, write_out
+
+        if not args.source.startswith(PREFIXES):
+            raise UserError(f"{args.source}: say what it is: {' or '.join(PREFIXES)}...")
+        ts = open_taskset(args.source)
+        write_out(ts, args.out)
+        if args.json:
+            print_json(
+                {"taskset": args.out, "items": len(ts.items), "documents": len(ts.docs)}
+                | {"metric": ts.metric, "hash": ts.hash}
+            )
+            return 0
+        print(
+            f"{args.out}: {len(ts.items)} items, {len(ts.docs)} evidence documents from "
+            f"{args.source} (sweep it with --taskset {args.out}, or with the spec itself)"
         )
         return 0
     if args.action == "export":

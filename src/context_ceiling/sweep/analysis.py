@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.sweep.calllog import CallLog, sample_key
+from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 from context_ceiling.sweep.statistics import (
@@ -44,7 +45,7 @@ from context_ceiling.sweep.statistics import (
     difference_interval,
     refine_alpha,
 )
-from context_ceiling.sweep.taskset import Item, TaskSet, load_taskset
+from context_ceiling.sweep.taskset import Item, TaskSet
 
 
 def mean(values: Iterable[float]) -> float:
@@ -715,7 +716,7 @@ def analysis_of(
     """Read ``out`` (plan, call log, task set) and analyse it; the tolerance, margin and floor
     default to the plan's."""
     plan = Plan.load(out)
-    ts = load_taskset(plan.spec.taskset)
+    ts = open_taskset(plan.spec.taskset)
     wanted = set(plan.item_ids)
     items = {i.id: i for i in ts.items if i.id in wanted}
     rows = [r.row() for r in CallLog(out / "calls.jsonl").records().values()]

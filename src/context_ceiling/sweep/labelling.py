@@ -24,6 +24,8 @@ from typing import Any
 from context_ceiling.core.errors import UserError
 from context_ceiling.sweep.taskset import (
     AgreementAnswer,
+    ExactAnswer,
+    JsonAnswer,
     load_taskset,
     read_jsonl,
     replace_answers,
@@ -66,7 +68,7 @@ def export(path: str, out: str) -> int:
         label_kind, label = "", ""
         if not isinstance(a, AgreementAnswer):
             label_kind = a.kind
-            value: Any = a.values if a.kind == "set" else a.value
+            value: Any = a.value if isinstance(a, ExactAnswer | JsonAnswer) else a.values
             label = value if isinstance(value, str) else json.dumps(value)
         rows.append(
             {

@@ -30,6 +30,7 @@ from context_ceiling.formats import APIS
 from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.design import Step, next_step, opening, repeats_for_new_items
+from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import (
     SPEC,
     EndpointRef,
@@ -49,7 +50,7 @@ from context_ceiling.sweep.report import report
 from context_ceiling.sweep.solver import Endpoint, Runner, Sample, SpendCap
 from context_ceiling.sweep.spec import Reasoning, Spec
 from context_ceiling.sweep.statistics import expected_half_width, items_for, tolerance_for
-from context_ceiling.sweep.taskset import Item, load_taskset
+from context_ceiling.sweep.taskset import Item
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ class _Sweep:
 
     def __init__(self, plan: Plan, opts: RunOptions, out: Path, console: Console) -> None:
         self.plan, self.opts, self.out, self.console = plan, opts, out, console
-        self.ts = load_taskset(plan.spec.taskset)
+        self.ts = open_taskset(plan.spec.taskset)
         self.window = plan.window or window_of(
             plan.spec.window, plan.spec.base_url, plan.spec.model
         )

@@ -1,7 +1,7 @@
 """Programmatic grading (the scorer): no judge model, every failure bucketed.
 
 The model is asked for ``{"answer": ..., "evidence": [...]}``. Scoring: normalised exact match,
-set match, or a JSON object checked against the item's JSON Schema and then field by field; an
+a match with any of several accepted answers (or containing one), set match, or a JSON object checked against the item's JSON Schema and then field by field; an
 unlabelled (``agreement``) item agrees when the answer matches the model's own evidence-only
 answer: equal once normalised, or a token F1 of at least ``AGREEMENT_F1`` (the SQuAD measure:
 free-text answers rarely repeat word for word).
@@ -27,7 +27,14 @@ from typing import Any
 
 import jsonschema
 
-from context_ceiling.sweep.taskset import AgreementAnswer, ExactAnswer, Item, JsonAnswer, SetAnswer
+from context_ceiling.sweep.taskset import (
+    AgreementAnswer,
+    ExactAnswer,
+    Item,
+    JsonAnswer,
+    OneOfAnswer,
+    SetAnswer,
+)
 
 #: token F1 from which two free-text answers agree
 AGREEMENT_F1 = 0.6
@@ -101,6 +108,13 @@ def agrees(answer: Any, reference: str) -> bool:
     return 2 * precision * recall / (precision + recall) >= AGREEMENT_F1
 
 
+def _equal(answer: Any, value: str) -> bool:
+    """Equal once normalised (a number as its digits)."""
+    if re.fullmatch(r"[\d,. ]+", value):
+        return _num(answer) == _num(value)
+    return _norm(answer) == _norm(value)
+
+
 def is_correct(item: Item, answer: Any) -> bool:
     a = item.answer
     if answer is None:
@@ -108,11 +122,12 @@ def is_correct(item: Item, answer: Any) -> bool:
     if isinstance(a, AgreementAnswer):
         return agrees(answer, a.value)
     if isinstance(a, ExactAnswer):
-        return (
-            _num(answer) == _num(a.value)
-            if re.fullmatch(r"[\d,. ]+", a.value)
-            else _norm(answer) == _norm(a.value)
-        )
+        return _equal(answer, a.value)
+    if isinstance(a, OneOfAnswer):
+        if a.contains:
+            given = _norm(_flat(answer))
+            return any(_norm(v) and _norm(v) in given for v in a.values)
+        return any(_equal(answer, v) for v in a.values)
     if isinstance(a, SetAnswer):
         return _as_set(answer) == {_norm(x) for x in a.values}
     if isinstance(a, JsonAnswer):

@@ -4,7 +4,8 @@ A task set is a directory:
 
 - ``taskset.json``: name, format version, description, licence;
 - ``items.jsonl``: one item per line: ``id``, ``question``, ``gold`` (evidence document ids),
-  ``answer`` (kind ``exact`` with a ``value``, ``set`` with ``values``, or ``json`` with a
+  ``answer`` (kind ``exact`` with a ``value``, ``set`` with ``values``, ``one_of`` with
+  ``values`` any of which is right (``contains``: the answer contains one), or ``json`` with a
   ``value`` object and a JSON ``schema``: labelled answers, graded as accuracy; or kind
   ``agreement`` with the model's own answer as ``value`` and where it came from as ``source``:
   graded as agreement, never called accuracy), optional ``decoy_values``, ``decoy_docs`` and
@@ -59,6 +60,15 @@ class JsonAnswer(Strict):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
+class OneOfAnswer(Strict):
+    """Any of several accepted answers (an evaluation task's list of targets): equal to one
+    once normalised, or, with ``contains``, containing one (inspect_ai's ``includes()``)."""
+
+    kind: Literal["one_of"]
+    values: list[str] = Field(min_length=1)
+    contains: bool = False
+
+
 class AgreementAnswer(Strict):
     """No label: the gold is the model's own answer with only the evidence in context
     (``source``: ``reference:<model>`` when ``ceiling taskset reference`` asked it, ``captured``
@@ -70,7 +80,8 @@ class AgreementAnswer(Strict):
 
 
 Answer = Annotated[
-    ExactAnswer | SetAnswer | JsonAnswer | AgreementAnswer, Field(discriminator="kind")
+    ExactAnswer | SetAnswer | JsonAnswer | OneOfAnswer | AgreementAnswer,
+    Field(discriminator="kind"),
 ]
 #: what the answers of a task set measure
 Metric = Literal["accuracy", "agreement", "accuracy+agreement"]
