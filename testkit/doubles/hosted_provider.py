@@ -31,6 +31,12 @@ class Received:
         return orjson.loads(self.body)
 
 
+#: after a threshold compaction: the input of the answer's own sampling (the summary and what
+#: followed it), and the summary step's output
+COMPACTED_INPUT = 2300
+COMPACTION_OUTPUT = 350
+
+
 @dataclass
 class HostedProviderDouble:
     """Loopback stand-in for a hosted provider. ``prompt_tokens`` is what it reports as usage."""
@@ -74,24 +80,74 @@ class HostedProviderDouble:
             }
         )
 
-    def anthropic_body(self, model: str) -> bytes:
+    def anthropic_usage(self, compacted: bool = False) -> dict[str, Any]:
+        """A message's usage; after a threshold compaction (``compact_20260112``), as
+        documented: the top level is the answer's own sampling over the compacted context,
+        ``iterations`` lists the compaction step (billed apart) and the message step."""
+        if not compacted:
+            return {
+                "input_tokens": self.prompt_tokens,
+                "cache_read_input_tokens": self.cache_read,
+                "cache_creation_input_tokens": self.cache_creation,
+                "output_tokens": self.completion_tokens,
+            }
+        own = {
+            "input_tokens": COMPACTED_INPUT,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": self.completion_tokens,
+        }
+        step = {
+            "type": "compaction",
+            "input_tokens": self.prompt_tokens,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": COMPACTION_OUTPUT,
+        }
+        return own | {"iterations": [step, {"type": "message", **own}]}
+
+    def anthropic_body(self, model: str, compacted: bool = False) -> bytes:
+        content: list[dict[str, Any]] = [{"type": "text", "text": "The answer is 42."}]
+        if compacted:  # the summary comes first; the client sends it back next turn
+            content.insert(0, {"type": "compaction", "content": "Summary of the conversation."})
         return orjson.dumps(
             {
                 "id": "msg_double_1",
                 "type": "message",
                 "role": "assistant",
                 "model": model,
-                "content": [{"type": "text", "text": "The answer is 42."}],
+                "content": content,
                 "stop_reason": "end_turn",
                 "stop_sequence": None,
-                "usage": {
-                    "input_tokens": self.prompt_tokens,
-                    "cache_read_input_tokens": self.cache_read,
-                    "cache_creation_input_tokens": self.cache_creation,
-                    "output_tokens": self.completion_tokens,
-                },
+                "usage": self.anthropic_usage(compacted),
             }
         )
+
+    def anthropic_context(self, body: dict[str, Any]) -> tuple[JSONResponse | None, bool]:
+        """Anthropic's documented rules for context management: the on-demand ``compaction``
+        parameter shares no request with ``context_management``; ``clear_thinking_20251015``
+        must come first among the edits; a ``compact_20260112`` trigger is at least 50,000
+        tokens (default 150,000) and compacts once the input reaches it. Returns a refusal
+        (400 ``invalid_request_error``), or whether the answer was compacted."""
+
+        def refuse(message: str) -> tuple[JSONResponse, bool]:
+            err = {"type": "invalid_request_error", "message": message}
+            return JSONResponse({"type": "error", "error": err}, 400), False
+
+        cm = body.get("context_management")
+        if "compaction" in body and cm is not None:
+            return refuse("compaction cannot be used together with context_management")
+        edits = cm.get("edits", []) if isinstance(cm, dict) else []
+        kinds = [e.get("type") for e in edits if isinstance(e, dict)]
+        if "clear_thinking_20251015" in kinds[1:]:
+            return refuse("clear_thinking_20251015 must be the first edit in context_management")
+        for edit in edits:
+            if isinstance(edit, dict) and edit.get("type") == "compact_20260112":
+                trigger = (edit.get("trigger") or {}).get("value", 150_000)
+                if trigger < 50_000:
+                    return refuse("compact_20260112 trigger must be at least 50000 input tokens")
+                return None, self.prompt_tokens >= trigger
+        return None, False
 
     def openai_events(self, model: str, include_usage: bool, n: int) -> list[bytes]:
         base = {
@@ -154,7 +210,7 @@ class HostedProviderDouble:
         out.append(b"data: [DONE]\n\n")
         return out
 
-    def anthropic_events(self, model: str, n: int) -> list[bytes]:
+    def anthropic_events(self, model: str, n: int, compacted: bool = False) -> list[bytes]:
         def ev(name: str, data: dict[str, Any]) -> bytes:
             return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
@@ -171,12 +227,9 @@ class HostedProviderDouble:
                         "content": [],
                         "stop_reason": None,
                         "stop_sequence": None,
-                        "usage": {
-                            "input_tokens": self.prompt_tokens,
-                            "cache_read_input_tokens": self.cache_read,
-                            "cache_creation_input_tokens": self.cache_creation,
-                            "output_tokens": 1,
-                        },
+                        "usage": self.anthropic_usage(compacted)
+                        | {"output_tokens": 1}
+                        | ({"iterations": None} if compacted else {}),
                     },
                 },
             ),
@@ -208,7 +261,13 @@ class HostedProviderDouble:
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": self.completion_tokens},
+                    "usage": {"output_tokens": self.completion_tokens}
+                    # the final usage repeats the iterations, the compaction step among them
+                    | (
+                        {"iterations": self.anthropic_usage(True)["iterations"]}
+                        if compacted
+                        else {}
+                    ),
                 },
             ),
             ev("message_stop", {"type": "message_stop"}),
@@ -303,13 +362,18 @@ class HostedProviderDouble:
             return r
         body = rec.json
         model = model or body["model"]
+        refused, compacted = self.anthropic_context(body)
+        if refused is not None:
+            return refused
         if body.get("stream"):
             return self._stream(
-                self.anthropic_events(model, int(request.headers.get("x-double-chunks", "5"))),
+                self.anthropic_events(
+                    model, int(request.headers.get("x-double-chunks", "5")), compacted
+                ),
                 float(request.headers.get("x-double-pace", "0")),
                 request.headers.get("x-double-split") == "1",
             )
-        content = self.anthropic_body(model)
+        content = self.anthropic_body(model, compacted)
         self.last_bodies["anthropic"] = content
         return Response(
             content, media_type="application/json", headers={"request-id": "req_double"}

@@ -394,6 +394,24 @@ def _usage(u: Usage, usage: Any) -> None:
     out = int_of(usage.get("output_tokens"))
     if out is not None:
         u.output_tokens = out
+    _iterations(u, usage.get("iterations"))
+
+
+def _iterations(u: Usage, iterations: Any) -> None:
+    """``usage.iterations`` (compaction, server tool loops): a ``compaction`` entry is the
+    provider summarizing the context, billed apart from the top-level usage (which is the
+    answer's own); its tokens are kept so billed usage is whole. Read whole each time (the
+    last ``message_delta`` repeats the list)."""
+    if not isinstance(iterations, list):
+        return
+    steps = [it for it in iterations if isinstance(it, dict) and it.get("type") == "compaction"]
+    u.compactions = len(steps)
+    u.compaction_input_tokens = sum(
+        (int_of(it.get(k)) or 0)
+        for it in steps
+        for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
+    u.compaction_output_tokens = sum(int_of(it.get("output_tokens")) or 0 for it in steps)
 
 
 def _context_management(u: Usage, cm: Any) -> None:
@@ -463,8 +481,10 @@ class MessagesStreamTap(StreamTap):
                 # message_delta usage is cumulative; input fields appear there on some versions
                 if usage.get("input_tokens") is not None:
                     _usage(self.usage, usage)
-                elif int_of(usage.get("output_tokens")) is not None:
-                    self.usage.output_tokens = int_of(usage.get("output_tokens"))
+                else:
+                    if int_of(usage.get("output_tokens")) is not None:
+                        self.usage.output_tokens = int_of(usage.get("output_tokens"))
+                    _iterations(self.usage, usage.get("iterations"))
             delta = obj.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason"):
                 self.usage.finish_reason = delta["stop_reason"]
@@ -777,7 +797,9 @@ FORMAT = Format(
     error_body=error_body,
     too_long=too_long,
     provider=_provider,
-    native=Native(native, ("api.anthropic.com",), CONTEXT_BETA),
+    native=Native(
+        native, ("api.anthropic.com",), CONTEXT_BETA, excludes=("context_management", "compaction")
+    ),
     betas_header="anthropic-beta",
     passthrough_routes=PASSTHROUGH_ROUTES,
     client_headers=("anthropic-version", "x-api-key"),

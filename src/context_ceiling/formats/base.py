@@ -100,6 +100,26 @@ class Usage:
     #: input written to the provider's prompt cache (Anthropic's cache creation, Bedrock's cache
     #: writes): among ``input_tokens``
     cache_write_tokens: int | None = None
+    #: the provider's own compaction steps in this answer (Anthropic's ``usage.iterations``
+    #: entries of type ``compaction``), and what they used: billed, but not among the top-level
+    #: ``input_tokens`` / ``output_tokens``, which are the answer's own
+    compactions: int = 0
+    compaction_input_tokens: int = 0
+    compaction_output_tokens: int = 0
+
+    @property
+    def billed_input(self) -> int | None:
+        """Input tokens billed for the answer: its own and its compaction steps'."""
+        if self.input_tokens is None:
+            return None
+        return self.input_tokens + self.compaction_input_tokens
+
+    @property
+    def billed_output(self) -> int | None:
+        """Output tokens billed for the answer: its own and its compaction steps'."""
+        if self.output_tokens is None:
+            return None
+        return self.output_tokens + self.compaction_output_tokens
 
 
 def load_json(body: bytes) -> Any:
@@ -275,6 +295,10 @@ class Native:
     hosts: tuple[str, ...]
     #: the beta that turns it on, sent in the format's :attr:`Format.betas_header`
     beta: str | None = None
+    #: request keys that rule it out: the client's own context management, or a request that
+    #: cannot carry it (Anthropic's on-demand ``compaction`` shares no request with
+    #: ``context_management``)
+    excludes: tuple[str, ...] = ("context_management",)
 
     def served_by(self, host: str) -> bool:
         """Whether an upstream at ``host`` is the provider's own API."""

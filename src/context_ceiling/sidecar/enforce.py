@@ -76,7 +76,8 @@ def planned_decision(
         and entry is not None
         and fmt.native is not None
         and (strategy == "native" or (strategy == "auto" and native_ok))
-        and "context_management" not in obj  # the client's own is never overridden
+        # the client's own is never overridden, nor added where the request cannot carry it
+        and not any(key in obj for key in fmt.native.excludes)
     ):
         d.native = fmt.native.build(entry.ceiling_tokens, policy)
         d.budget = input_budget(spec.window, d.reservation)  # the provider keeps the ceiling

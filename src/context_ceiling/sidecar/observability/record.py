@@ -187,14 +187,16 @@ class Recorder:
             outcome=ex.outcome,
         ).inc()
         u = ex.usage
-        if u.native_edits:
-            m.child(m.native_edits, model=ex.label, workload=ex.workload).inc(u.native_edits)
+        if u.native_edits or u.compactions:
+            m.child(m.native_edits, model=ex.label, workload=ex.workload).inc(
+                u.native_edits + u.compactions
+            )
         if u.native_cleared_tokens:
             m.child(m.native_cleared_tokens, model=ex.label, workload=ex.workload).inc(
                 u.native_cleared_tokens
             )
         est_error: float | None = None
-        if u.native_edits:  # the provider counted what was left after its own edits
+        if u.native_edits or u.compactions:  # it counted what was left after its own edits
             pass
         elif ex.count is not None and u.input_tokens and not ex.count.partial:
             est_error = (ex.forwarded_tokens - u.input_tokens) / u.input_tokens
@@ -219,6 +221,7 @@ class Recorder:
             and not ex.route.count_only
             and (ex.decision is None or ex.decision.body is None)  # what was sent is the body
             and not u.native_edits
+            and not u.compactions
         ):
             self.state.calibration.observe(ex.label, ex.body_bytes, u.input_tokens)
         if ex.upstream_started is not None:
@@ -269,6 +272,10 @@ class Recorder:
                 "utilization": round(ex.util, 5) if ex.util is not None else None,
                 "components": {k.value: v for k, v in c.components.items()} if c else None,
                 "output_tokens": u.output_tokens,
+                # the provider's compaction steps: billed on top of the answer's own usage
+                "compactions": u.compactions or None,
+                "compaction_input_tokens": u.compaction_input_tokens or None,
+                "compaction_output_tokens": u.compaction_output_tokens or None,
                 "finish_reason": u.finish_reason,
                 "response_model": bounded(u.response_model),
                 "mode": d.mode if d else None,
@@ -313,10 +320,12 @@ class Recorder:
         }
         self._timings(ex, now, base)
         if m.genai_tokens is not None:
-            if u.input_tokens is not None:
-                m.child(m.genai_tokens, **base, gen_ai_token_type="input").observe(u.input_tokens)
-            if u.output_tokens is not None:
-                m.child(m.genai_tokens, **base, gen_ai_token_type="output").observe(u.output_tokens)
+            # the conventions: "when systems report both used tokens and billable tokens,
+            # instrumentation MUST report billable tokens" (a compaction step included)
+            if u.billed_input is not None:
+                m.child(m.genai_tokens, **base, gen_ai_token_type="input").observe(u.billed_input)
+            if u.billed_output is not None:
+                m.child(m.genai_tokens, **base, gen_ai_token_type="output").observe(u.billed_output)
         if m.inference_usage:
             self._inference_usage(u, base)
         if ex.span is not None:
@@ -351,8 +360,8 @@ class Recorder:
             "gen_ai.request.max_tokens": ex.max_tokens,
             "gen_ai.response.model": u.response_model,
             "gen_ai.response.finish_reasons": [u.finish_reason] if u.finish_reason else None,
-            "gen_ai.usage.input_tokens": u.input_tokens,
-            "gen_ai.usage.output_tokens": u.output_tokens,
+            "gen_ai.usage.input_tokens": u.billed_input,
+            "gen_ai.usage.output_tokens": u.billed_output,
             "gen_ai.usage.cache_read.input_tokens": u.cached_tokens,
             "server.address": ex.server_address or None,
             "server.port": ex.server_port or None,
@@ -387,8 +396,8 @@ class Recorder:
         modalities do not add up)."""
         m = self.state.metrics
         kinds = {
-            "input_tokens": u.input_tokens,
-            "output_tokens": u.output_tokens,
+            "input_tokens": u.billed_input,
+            "output_tokens": u.billed_output,
             "cache_read_input_tokens": u.cached_tokens,
             "cache_write_input_tokens": u.cache_write_tokens,
             "reasoning_output_tokens": u.reasoning_tokens,
