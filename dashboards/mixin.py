@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from dashboards.config import SELECTOR
 from dashboards.panels import dashboard
 from dashboards.rule_tests import promtool_tests
 from dashboards.rules import chart_rules_file, opt_in_rules_file, rules_file
@@ -39,15 +40,57 @@ def outputs() -> dict[Path, dict[str, str]]:
     return {
         GENERATED: {
             "context-ceiling.json": board,
-            "rules.yaml": _yaml(rules_file()),
-            "rules-opt-in.yaml": _yaml(opt_in_rules_file()),
+            **scoped(SELECTOR),
             "rules_test.yaml": _yaml(promtool_tests(["rules.yaml", "rules-opt-in.yaml"])),
         },
         CHART_FILES: {"context-ceiling.json": board, "rules.yaml": _yaml(chart_rules_file())},
     }
 
 
-def main() -> None:
+#: the first lines of the standalone rules: how they select the sidecar's series
+RULES_HEADER = (
+    "# Selection: {how}.\n"
+    '# Scope them to one release with `python -m dashboards.mixin --selector \'job="ceiling",\n'
+    "# namespace=\"llm\"' --out DIR` (any PromQL label matchers), or with the chart's\n"
+    "# PrometheusRule (prometheusRule.selector; by default its own job and namespace).\n"
+)
+
+
+def _rules_yaml(doc: object, selector: str) -> str:
+    how = (
+        f"every series matches {{{selector}}}"
+        if selector
+        else "by the sidecar's metric names, whatever the scrape job is called (no label "
+        "matcher);\n# the `up` alerts select the jobs that export llm_context_config_version"
+    )
+    return HEADER + RULES_HEADER.format(how=how) + yaml.safe_dump(doc, sort_keys=False, width=120)
+
+
+def scoped(selector: str) -> dict[str, str]:
+    """The standalone rules and opt-in alerts with every series selected by ``selector``."""
+    return {
+        "rules.yaml": _rules_yaml(rules_file(selector), selector),
+        "rules-opt-in.yaml": _rules_yaml(opt_in_rules_file(selector), selector),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write every generated file; with ``--selector``, only the rules, scoped to it, into
+    ``--out``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m dashboards.mixin", description=__doc__)
+    p.add_argument("--selector", default="", help='PromQL label matchers, e.g. job="ceiling"')
+    p.add_argument("--out", help="where the scoped rules go (with --selector)")
+    args = p.parse_args(argv)
+    if args.selector:
+        if not args.out:
+            p.error("--selector writes scoped rules: give --out DIR")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in scoped(args.selector).items():
+            (out / name).write_text(text)
+        return
     for folder, files in outputs().items():
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():

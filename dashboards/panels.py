@@ -19,6 +19,14 @@ def with_all(expr: str, rate_interval: str) -> str:
     return expr.replace("$__rate_interval", rate_interval)
 
 
+#: what an empty panel shows: most often the sidecar is not scraped, or the job variable
+#: does not match the scrape job's name
+NO_DATA = (
+    "No data: is the sidecar scraped (its /metrics), and does the job variable match the "
+    "scrape job's name? Some panels fill only once their feature is used."
+)
+
+
 def _panel(
     pid: int,
     title: str,
@@ -58,7 +66,11 @@ def _panel(
             }
             for i, (e, leg) in enumerate(targets)
         ],
-        "fieldConfig": {"defaults": {"unit": unit} if unit else {}, "overrides": []},
+        "fieldConfig": {
+            # an empty panel says why it may be empty, instead of a bare "No data"
+            "defaults": ({"unit": unit} if unit else {}) | {"noValue": NO_DATA},
+            "overrides": [],
+        },
     }
     p.update(extra or {})
     return p
@@ -182,7 +194,7 @@ def panels() -> list[dict[str, Any]]:
             16,
             extra={
                 "fieldConfig": {
-                    "defaults": {"custom": {"stacking": {"mode": "normal"}}},
+                    "defaults": {"custom": {"stacking": {"mode": "normal"}}, "noValue": NO_DATA},
                     "overrides": [],
                 }
             },

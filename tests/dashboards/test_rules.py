@@ -7,9 +7,11 @@ import json
 import re
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from dashboards import mixin
 from dashboards.config import ALERTS, RUNBOOK
@@ -45,6 +47,39 @@ def test_promtool_check_and_test_rules() -> None:
             [PROMTOOL or "promtool", *args], capture_output=True, text=True, cwd=generated
         )
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_rules_scoped_to_a_selector(tmp_path: Path) -> None:
+    """``python -m dashboards.mixin --selector ... --out DIR``: every series the rules read is
+    selected by the given matchers, and the file says how it selects in its first lines."""
+    mixin.main(["--selector", 'job="ceiling",namespace="llm"', "--out", str(tmp_path)])
+    text = (tmp_path / "rules.yaml").read_text()
+    assert 'Selection: every series matches {job="ceiling",namespace="llm"}' in text
+    data = yaml.safe_load(text)
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            for name, matchers in re.findall(
+                r"(?<![:\w])(llm_context_[a-z_]+|up)(\{[^}]*\})?(?![\w:])", rule["expr"]
+            ):
+                if name in ("llm_context_config_version",) and "absent" in rule["expr"]:
+                    continue
+                assert 'job="ceiling"' in matchers, (rule.get("record") or rule["alert"], name)
+    head = (REPO / "dashboards" / "generated" / "rules.yaml").read_text().splitlines()[:6]
+    assert any("Selection: by the sidecar's metric names" in line for line in head)
+    if PROMTOOL:
+        r = subprocess.run(
+            [PROMTOOL, "check", "rules", str(tmp_path / "rules.yaml")],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_an_empty_panel_says_why() -> None:
+    for p in dashboard()["panels"]:
+        if p["type"] == "row":
+            continue
+        assert "is the sidecar scraped" in p["fieldConfig"]["defaults"]["noValue"], p["title"]
 
 
 def _metric_names(expr: str) -> set[str]:
