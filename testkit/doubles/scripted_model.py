@@ -44,6 +44,8 @@ class ScriptedModelDouble:
     fail_first: dict[str, int] = field(default_factory=dict)  # status -> how many times
     calls: int = 0
     shoulder: tuple[float, float] | None = None  # (from utilization, accuracy) before the knee
+    #: (from, to, accuracy): a dip between two fills that recovers after it
+    dip: tuple[float, float, float] | None = None
     closed_book: bool = False  # answers right with no documents too (it knows the task set)
     reasoning_only: bool = False  # refuses max_tokens / temperature like a reasoning model
     usage_scale: float = 1.0  # reports prompt tokens off by this factor (another tokenizer)
@@ -127,6 +129,8 @@ class ScriptedModelDouble:
         p = self.high if u_fill < self.knee else self.low
         if self.shoulder and self.shoulder[0] <= u_fill < self.knee:
             p = self.shoulder[1]
+        if self.dip and self.dip[0] <= u_fill < self.dip[1]:
+            p = self.dip[2]
         return self._answer(item, u < p)
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ def test_promtool_check_and_test_rules() -> None:
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.e2e  # promtool checks the scoped file where it is installed
 def test_rules_scoped_to_a_selector(tmp_path: Path) -> None:
     """``python -m dashboards.mixin --selector ... --out DIR``: every series the rules read is
     selected by the given matchers, and the file says how it selects in its first lines."""

@@ -100,7 +100,11 @@ def test_the_registry_knows_bedrock_without_taking_anthropic_s_shape() -> None:
             "anthropic.claude-3-haiku",
         ),
         ("/model/meta.llama3-8b-instruct-v1:0/invoke", None, None),
-        ("/model/anthropic.claude-3-haiku/count-tokens", None, None),
+        (
+            "/model/anthropic.claude-3-haiku/count-tokens",
+            "bedrock_count_tokens",
+            "anthropic.claude-3-haiku",
+        ),
     ],
 )
 def test_routes(path: str, metric_api: str | None, model: str | None) -> None:

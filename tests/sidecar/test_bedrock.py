@@ -143,6 +143,7 @@ def _plain(r: dict[str, Any]) -> dict[str, Any]:
 
 
 ASK = [{"role": "user", "content": [{"text": "What is the answer?"}]}]
+ASK_ANTHROPIC = [{"role": "user", "content": "What is the answer?"}]
 INVOKE = {
     "anthropic_version": "bedrock-2023-05-31",
     "max_tokens": 50,
@@ -376,12 +377,34 @@ def test_a_stream_cut_short_ends_with_an_exception_botocore_raises(
     assert sc.sample("llm_context_requests_total", **labels, outcome="upstream_truncated") == 1
 
 
-def test_other_bedrock_routes_pass_through_signed(make_bedrock: Callable[..., Bedrock]) -> None:
+def test_count_tokens_is_a_count_only_route(make_bedrock: Callable[..., Bedrock]) -> None:
+    """CountTokens is counted by the sidecar and answered by the provider as it is: the two
+    counts side by side are the estimate error, per model; nothing is trimmed or priced. Both
+    of its inputs: a Converse request, and an InvokeModel body (base64 in the JSON)."""
     sc = make_bedrock()
     d = sc.double
     c = client(sc.url)
     counted = c.count_tokens(modelId=CLAUDE, input={"converse": {"messages": ASK}})
     assert counted["inputTokens"] == d.input_tokens and d.received[-1].auth == "sigv4"
+    body = {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 10, "messages": ASK_ANTHROPIC}
+    invoked = c.count_tokens(
+        modelId=CLAUDE, input={"invokeModel": {"body": json.dumps(body).encode()}}
+    )
+    assert invoked["inputTokens"] == d.input_tokens
+    labels = {"model": "claude", "workload": "default", "api": "bedrock_count_tokens"}
+    assert sc.sample("llm_context_requests_total", **labels, outcome="ok") == 2
+    assert sc.sample("llm_context_token_estimate_error_ratio_count", model="claude") == 2
+    # a CountTokens input that is neither is the client's error, in Bedrock's shape
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        c.count_tokens(modelId=CLAUDE, input={"invokeModel": {"body": b"not json"}})
+    assert err.value.response["Error"]["Code"] == "ValidationException"
+    assert "invokeModel.body" in err.value.response["Error"]["Message"]
+
+
+def test_other_bedrock_routes_pass_through_signed(make_bedrock: Callable[..., Bedrock]) -> None:
+    sc = make_bedrock()
+    d = sc.double
+    c = client(sc.url)
     # InvokeModel on another family's model is not measured: passed through, signed
     with pytest.raises(botocore.exceptions.ClientError) as err:
         c.invoke_model(modelId="meta.llama3-8b-instruct-v1:0", body=json.dumps({"prompt": "hi"}))
@@ -396,7 +419,7 @@ def test_other_bedrock_routes_pass_through_signed(make_bedrock: Callable[..., Be
             outcome=outcome,
         )
 
-    assert passed("ok") == 1 and passed("upstream_4xx") == 1
+    assert passed("upstream_4xx") == 1 and not passed("ok")  # CountTokens is measured now
     # a GET is signed as a GET (the signature covers the method)
     listed = c.list_async_invokes()
     assert listed["asyncInvokeSummaries"] == [] and d.received[-1].auth == "sigv4"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -159,6 +160,28 @@ def test_grading_buckets() -> None:
 
 
 @pytest.mark.e2e
+def test_a_dip_between_levels_that_recovers_is_found(tmp_path: Path) -> None:
+    """Accuracy falls between the 0.2 and 0.5 grid levels and recovers before 0.5: the grid
+    alone passes 0.5 and 0.8 and would admit the dip; the scan measures fills between them,
+    finds it, and the ceiling stays below it."""
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.9, dip=(0.3, 0.42, 0.3), repeats_agree=True)
+    out = tmp_path / "run"
+    with serve(d.app()) as url:
+        args = common(url + "/v1", out, "--items", "40", "--repeats", "1", "--refine")
+        assert run_cli(*args, "--tolerance", "0.1", "--seed", "2") == 0
+    plan = json.loads((out / "plan.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["analysis"]
+    assert plan["scanned"], "the scan measured fills between the passing grid levels"
+    levels = {s["level"]: s for s in summary["levels"]}
+    assert levels[0.5]["diff"] > -0.1 and levels[0.8]["diff"] > -0.1, "the grid alone passes"
+    in_dip = [lv for lv in plan["scanned"] if 0.3 <= levels[lv]["utilization"] < 0.42]
+    assert in_dip, plan["scanned"]
+    assert summary["ceiling_utilization"] < 0.3, summary["ceiling_utilization"]
+    # the level that decided it lies in the dip (a scanned one, or a refinement below it)
+    assert 0.3 <= levels[summary["deciding_level"]]["utilization"] < 0.42
+
+
+@pytest.mark.e2e
 def test_curve_ceiling_and_refinement_on_a_known_knee(
     scripted: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -189,7 +212,13 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     initial = {0.1, 0.2, 0.5, 0.8}
     added = [lv for lv in plan["levels"] if lv not in initial and lv < 0.9]
     assert added, "refinement measured new levels"
-    assert all(0.5 < lv < 0.8 for lv in added), f"levels added only where the drop is: {added}"
+    refined, scanned = plan["refined"], plan["scanned"]
+    assert refined and all(0.5 < lv < 0.8 for lv in refined), f"refined where it drops: {refined}"
+    # the dip scan: between the passing grid levels, no two points more than 0.08 apart
+    assert scanned and all(0.2 < lv < 0.5 for lv in scanned), scanned
+    points = sorted([0.2, *scanned, 0.5])
+    assert max(b - a for a, b in itertools.pairwise(points)) <= 0.08 + 1e-9
+    assert sorted(added) == sorted(refined + scanned)
     knee = 0.65
     assert summary["ceiling_level"] is not None
     ceiling_util = next(
@@ -581,11 +610,12 @@ def test_replay_asks_held_out_items_evidence_first_and_reports_both_sides(
 def test_a_level_the_corpus_cannot_fill_is_refused_not_mislabelled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The contracts corpus holds about 85k tokens: at a 128k window the 0.8 and max levels
-    would be measured at ~0.65 under their own names. The plan refuses them (exit 2, one line
-    saying how far the corpus reaches) and spends nothing; levels it reaches plan as before."""
+    """The records corpus (no generator extends it) holds about 14k tokens: at a 32k window
+    the 0.8 and max levels would be measured at ~0.45 under their own names. The plan refuses
+    them (exit 2, one line saying how far the corpus reaches) and spends nothing; levels it
+    reaches plan as before."""
     base = ["sweep", "run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
-    base += ["--taskset", "contracts", "--window", "131072", "--tokenizer", "o200k_base"]
+    base += ["--taskset", "records", "--window", "32768", "--tokenizer", "o200k_base"]
     code = cli_main(
         [*base, "--levels", "0.2,0.5,0.8,max", "--dry-run", "--out", str(tmp_path / "a")]
     )
@@ -593,7 +623,7 @@ def test_a_level_the_corpus_cannot_fill_is_refused_not_mislabelled(
     assert code == 2 and "0.8" in err and "fills at most" in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
-    code = cli_main([*base, "--levels", "0.2,0.5", "--dry-run", "--out", str(tmp_path / "b")])
+    code = cli_main([*base, "--levels", "0.2,0.3", "--dry-run", "--out", str(tmp_path / "b")])
     assert code == 0, capsys.readouterr().err
 
 
@@ -658,7 +688,8 @@ def test_the_reach_a_corpus_refuses_is_one_it_then_accepts(
 
     def dry(levels: str) -> int:
         args = common("http://127.0.0.1:9/v1", tmp_path / "dry", "--dry-run", "--price", "0")
-        args[args.index("--window") + 1] = "128000"
+        args[args.index("--window") + 1] = "32000"
+        args += ["--taskset", "records"]  # a corpus no generator extends
         return run_cli(*args, "--levels", levels, "--items", "30", "--no-adaptive")
 
     assert dry("0.2,0.95") == 2
@@ -685,3 +716,25 @@ def test_window_auto_takes_a_listed_models_window_off_llama_cpp(
     assert json.loads(capsys.readouterr().out)["window"] == 128000
     assert dry("a-private-model-nobody-lists") == 2
     assert "pass --window N" in capsys.readouterr().err
+
+
+def test_a_bundled_corpus_fills_any_window(tmp_path: Path) -> None:
+    """The contracts corpus grows with the window, from its own generator (more confusable
+    contract families: plausible neighbours, never filler), deterministically; the items stay
+    as they are. A sweep's dry run then accepts 0.95 of a 128k, 200k and 1M window."""
+    from context_ceiling.core.tokenizers import TiktokenCounter
+    from context_ceiling.sweep.corpora import extend
+
+    big = extend(TS, 1_000_000)
+    assert big.items == TS.items and set(TS.docs) < set(big.docs)
+    assert extend(TS, 1_000_000).hash == big.hash != TS.hash  # the same corpus every time
+    assert extend(TS, 1_000) is TS  # a small window needs nothing more
+    added = [d for k, d in big.docs.items() if k not in TS.docs]
+    assert all(d.id.startswith("C-") and len(d.id.split("-")[1]) >= 5 for d in added)
+    enc = TiktokenCounter("o200k_base")
+    assert sum(enc.count(d.text) for d in big.docs.values()) >= 1_000_000
+    for window in (131_072, 200_000, 1_000_000):
+        args = ["run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+        args += ["--window", str(window), "--tokenizer", "o200k_base", "--no-progress"]
+        args += ["--levels", "0.2,0.5,0.8,0.95", "--dry-run", "--out", str(tmp_path / str(window))]
+        assert run_cli(*args) == 0

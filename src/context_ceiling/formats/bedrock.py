@@ -76,6 +76,7 @@ from context_ceiling.formats.sigv4 import SigV4Signer
 __all__ = [
     "API",
     "CONVERSE",
+    "COUNT_TOKENS",
     "INVOKE",
     "PASSTHROUGH_ROUTES",
     "ROUTES",
@@ -87,6 +88,8 @@ __all__ = [
     "ask",
     "body_usage",
     "count",
+    "count_tokens",
+    "count_tokens_usage",
     "error_body",
     "error_headers",
     "expect",
@@ -824,6 +827,69 @@ INVOKE = dataclasses.replace(
     client_headers=(),
 )
 
+# -- CountTokens ------------------------------------------------------------------------------------
+
+
+def _count_tokens_input(body: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """CountTokens' ``input``: a Converse request (``converse``) or an InvokeModel body
+    (``invokeModel.body``, a blob: base64 in the JSON botocore sends), as (kind, body)."""
+    inp = body.get("input")
+    if isinstance(inp, Mapping) and isinstance(inp.get("converse"), Mapping):
+        return "converse", inp["converse"]
+    if isinstance(inp, Mapping) and isinstance(inp.get("invokeModel"), Mapping):
+        raw = inp["invokeModel"].get("body")
+        try:
+            decoded = orjson.loads(base64.b64decode(raw, validate=True))
+        except (TypeError, ValueError, binascii.Error, orjson.JSONDecodeError):
+            raise RequestShapeError(
+                "input.invokeModel.body must be the model's JSON request, base64-encoded"
+            ) from None
+        if not isinstance(decoded, Mapping):
+            raise RequestShapeError("input.invokeModel.body must be a JSON object")
+        return "invoke", decoded
+    raise RequestShapeError("'input' must hold 'converse' or 'invokeModel'")
+
+
+def count_tokens(
+    body: Mapping[str, Any],
+    counter: TextCounter,
+    fmt: ChatFormat | None = None,
+    chunks: re.Pattern[str] | None = None,
+    prior: Prior | None = None,
+    memo: CountCache | None = None,
+) -> RequestCount:
+    """A CountTokens request counted as the request it asks about: a Converse body as Converse
+    counts it, an InvokeModel body of Anthropic's messages as Anthropic's are; another family's
+    InvokeModel body by its text (its schema is the family's own)."""
+    kind, inner = _count_tokens_input(body)
+    if kind == "converse":
+        return count(inner, counter, fmt, chunks, prior, memo)
+    if isinstance(inner.get("messages"), list):
+        return anthropic.count(inner, counter, fmt, chunks, prior, memo)
+    text = orjson.dumps(inner).decode()
+    as_converse = {"messages": [{"role": "user", "content": [{"text": text}]}]}
+    return count(as_converse, counter, fmt, chunks, prior, memo)
+
+
+def count_tokens_usage(body: bytes) -> Usage:
+    """CountTokens' answer: ``inputTokens``, the provider's exact count of the input."""
+    u = Usage()
+    obj = load_json(body)
+    if isinstance(obj, dict) and isinstance(obj.get("inputTokens"), int):
+        u.input_tokens = obj["inputTokens"]
+    return u
+
+
+#: CountTokens (``/model/{modelId}/count-tokens``): counted, never trimmed or answered: the
+#: provider's count beside the sidecar's is the estimate error, per model
+COUNT_TOKENS = dataclasses.replace(
+    CONVERSE,
+    count=count_tokens,
+    requested_output=lambda _body: None,
+    body_usage=count_tokens_usage,
+    stream_suffix=None,
+)
+
 #: the decoded path: a model ARN's ``/`` is part of the model id
 _MODEL = r"^/model/.+"
 #: InvokeModel on Anthropic's models only (other families' bodies pass through): a model id or
@@ -831,7 +897,9 @@ _MODEL = r"^/model/.+"
 _ANTHROPIC = r"^/model/.*anthropic\..*"
 
 
-def _route(fmt: Format, metric_api: str, path: str, pattern: str) -> Route:
+def _route(
+    fmt: Format, metric_api: str, path: str, pattern: str, count_only: bool = False
+) -> Route:
     """A Bedrock runtime route: the model in the path (it wins over the body's), path and query
     sent as they came (the signature covers them)."""
     return Route(
@@ -843,6 +911,7 @@ def _route(fmt: Format, metric_api: str, path: str, pattern: str) -> Route:
         path_model=model_of,
         path_model_first=True,
         provider_name="aws.bedrock",
+        count_only=count_only,
     )
 
 
@@ -858,5 +927,12 @@ ROUTES = (
         "bedrock_invoke",
         "/model/anthropic.{model}/invoke",
         _ANTHROPIC + r"/invoke(?:-with-response-stream)?$",
+    ),
+    _route(
+        COUNT_TOKENS,
+        "bedrock_count_tokens",
+        "/model/{modelId}/count-tokens",
+        _MODEL + r"/count-tokens$",
+        count_only=True,
     ),
 )

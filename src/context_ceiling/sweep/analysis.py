@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.sweep.calllog import CallLog, sample_key
+from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
@@ -72,6 +73,9 @@ class Design:
     reference: float
     #: levels the refinement added (tested at its share of the error)
     refined: tuple[float, ...] = ()
+    #: levels the dip scan added between passing levels (tested in the fixed sequence, at the
+    #: grid's error, once they look low: :func:`scan_gates`)
+    scanned: tuple[float, ...] = ()
     #: the items the pass test's bets are tuned for (fixed before the first call)
     horizon: int | None = None
     #: the most items the design may measure at a level (the task set, or a fixed design)
@@ -115,7 +119,9 @@ class LevelStats:
     passes: bool = True
     mean_prompt_tokens: float = 0.0
     gold_position_accuracy: dict[str, float] = field(default_factory=dict)
-    role: str = "level"  # "low_fill" | "reference" | "level"
+    # "low_fill" | "reference" | "level" | "scan" (a scanned level that looks low: it gates the
+    # chain) | "scanned" (one that does not: shown, not tested)
+    role: str = "level"
     planned_calls: int = 0
     missing_calls: int = 0
     errored_calls: int = 0
@@ -156,6 +162,8 @@ class Analysis:
     open_level: float | None = None
     #: the levels the refinement added
     refined: list[float] = field(default_factory=list)
+    #: levels the dip scan added
+    scanned: list[float] = field(default_factory=list)
     #: the most items the design may measure at a level
     cap: int | None = None
     #: how much of the calls' variance lies between items rather than between an item's repeats
@@ -191,7 +199,9 @@ class Analysis:
 
     @property
     def chain(self) -> list[LevelStats]:
-        return [s for s in self.levels if s.role != "low_fill"]
+        """The fixed sequence the pass test walks, from the reference up: every level but the
+        low-fill control and the scanned levels that do not look low."""
+        return [s for s in self.levels if s.role not in ("low_fill", "scanned")]
 
     def blocking(self, accept_unresolved: bool = False) -> list[str]:
         """The refusals that stand (``--accept-unresolved`` waives only the unresolved one)."""
@@ -329,6 +339,8 @@ def analyse_graded(
         s.diff = mean(diffs) if diffs else 0.0
         if len(diffs) > 1:
             s.diff_sd = math.sqrt(sum((x - s.diff) ** 2 for x in diffs) / (len(diffs) - 1))
+        if s.level in design.scanned:
+            s.role = "scan" if scan_gates(s, tolerance) else "scanned"
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
             s.diff_lower = s.diff_ci[0]
@@ -354,6 +366,7 @@ def analyse_graded(
         metric=metric,
         floor=floor,
         refined=list(design.refined),
+        scanned=list(design.scanned),
         cap=design.cap,
         repeat_icc=repeat_icc(
             (r for r in rows if not r["control"] and r["item"] not in excluded),
@@ -364,6 +377,19 @@ def analyse_graded(
     _judge(a, ref, rows, controls, tolerance)
     a.outcome = outcome_of(a)
     return a
+
+
+SCAN_LOW = 0.5
+"""A scanned level gates the chain once its measured difference from the reference is below
+``-SCAN_LOW * tolerance``: half the tolerance down is where a dip starts to matter, and a level
+that plainly holds up costs the chain no power."""
+
+
+def scan_gates(s: LevelStats, tolerance: float) -> bool:
+    """Whether a level the dip scan added takes part in the fixed sequence: it looks low (its
+    measured difference is below ``-SCAN_LOW * tolerance``), or it is not measured whole yet (a
+    level with calls missing proves nothing either way)."""
+    return not s.complete or s.diff < -SCAN_LOW * tolerance
 
 
 def outcome_of(a: Analysis) -> str:
@@ -431,7 +457,12 @@ def _decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     steps = max(0, math.ceil(round((a.max_tolerance - tolerance) / TOLERANCE_STEP, 6)))
     _chain(a, ref, tolerance)
     d = a.level(a.deciding_level)
-    if d is not None and d.role == "level" and d.complete and not futile(d, tolerance, a.cap):
+    if (
+        d is not None
+        and d.role in ("level", "scan")
+        and d.complete
+        and not futile(d, tolerance, a.cap)
+    ):
         a.open_level = d.level if d.diff_lower <= -tolerance <= d.diff_ci[1] else None
     low = next((s for s in a.levels if s.role == "low_fill" and s.complete and s.n_items), None)
     if low is not None and not reference_shown_good(a, tolerance) and low.diff < tolerance:
@@ -688,6 +719,7 @@ def design_of(plan: Plan) -> Design:
         control,
         plan.chain_reference,
         refined=tuple(plan.refined),
+        scanned=tuple(plan.scanned),
         horizon=plan.horizon
         or min(plan.planned_items or len(ids), plan.item_cap or len(ids))
         or None,
@@ -717,6 +749,8 @@ def analysis_of(
     default to the plan's."""
     plan = Plan.load(out)
     ts = open_taskset(plan.spec.taskset)
+    if plan.window:  # the corpus the run measured: extended for its window, as run.py does
+        ts = extend(ts, reach(plan.levels, plan.window))
     wanted = set(plan.item_ids)
     items = {i.id: i for i in ts.items if i.id in wanted}
     rows = [r.row() for r in CallLog(out / "calls.jsonl").records().values()]

@@ -7,9 +7,12 @@ the task set runs out:
 1. while the level that decides the ceiling failed but not clearly (its paired interval still
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
-2. once it is decided, measure the geometric midpoint of the deciding bracket (the highest
-   passing level and the first failing one) while the bracket is wider than the resolution, at
-   most ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error).
+2. once it is decided, scan for dips that recover: points between every pair of passing grid
+   levels at or below the ceiling, measured once on the reference's items (:func:`scans`); a
+   scanned level that looks low joins the fixed sequence, and a dip there lowers the ceiling;
+3. measure the geometric midpoint of the deciding bracket (the highest passing level and the
+   first failing one) while the bracket is wider than the resolution, at most
+   ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error).
 
 Every look is covered by the pass test's confidence sequence (``statistics``), so adding items
 until a level passes does not inflate the chance of passing one that dropped.
@@ -32,7 +35,8 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
     batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
-    reference's items (kind ``levels``)."""
+    reference's items (kind ``levels``: the refinement's midpoints; kind ``scan``: the dip
+    scan's)."""
 
     kind: str
     levels: tuple[float, ...]
@@ -48,7 +52,7 @@ def refinements(
     crosses the tolerance. Drops between two failing levels cannot move the ceiling and are left
     alone."""
     del tolerance
-    chain = [s for s in stats if s.role != "low_fill"]
+    chain = [s for s in stats if s.role not in ("low_fill", "scanned")]
     for a, b in itertools.pairwise(chain):
         if a.passes and not b.passes:
             if not b.complete:
@@ -59,6 +63,36 @@ def refinements(
                     return [mid]
             return []
     return []
+
+
+def scans(a: Analysis, resolution: float) -> list[float]:
+    """Fills between two passing levels of the grid, at or below the ceiling, where a dip that
+    recovers would go unseen: points evenly spaced between each such pair, no two further apart
+    than twice the resolution (a dip that wide cannot fall between them), measured once on the
+    reference's items. A scanned level that looks low then
+    takes part in the fixed sequence (``analysis.scan_gates``): a dip there lowers the ceiling
+    below it; one that holds up costs the pass test nothing. Only the grid's own pairs are
+    scanned (not refined or scanned levels): one pass, at a bounded cost."""
+    if a.ceiling_level is None or a.reference_level is None:
+        return []
+    grid = [
+        s
+        for s in a.levels
+        if s.role in ("reference", "level")
+        and s.level not in a.refined
+        and s.level <= a.ceiling_level
+        and s.passes
+    ]
+    done = {s.level for s in a.levels}
+    out = []
+    step = 2 * resolution
+    for lo, hi in itertools.pairwise(grid):
+        k = math.ceil(round((hi.level - lo.level) / step, 6))
+        for j in range(1, k):  # evenly spaced, no two points further apart than ``step``
+            mid = round(lo.level + j * (hi.level - lo.level) / k, 4)
+            if mid not in done and mid not in a.scanned:
+                out.append(mid)
+    return out
 
 
 def open_levels(a: Analysis) -> list[float]:
@@ -149,6 +183,10 @@ def next_step(
         if drawn < target_items:
             n = min(batch, target_items - drawn)
             return Step("items", (low.level, a.reference_level), n)
+    if refine:
+        dips = scans(a, resolution)
+        if dips:
+            return Step("scan", tuple(dips))
     if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
         new = refinements(a.levels, a.tolerance, resolution, {s.level for s in a.levels})
         if new:

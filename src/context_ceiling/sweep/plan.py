@@ -88,6 +88,8 @@ class Plan(Strict):
     horizon: int | None = None
     #: levels the refinement added (their pass test runs at the refinement's share of the error)
     refined: list[float] = Field(default_factory=list)
+    #: levels the dip scan added between passing levels
+    scanned: list[float] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.formats import APIS
 from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
+from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.design import Step, next_step, opening, repeats_for_new_items
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import (
@@ -224,7 +225,6 @@ class _Sweep:
 
     def __init__(self, plan: Plan, opts: RunOptions, out: Path, console: Console) -> None:
         self.plan, self.opts, self.out, self.console = plan, opts, out, console
-        self.ts = open_taskset(plan.spec.taskset)
         self.window = plan.window or window_of(
             plan.spec.window, plan.spec.base_url, plan.spec.model
         )
@@ -232,6 +232,9 @@ class _Sweep:
             plan.levels = levels_for(
                 plan.spec.levels, self.window, plan.spec.max_tokens, plan.spec.low_fill
             )
+        # a bundled corpus grows with the window (more of its own kind of document), so the
+        # highest level can be filled whatever the window
+        self.ts = extend(open_taskset(plan.spec.taskset), reach(plan.levels, self.window))
         self.reference = plan.chain_reference
         self.meter = _meter(
             plan.spec.tokenizer, plan.spec.tokenize_url or plan.spec.base_url, console
@@ -527,11 +530,21 @@ class _Sweep:
                 "decision is open"
             )
             return self.samples_for([lv])
-        self.console.print(f"refining: measuring {where} where accuracy drops")
+        if step.kind == "scan":
+            self.console.print(f"scanning {where} for a dip between passing levels")
+        else:
+            self.console.print(f"refining: measuring {where} where accuracy drops")
         ref_n = plan.items_at(self.reference)
+        if step.kind == "scan" and plan.batches:
+            # a scan is cheap: the opening's items; a point that looks low is extended to the
+            # rest of the items drawn, as any open level is
+            ref_n = min(ref_n, plan.batches[0])
         plan.n_at = plan.n_at | {level_key(lv): ref_n for lv in step.levels}
         plan.levels = sorted(set(plan.levels) | set(step.levels))
-        plan.refined = [*plan.refined, *(lv for lv in step.levels if lv not in plan.refined)]
+        if step.kind == "scan":
+            plan.scanned = [*plan.scanned, *(lv for lv in step.levels if lv not in plan.scanned)]
+        else:
+            plan.refined = [*plan.refined, *(lv for lv in step.levels if lv not in plan.refined)]
         return self.samples_for(list(step.levels))
 
 

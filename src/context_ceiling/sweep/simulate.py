@@ -40,7 +40,7 @@ __all__ = [
     "with_truth",
 ]
 
-SHAPES = ("cliff", "gradual", "gentle", "dip", "fragile", "bimodal")
+SHAPES = ("cliff", "gradual", "gentle", "dip", "fragile", "bimodal", "recover")
 _FLOOR = 0.15  # where a cliff or a fall ends
 _QUAD = 24  # quadrature points over the item effects
 
@@ -71,7 +71,8 @@ class Truth:
     first call's outcome (near-greedy sampling repeats itself); ``known``: the share of items
     the model answers with no documents. Shape-specific: ``slope`` (gentle: accuracy points lost
     per unit of fill from the start), ``dip_at``/``dip`` (a plateau that dips ``dip`` accuracy
-    points at ``dip_at`` and stays there until the cliff), ``fragile``/``fragile_at`` (that share of items falls at that
+    points at ``dip_at`` and stays there until the cliff; ``recover``: for ``dip_width`` of fill,
+    then recovers), ``fragile``/``fragile_at`` (that share of items falls at that
     fill), ``bimodal`` (items either nearly always right or nearly always wrong)."""
 
     shape: str
@@ -83,6 +84,7 @@ class Truth:
     slope: float = 0.0
     dip_at: float = 0.0
     dip: float = 0.0
+    dip_width: float = 0.0
     fragile: float = 0.0
     fragile_at: float = 0.0
 
@@ -111,6 +113,10 @@ class Truth:
             p -= self.slope * u
         elif self.shape == "dip":  # a step down of ``dip`` points, kept until the cliff
             p -= self.dip / (1 + math.exp(-(u - self.dip_at - 0.025) / 0.008))
+        elif self.shape == "recover":  # ``dip`` points down over ``dip_width``, then back up
+            p -= self.dip * (
+                _sig((u - self.dip_at) / 0.008) - _sig((u - self.dip_at - self.dip_width) / 0.008)
+            )
         return min(1.0, max(0.0, p))
 
     def p(self, u: float) -> float:
@@ -145,6 +151,13 @@ def random_truth(rng: random.Random, shape: str, **over: Any) -> Truth:
         kw |= {"slope": rng.uniform(0.2, 0.4), "knee": 2.0}
     elif shape == "dip":
         kw |= {"dip": 0.06, "knee": rng.uniform(0.6, 0.95), "dip_at": rng.uniform(0.25, 0.5)}
+    elif shape == "recover":
+        kw |= {
+            "dip": 0.08,
+            "knee": rng.uniform(0.7, 0.95),
+            "dip_at": rng.uniform(0.25, 0.45),
+            "dip_width": rng.uniform(0.08, 0.15),
+        }
     elif shape == "fragile":
         kw |= {"fragile": 0.2, "fragile_at": rng.uniform(0.3, 0.5), "knee": rng.uniform(0.6, 0.95)}
     elif shape == "bimodal":
@@ -260,6 +273,7 @@ class SimSweep:
         self.n_control = self.drawn
         self.batches = [self.drawn]
         self.refined: list[float] = []
+        self.scanned: list[float] = []
         self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
 
     def _opening_tokens(self, n: int) -> int:
@@ -318,6 +332,7 @@ class SimSweep:
             ids[: self.n_control],
             self.reference,
             refined=tuple(self.refined),
+            scanned=tuple(self.scanned),
             horizon=self.open.horizon,
             cap=self.open.target,
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
@@ -383,6 +398,8 @@ class SimSweep:
                     self.n_at[lv] = self.drawn
             else:
                 n = self.n_at[self.reference]
+                if step.kind == "scan" and self.batches:  # as run.py: the opening's items
+                    n = min(n, self.batches[0])
                 cost = n * self.repeats * sum(self._call_tokens(lv) for lv in step.levels)
                 if not self._fits(cost):
                     break
@@ -390,7 +407,7 @@ class SimSweep:
                     self.n_at[lv] = n
                     self._measure(lv, self.order[:n])
                     self.levels = sorted({*self.levels, lv})
-                    self.refined.append(lv)
+                    (self.scanned if step.kind == "scan" else self.refined).append(lv)
         self.spend.items = self.drawn
         return self.analyse()
 

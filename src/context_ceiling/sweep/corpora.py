@@ -1,0 +1,211 @@
+"""Generators of the bundled task sets' corpora, in the package: the sweep extends a bundled
+corpus with more documents of the same kind when a window is larger than the committed corpus
+fills (``extend``), so a bundled task set fills any window, 4k to 1M tokens, with plausible
+neighbours (more confusable contract families), never filler.
+
+The committed ``contracts`` task set is generated from these functions
+(``python -m devtools.generate_contracts``), so its documents and the padding that extends it
+are one kind of text.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Any
+
+from context_ceiling.sweep.taskset import Doc, TaskSet
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "EXTENDABLE",
+    "FAMILIES",
+    "SEED",
+    "contracts",
+    "documents",
+    "extend",
+    "reach",
+]
+
+SEED = 20261129
+FAMILIES = 120
+
+BASES = [
+    "Northwind",
+    "Blue Harbor",
+    "Alder",
+    "Crescent",
+    "Summit",
+    "Ironwood",
+    "Silverline",
+    "Redfern",
+    "Oakridge",
+    "Brightwater",
+    "Kestrel",
+    "Granite",
+    "Meridian",
+    "Larkspur",
+    "Cobalt",
+    "Foxglove",
+    "Highmoor",
+    "Juniper",
+    "Lindqvist",
+    "Marlowe",
+    "Nettlefield",
+    "Orchard",
+    "Pemberton",
+    "Quarry",
+]
+SECTORS = [
+    "Logistics",
+    "Data Services",
+    "Facilities",
+    "Consulting",
+    "Software",
+    "Security",
+    "Catering",
+    "Cloud",
+]
+VARIANTS = ["{b} {s}", "{b} {s} Group", "{b} {s} Partners", "{b}-{s} International"]
+CLIENTS = [
+    "Alder Health",
+    "Brookline Bank",
+    "Cedar Schools",
+    "Dunmore Foods",
+    "Elmstead Energy",
+    "Fairhaven Port",
+    "Glenrock Insurance",
+    "Harrow Hospitals",
+    "Islay Distillers",
+    "Jarrow Rail",
+    "Kilbride Water",
+    "Lowther Museums",
+]
+LAWS = ["Ireland", "the Netherlands", "Germany", "Denmark", "Portugal", "Austria"]
+TOPICS = [
+    "termination",
+    "data protection",
+    "liability",
+    "audit rights",
+    "renewal",
+    "confidentiality",
+    "subcontracting",
+    "payment terms",
+    "service levels",
+    "insurance",
+]
+
+
+def contracts(
+    rng: random.Random,
+    families: int = FAMILIES,
+    first: int = 0,
+    roots: tuple[int, int] = (1000, 9000),
+    used: set[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Contracts of ``families`` families (from family ``first``), each in four confusable
+    variants, ids drawn from ``roots`` (four digits for the bundled set, more for padding)."""
+    out = []
+    used = set() if used is None else used
+    for f in range(first, first + families):
+        base = BASES[f % len(BASES)]
+        sector = SECTORS[(f // len(BASES) + f) % len(SECTORS)]
+        client = rng.choice(CLIENTS)
+        root = rng.randrange(*roots)
+        digits = list(str(root))
+        for v, pattern in enumerate(VARIANTS):
+            # nearby, confusable ids: the family's digits, permuted
+            cid = "C-" + "".join(digits)
+            while cid in used:
+                rng.shuffle(digits)
+                cid = "C-" + "".join(digits)
+            used.add(cid)
+            rng.shuffle(digits)
+            clauses = []
+            topics = rng.sample(TOPICS, 6)
+            for n, topic in enumerate(topics, 1):
+                clauses.append({"id": f"{cid}/{n}", "topic": topic})
+            extra = rng.choice([t for t in TOPICS if t not in topics[:1]])
+            # a second clause on the family's chosen topic in some variants: different answer sets
+            if v % 2 == 0:
+                clauses.append({"id": f"{cid}/{len(clauses) + 1}", "topic": topics[0]})
+            else:
+                clauses.append({"id": f"{cid}/{len(clauses) + 1}", "topic": extra})
+            out.append(
+                {
+                    "family": f,
+                    "variant": v,
+                    "id": cid,
+                    "supplier": pattern.format(b=base, s=sector),
+                    "client": client,
+                    "fee": rng.randrange(8, 240) * 50,
+                    "notice_days": rng.choice([30, 45, 60, 90, 120, 180]),
+                    "law": rng.choice(LAWS),
+                    "start": rng.randrange(2019, 2027),
+                    "clauses": clauses,
+                    "focus": topics[0],
+                }
+            )
+    return out
+
+
+def documents(c: dict[str, Any]) -> list[dict[str, str]]:
+    """A contract's two documents: its terms and its clause register."""
+    terms = (
+        f"Service contract {c['id']} between {c['supplier']} (supplier) and {c['client']} (client), "
+        f"in force since {c['start']}. The annual renewal fee is {c['fee']:,} EUR. Either party may "
+        f"give notice of {c['notice_days']} days. The contract is governed by the law of {c['law']}."
+    )
+    lines = [f"Clause {cl['id']} covers {cl['topic']}." for cl in c["clauses"]]
+    clauses = (
+        f"Clause register of contract {c['id']} ({c['supplier']} for {c['client']}): "
+        + " ".join(lines)
+    )
+    return [
+        {"id": f"{c['id']}-T", "title": f"Terms of {c['id']}", "text": terms},
+        {"id": f"{c['id']}-C", "title": f"Clauses of {c['id']}", "text": clauses},
+    ]
+
+
+#: more characters per token than the generated text has under the shipped encodings (3.8
+#: under o200k_base and cl100k_base): an extension sized by it holds more tokens than asked,
+#: room for the documents' own wrapping and for a tokenizer that splits finer
+CHARS_PER_TOKEN = 5.0
+#: the generators that can extend a bundled corpus, by task set name
+EXTENDABLE = ("contracts",)
+
+
+def reach(levels: list[float], window: int) -> int:
+    """The tokens the highest level fills: what a task set's corpus must hold."""
+    return math.ceil(max(levels, default=0.0) * window)
+
+
+def extend(ts: TaskSet, reach_tokens: int) -> TaskSet:
+    """``ts`` with its corpus extended, deterministically, until it holds about
+    ``reach_tokens`` tokens (sized by :data:`CHARS_PER_TOKEN`): more contract families for the
+    bundled ``contracts`` set (ids of five or more digits, never a committed one), the items
+    and the skeleton unchanged. A task set without a generator, or one that already fills
+    ``reach_tokens``, comes back as it is. The hash names the extension, so a run's provenance
+    says which corpus it measured."""
+    have = sum(len(d.text) for d in ts.docs.values())
+    want = int(reach_tokens * CHARS_PER_TOKEN)
+    if ts.meta.name not in EXTENDABLE or ts.meta.seed != SEED or have >= want:
+        return ts
+    rng = random.Random(SEED + 1)
+    used = {d.id.rsplit("-", 1)[0] for d in ts.docs.values()}
+    docs = dict(ts.docs)
+    first, batch = FAMILIES, 40
+    while have < want:
+        for c in contracts(rng, batch, first, (10_000, 100_000), used):
+            for d in documents(c):
+                docs[d["id"]] = Doc(**d)
+                have += len(d["text"])
+        first += batch
+    added = len(docs) - len(ts.docs)
+    return replace(
+        ts,
+        docs=docs,
+        hash=f"{ts.hash}+padding:{added}",
+        corpus_hash=f"{ts.corpus_hash}+padding:{added}",
+    )
