@@ -326,8 +326,8 @@ def test_sweep_job_rbac_volume_and_pod(helm: list[str]) -> None:
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert pod["automountServiceAccountToken"] is True
     # the sweep runs the image built with the sweep extra; the gateway the sidecar-only one
-    assert pod["containers"][0]["image"].endswith(":0.2.0-sweep")
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0")
+    assert pod["containers"][0]["image"].endswith(":0.3.0-sweep")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.3.0")
     # one pod per shard, all on one shared claim
     assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 4
     [pvc] = by_kind(docs, "PersistentVolumeClaim")

@@ -391,6 +391,7 @@ def test_genai_metrics_follow_the_semantic_conventions(tmp_path: Path) -> None:
         "gen_ai_provider_name": "openai",
         "gen_ai_request_model": "gpt-4o-mini-2024-07-18",  # the name asked for, not the label
         "server_address": "127.0.0.1",
+        "server_port": h.rsplit(":", 1)[1],  # required with server.address
         "model": "mini",
     }
     assert reg.get_sample_value("gen_ai_server_time_to_first_token_seconds_count", mini) == 1
@@ -400,6 +401,7 @@ def test_genai_metrics_follow_the_semantic_conventions(tmp_path: Path) -> None:
         **mini,
         "gen_ai_provider_name": "azure.ai.openai",
         "gen_ai_request_model": "gpt-4o",
+        "server_port": e.rsplit(":", 1)[1],  # the Azure resource's
         "model": "gpt-4o",
     }
     assert reg.get_sample_value("gen_ai_client_operation_duration_seconds_count", azure) == 1

@@ -12,7 +12,6 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,11 +20,8 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from context_ceiling.core.counting import RequestCount
-from context_ceiling.core.engine_tokenize import EngineCountError, count_chat
-from context_ceiling.core.models import OTHER, UpstreamSpec
+from context_ceiling.core.models import OTHER
 from context_ceiling.core.shape_checks import RequestShapeError
-from context_ceiling.core.tokenizers import RequestMemo, TextCounter
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import APIS
 from context_ceiling.formats.base import Route, SigningRefused, Usage
@@ -35,7 +31,7 @@ from context_ceiling.sidecar.capture.writer import CollectingTap
 from context_ceiling.sidecar.config import Upstream
 from context_ceiling.sidecar.enforce import Decision, context_error
 from context_ceiling.sidecar.errors import error_response
-from context_ceiling.sidecar.exchange import Exchange, Schedule, request_id
+from context_ceiling.sidecar.exchange import Exchange, request_id
 from context_ceiling.sidecar.observability.logs import bounded
 from context_ceiling.sidecar.observability.record import Recorder
 from context_ceiling.sidecar.observability.semconv import provider_name
@@ -121,22 +117,6 @@ class Proxy:
         self.rec.finish(ex)
         return error_response(ex.route.api, status, message, code, headers=self.rec.headers(ex))
 
-    async def _exact_count(
-        self, spec: UpstreamSpec, route: Route, obj: Mapping[str, Any], est: RequestCount
-    ) -> RequestCount:
-        if not route.format.chat_template:  # the engine's template counts chat only
-            return est
-        try:
-            total = await count_chat(
-                self.state.engine_client, spec, obj["messages"], obj.get("tools"), obj.get("model")
-            )
-        except EngineCountError as exc:
-            log.warning(
-                "engine tokenize failed; using the estimate", extra={"fields": {"reason": str(exc)}}
-            )
-            return est
-        return est.scaled_to(total, exact=True, counter=f"upstream:{spec.style}")
-
     # -- the request path ------------------------------------------------------------------
 
     async def handle(self, request: Request, route: Route) -> Response:
@@ -148,25 +128,28 @@ class Proxy:
             workload=self._workload(request),
             started=time.perf_counter(),
         )
+        plan: schedule.CountPlan | None = None
         try:
             raw, obj = await self._parse(request, route, ex)
-            counter = await self._measure(request, route, ex, obj, raw)
-            target = await self._decide(request, route, ex, obj, counter)
+            plan = await self._measure(request, route, ex, obj, raw)
+            target = await self._decide(request, route, plan)
             body = raw if ex.decision is None or ex.decision.body is None else None
-            return await self._forward(request, route, ex, obj, body, target)
+            return await self._forward(request, route, plan, body, target)
         except Refused as r:
-            if ex.upstream_started is None:
-                schedule.drop(ex)
-            else:  # forwarded, then failed: its count is still this request's
-                await schedule.settle(self.state, self.rec, ex)
+            if plan is not None and ex.upstream_started is None:
+                plan.cancel()
+            elif plan is not None:  # forwarded, then failed: its count is still this request's
+                await plan.settle()
             return self._fail(ex, r.status, r.outcome, r.message, r.code)
         except ClientDisconnect:
-            schedule.drop(ex)
+            if plan is not None:
+                plan.cancel()
             ex.outcome = "cancelled"
             self.rec.finish(ex)
             return Response(status_code=499)
         except Exception:
-            schedule.drop(ex)
+            if plan is not None:
+                plan.cancel()
             # a bug, not bad input (bad input is a 4xx before this): logged with its type and
             # traceback, counted as internal_error, its span ended, answered in the client's
             # error shape with the request id, so it can be found
@@ -239,10 +222,10 @@ class Proxy:
 
     async def _measure(
         self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
-    ) -> TextCounter:
-        """Measure: the model's spec, the ceilings in force, the token count (exact from the
-        engine where it tokenizes), or none when a bound proves the request within its budget
-        (``counting.strategy: bounded``). Returns the counter the trimmer recounts with."""
+    ) -> schedule.CountPlan:
+        """Measure: the model's spec, the ceilings in force, the count plan, and the count when
+        it is taken first (exact from the engine where it tokenizes), or none when a bound proves
+        the request within its budget (``counting.strategy: bounded``)."""
         st = self.state
         ex.ceilings = st.ceilings.current
         ex.max_tokens = route.format.requested_output(obj)
@@ -257,43 +240,21 @@ class Proxy:
             ex.spec, ex.label = spec, spec.metric_label
         counter = st.registry.counter(spec) if spec else st.default_counter
         ex.body_bytes = len(raw)
-        ex.schedule = schedule.plan(st, route, ex, obj, raw)
-        if ex.schedule is Schedule.UNCOUNTED:
-            return counter
-        # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
-        counter = RequestMemo(counter)
-        if ex.schedule not in (Schedule.FIRST, Schedule.SAMPLE_FIRST):
-            return counter  # counted on the counting threads from _decide on
-        cpu = time.thread_time()
-        try:
-            # Counted first, on the event loop: the forwarding waits on this count, and a short
-            # body's count costs less than a worker thread's GIL hand-offs (schedule.on_threads)
-            ex.count = route.count(
-                obj,
-                counter,
-                spec.chat_format if spec else None,
-                st.chunk_pattern,
-                memo=st.count_cache,
-            )
-        except RequestShapeError as exc:
-            raise Refused(400, str(exc)) from None
-        if ex.sampled:
-            st.sampler.spend(time.thread_time() - cpu)
-        if spec is not None and isinstance(spec.tokenizer, UpstreamSpec):
-            ex.count = await self._exact_count(spec.tokenizer, route, obj, ex.count)
-        return counter
+        plan = schedule.plan(st, self.rec, route, ex, obj, raw, counter)
+        if plan.first:
+            try:
+                await plan.count_first()
+            except RequestShapeError as exc:
+                raise Refused(400, str(exc)) from None
+        return plan
 
     async def _decide(
-        self,
-        request: Request,
-        route: Route,
-        ex: Exchange,
-        obj: dict[str, Any],
-        counter: TextCounter,
+        self, request: Request, route: Route, plan: schedule.CountPlan
     ) -> tuple[UpstreamClient, Upstream]:
         """Decide: which upstream, whether a bypass is allowed, and the ceiling's verdict
         (forward, trim or reject). Returns the upstream's client and settings."""
-        st, spec = self.state, ex.spec
+        st, ex = self.state, plan.ex
+        spec = ex.spec
         wanted = spec.upstream if spec else None
         if route.azure and wanted is None:
             wanted = st.azure_upstream()
@@ -316,39 +277,30 @@ class Proxy:
         if route.count_only:
             return client, upstream_cfg
         if ex.bypass:
-            schedule.without_trimming(ex)
-        if ex.schedule in (Schedule.UNCOUNTED, Schedule.SAMPLE_BESIDE, Schedule.BESIDE):
-            # nothing to trim: forwarded before (or without) a count
-            if ex.schedule is not Schedule.UNCOUNTED:
-                schedule.start(st, route, ex, obj, counter)
+            plan.bypass()
+        try:
+            verdict = await plan.verdict()
+        except RequestShapeError as exc:
+            raise Refused(400, str(exc)) from None
+        if verdict is None:  # nothing to trim: forwarded before (or without) a count
             return client, upstream_cfg
-        if ex.schedule is Schedule.ON_THREAD:
-            try:
-                d = await schedule.count_on_thread(st, route, ex, obj, counter)
-            except RequestShapeError as exc:
-                raise Refused(400, str(exc)) from None
-        else:
-            assert ex.count is not None
-            d = schedule.verdict(st, route, ex, obj, ex.count, counter)
-        d, why, rerouted = self._over_ceiling(request, route, ex, obj, d)
+        d, why, rerouted = self._over_ceiling(request, route, plan, verdict)
         if rerouted is not None:
             return rerouted
-        ex.decision = d
-        self.rec.record_decision(ex, d)
+        plan.decide(d)
         if d.reject:
             assert spec is not None
             message = context_error(route.format, ex.label, ex.workload, d, spec.window) + why
             raise Refused(400, message, "rejected", "context_length_exceeded")
-        schedule.observe_counted(st, self.rec, ex)
         return client, upstream_cfg
 
     def _over_ceiling(
-        self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any], d: Decision
+        self, request: Request, route: Route, plan: schedule.CountPlan, d: Decision
     ) -> tuple[Decision, str, tuple[UpstreamClient, Upstream] | None]:
         """The over-ceiling action on a verdict (:mod:`context_ceiling.sidecar.routing`): the
         decision as it stands, a rejection (with why, for its message), or the fallback's
         upstream the exchange was rerouted to."""
-        st = self.state
+        st, ex, obj = self.state, plan.ex, plan.obj
         action = routing.action_for(st.settings.enforcement, ex.workload, ex.spec)
         if routing.rejects(action, d):
             return routing.rejected(d), " (over_ceiling: reject, so nothing was trimmed)", None
@@ -369,16 +321,16 @@ class Proxy:
             chunk_pattern=st.chunk_pattern,
         )
         if routed is not None:
-            return d, "", self._reroute(request, route, ex, routed)
+            return d, "", self._reroute(request, route, plan, routed)
         return routing.rejected(d), "; " + routing.tried(tried), None
 
     def _reroute(
-        self, request: Request, route: Route, ex: Exchange, routed: routing.Routed
+        self, request: Request, route: Route, plan: schedule.CountPlan, routed: routing.Routed
     ) -> tuple[UpstreamClient, Upstream]:
         """The exchange becomes the fallback's: its model, entry, count and decision; its
         upstream, checked for the request's credentials as the first one was. Metrics, usage,
         answer signals and prices then follow the model that answers."""
-        st = self.state
+        st, ex = self.state, plan.ex
         self.rec.record_routed(ex, routed.spec.metric_label)
         target = st.route(route.api, routed.spec.upstream)
         assert target is not None  # candidates() took only served models
@@ -386,8 +338,7 @@ class Proxy:
         ex.routed_from, ex.routed_from_label = ex.model, ex.label
         ex.routed_path, ex.routed_measured = routed.path_model, routed.measured
         ex.model, ex.spec, ex.label = routed.model, routed.spec, routed.spec.metric_label
-        ex.count, ex.decision = routed.count, routed.decision
-        schedule.observe_counted(st, self.rec, ex)
+        plan.reroute(routed.count, routed.decision)
         return client, upstream_cfg
 
     @staticmethod
@@ -433,8 +384,7 @@ class Proxy:
         self,
         request: Request,
         route: Route,
-        ex: Exchange,
-        obj: dict[str, Any],
+        plan: schedule.CountPlan,
         body: bytes | None,
         target: tuple[UpstreamClient, Upstream],
     ) -> Response:
@@ -442,7 +392,7 @@ class Proxy:
         answer is relayed event by event, anything else read whole (capped). ``body`` is the
         client's bytes when nothing changed them (None: serialize ``obj``)."""
         client, upstream_cfg = target
-        st = self.state
+        st, ex, obj = self.state, plan.ex, plan.obj
         if (
             st.capture is not None
             and not route.count_only
@@ -499,13 +449,13 @@ class Proxy:
         ex.status = resp.status_code
         if ex.pending is not None and not ex.bounded:  # the answer goes back with its count
             try:
-                await schedule.settle(self.state, self.rec, ex)
+                await plan.settle()
             except BaseException:
                 await resp.aclose()
                 raise
         if not ex.stream or resp.status_code != 200:
-            return await self._unary(ex, resp, deadline)
-        return self._relay(ex, resp, route.tap(injected), deadline)
+            return await self._unary(plan, resp, deadline)
+        return self._relay(plan, resp, route.tap(injected), deadline)
 
     @staticmethod
     async def _addressed(
@@ -533,7 +483,10 @@ class Proxy:
             raise Refused(exc.status, str(exc), exc.outcome) from None
         return path, params, headers
 
-    async def _unary(self, ex: Exchange, resp: httpx.Response, deadline: float) -> Response:
+    async def _unary(
+        self, plan: schedule.CountPlan, resp: httpx.Response, deadline: float
+    ) -> Response:
+        ex = plan.ex
         cap = self.state.settings.limits.max_response_bytes
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -562,13 +515,16 @@ class Proxy:
                 ex.capture_response = plain
             if ex.answer_expect is not None and len(plain) <= self._answer_bytes:
                 ex.answer_raw = plain
-        schedule.after(self.state, self.rec, ex)
+        plan.after()
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         if content is not plain:
             headers["content-encoding"] = "gzip"
         return Response(content, status_code=status, headers=headers)
 
-    def _relay(self, ex: Exchange, resp: httpx.Response, tap: Tap, deadline: float) -> StreamRelay:
+    def _relay(
+        self, plan: schedule.CountPlan, resp: httpx.Response, tap: Tap, deadline: float
+    ) -> StreamRelay:
+        ex = plan.ex
         collecting: CollectingTap | None = None
         capture = ex.capture_body is not None and self.state.capture is not None
         limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
@@ -592,7 +548,7 @@ class Proxy:
                     elif collecting.size < self._answer_bytes:
                         ex.answer_unread = "busy"  # other answers held the bytes
             ex.chunks, ex.last_chunk_at = relay.chunks, relay.last_chunk_at
-            schedule.after(self.state, self.rec, ex)
+            plan.after()
 
         def first() -> None:
             ex.first_chunk_at = time.perf_counter()
