@@ -85,23 +85,6 @@ GENAI_TOKEN_BUCKETS = (
     16777216,
     67108864,
 )
-#: the current conventions' boundaries for the streaming timings
-CHUNK_BUCKETS = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
 
 #: the current conventions' usage counters (``gen_ai.client.inference.usage.*``): the suffix of
 #: each, and what it counts (cache reads and writes are among the input tokens, reasoning among
@@ -136,6 +119,8 @@ GENAI_DURATION_BUCKETS = (
     40.96,
     81.92,
 )
+#: the current conventions' boundaries for the streaming timings: the duration's own
+CHUNK_BUCKETS = GENAI_DURATION_BUCKETS
 CEILING_RATIO_BUCKETS = (
     0.1,
     0.25,
