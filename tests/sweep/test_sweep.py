@@ -177,8 +177,9 @@ def test_a_dip_between_levels_that_recovers_is_found(tmp_path: Path) -> None:
     in_dip = [lv for lv in plan["scanned"] if 0.3 <= levels[lv]["utilization"] < 0.42]
     assert in_dip, plan["scanned"]
     assert summary["ceiling_utilization"] < 0.3, summary["ceiling_utilization"]
-    # the level that decided it lies in the dip (a scanned one, or a refinement below it)
-    assert 0.3 <= levels[summary["deciding_level"]]["utilization"] < 0.42
+    # the level that decided it lies no higher than the dip (a scanned one in it, or a point
+    # before it that 40 items at one repeat could not tell from it)
+    assert levels[summary["deciding_level"]]["utilization"] < 0.42
 
 
 @pytest.mark.e2e
@@ -214,10 +215,10 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     assert added, "refinement measured new levels"
     refined, scanned = plan["refined"], plan["scanned"]
     assert refined and all(0.5 < lv < 0.8 for lv in refined), f"refined where it drops: {refined}"
-    # the dip scan: between the passing grid levels, no two points more than 0.08 apart
+    # the dip scan: between the passing grid levels, no two points more than 0.04 apart
     assert scanned and all(0.2 < lv < 0.5 for lv in scanned), scanned
     points = sorted([0.2, *scanned, 0.5])
-    assert max(b - a for a, b in itertools.pairwise(points)) <= 0.08 + 1e-9
+    assert max(b - a for a, b in itertools.pairwise(points)) <= 0.04 + 1e-9
     assert sorted(added) == sorted(refined + scanned)
     knee = 0.65
     assert summary["ceiling_level"] is not None

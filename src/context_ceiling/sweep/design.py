@@ -68,8 +68,8 @@ def refinements(
 def scans(a: Analysis, resolution: float) -> list[float]:
     """Fills between two passing levels of the grid, at or below the ceiling, where a dip that
     recovers would go unseen: points evenly spaced between each such pair, no two further apart
-    than twice the resolution (a dip that wide cannot fall between them), measured once on the
-    reference's items. A scanned level that looks low then
+    than the resolution (a dip that wide cannot fall between them), measured once on the
+    opening's items. A scanned level that looks low then
     takes part in the fixed sequence (``analysis.scan_gates``): a dip there lowers the ceiling
     below it; one that holds up costs the pass test nothing. Only the grid's own pairs are
     scanned (not refined or scanned levels): one pass, at a bounded cost."""
@@ -85,7 +85,7 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     ]
     done = {s.level for s in a.levels}
     out = []
-    step = 2 * resolution
+    step = resolution
     for lo, hi in itertools.pairwise(grid):
         k = math.ceil(round((hi.level - lo.level) / step, 6))
         for j in range(1, k):  # evenly spaced, no two points further apart than ``step``
