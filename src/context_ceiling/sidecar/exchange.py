@@ -75,9 +75,8 @@ class Exchange:
     operation: str = "chat"
     #: when the first streamed content arrived (time to first token)
     first_chunk_at: float | None = None
-    #: a stream's reads relayed with content, and when the last one arrived
+    #: a stream's reads relayed with content
     chunks: int = 0
-    last_chunk_at: float | None = None
     #: the client takes a gzip-encoded answer
     accepts_gzip: bool = False
     #: sampled for the capture store: the client's parsed body (before trimming) and, once it

@@ -13,7 +13,6 @@ import hmac
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -355,8 +354,8 @@ class Proxy:
         if not accepts(owner, route.api, upstream_cfg):
             assert owner is not None
             raise Refused(404, refusal_message(owner))
-        where = urlsplit(upstream_cfg.base_url)
-        ex.server_address = where.hostname or ""
+        where = client.base_url  # parsed once, when the client was built
+        ex.server_address = where.host
         ex.server_port = where.port or (443 if where.scheme == "https" else 80)
         if not route.count_only:
             named = ex.upstream if ex.upstream != route.api else None
@@ -547,7 +546,7 @@ class Proxy:
                         ex.answer_raw = collecting.events  # joined on the checker thread
                     elif collecting.size < self._answer_bytes:
                         ex.answer_unread = "busy"  # other answers held the bytes
-            ex.chunks, ex.last_chunk_at = relay.chunks, relay.last_chunk_at
+            ex.chunks = relay.chunks
             plan.after()
 
         def first() -> None:

@@ -345,10 +345,9 @@ class Recorder:
                     m.child(family, **base).observe(first - started)
             if m.genai_tpot is not None and u.output_tokens and u.output_tokens > 1:
                 m.child(m.genai_tpot, **base).observe((now - first) / (u.output_tokens - 1))
-            if m.inference_tpoc is not None and ex.chunks > 1 and ex.last_chunk_at is not None:
-                m.child(m.inference_tpoc, **base).observe(
-                    (ex.last_chunk_at - first) / (ex.chunks - 1)
-                )
+            if m.inference_tpoc is not None and ex.chunks > 1:
+                # the stream ends with its last chunk: its end times the last one
+                m.child(m.inference_tpoc, **base).observe((now - first) / (ex.chunks - 1))
 
     def _span(self, ex: Exchange, stale: frozenset[str]) -> None:
         """The span's closing attributes (under the names chosen), and its end."""

@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = ["LATEST", "OPT_IN_ENV", "GenAiNames", "known_provider", "provider_name"]
 
@@ -83,6 +84,7 @@ _KNOWN_HOSTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 
 
+@lru_cache(maxsize=256)  # hosts come from the configuration: asked on every request, few
 def known_provider(host: str) -> str | None:
     """The conventions' provider name for an upstream host they name, else None."""
     host = host.lower().rstrip(".")

@@ -93,10 +93,9 @@ class StreamRelay(Response):
         framing: Framing = SSE,
     ) -> None:
         self.on_first = on_first
-        #: the reads relayed with content, and when the last one arrived (the conventions'
-        #: time per output chunk)
+        #: the reads relayed with content (the conventions' time per output chunk: the
+        #: stream's time after its first chunk over the chunks after it)
         self.chunks = 0
-        self.last_chunk_at: float | None = None
         self.framing = framing
         self.resp, self.tap, self.deadline, self.on_done = resp, tap, deadline, on_done
         self.drain = drain
@@ -210,7 +209,6 @@ class StreamRelay(Response):
                         self.on_first = None
                     if body:
                         self.chunks += 1
-                        self.last_chunk_at = time.perf_counter()
                         await send({"type": "http.response.body", "body": body, "more_body": True})
             if splitter.flush():
                 self.outcome, failure = "upstream_truncated", "the upstream closed mid-event"
