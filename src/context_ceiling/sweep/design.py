@@ -8,7 +8,7 @@ the task set runs out:
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
 2. once it is decided, scan for dips that recover: points between every pair of passing grid
-   levels at or below the ceiling, measured once on the reference's items (:func:`scans`); a
+   levels at or below the ceiling, measured once on the opening's items (:func:`scans`); a
    scanned level that looks low joins the fixed sequence, and a dip there lowers the ceiling;
 3. measure the geometric midpoint of the deciding bracket (the highest passing level and the
    first failing one) while the bracket is wider than the resolution, at most
@@ -35,8 +35,8 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
     batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
-    reference's items (kind ``levels``: the refinement's midpoints; kind ``scan``: the dip
-    scan's)."""
+    reference's items (kind ``levels``: the refinement's midpoints), or the dip scan's points
+    on the opening's items (kind ``scan``)."""
 
     kind: str
     levels: tuple[float, ...]
@@ -44,15 +44,14 @@ class Step:
 
 
 def refinements(
-    stats: list[LevelStats], tolerance: float, resolution: float, measured: set[float]
+    chain: list[LevelStats], tolerance: float, resolution: float, measured: set[float]
 ) -> list[float]:
     """The geometric midpoint of the bracket that decides the ceiling (the highest passing level
     and the first failing one) while it is wider than the resolution asked for. A gentle drop
     (less than the tolerance across the bracket) is refined too: it is where a gradual curve
     crosses the tolerance. Drops between two failing levels cannot move the ceiling and are left
-    alone."""
+    alone. ``chain``: the fixed sequence (``Analysis.chain``), from the reference up."""
     del tolerance
-    chain = [s for s in stats if s.role not in ("low_fill", "scanned")]
     for a, b in itertools.pairwise(chain):
         if a.passes and not b.passes:
             if not b.complete:
@@ -69,9 +68,9 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     """Fills between two passing levels of the grid, at or below the ceiling, where a dip that
     recovers would go unseen: points evenly spaced between each such pair, no two further apart
     than the resolution (a dip that wide cannot fall between them), measured once on the
-    opening's items. A scanned level that looks low then
-    takes part in the fixed sequence (``analysis.scan_gates``): a dip there lowers the ceiling
-    below it; one that holds up costs the pass test nothing. Only the grid's own pairs are
+    opening's items. A scanned level that looks low then takes part in the fixed sequence
+    (``analysis.scan_gates``): a dip there lowers the ceiling below it; one that holds up costs
+    the pass test nothing. Only the grid's own pairs are
     scanned (not refined or scanned levels): one pass, at a bounded cost."""
     if a.ceiling_level is None or a.reference_level is None:
         return []
@@ -85,10 +84,9 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     ]
     done = {s.level for s in a.levels}
     out = []
-    step = resolution
     for lo, hi in itertools.pairwise(grid):
-        k = math.ceil(round((hi.level - lo.level) / step, 6))
-        for j in range(1, k):  # evenly spaced, no two points further apart than ``step``
+        k = math.ceil(round((hi.level - lo.level) / resolution, 6))
+        for j in range(1, k):  # evenly spaced, no two points further apart than the resolution
             mid = round(lo.level + j * (hi.level - lo.level) / k, 4)
             if mid not in done and mid not in a.scanned:
                 out.append(mid)
@@ -188,7 +186,7 @@ def next_step(
         if dips:
             return Step("scan", tuple(dips))
     if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
-        new = refinements(a.levels, a.tolerance, resolution, {s.level for s in a.levels})
+        new = refinements(a.chain, a.tolerance, resolution, {s.level for s in a.levels})
         if new:
             return Step("levels", tuple(new))
     return None
