@@ -739,3 +739,15 @@ def test_a_bundled_corpus_fills_any_window(tmp_path: Path) -> None:
         args += ["--window", str(window), "--tokenizer", "o200k_base", "--no-progress"]
         args += ["--levels", "0.2,0.5,0.8,0.95", "--dry-run", "--out", str(tmp_path / str(window))]
         assert run_cli(*args) == 0
+
+
+def test_a_contract_family_whose_digits_are_spent_takes_a_fresh_root() -> None:
+    """A root such as 22222 has one permutation, and a family needs four ids: the generator
+    draws a fresh root instead of shuffling forever (the padding draws thousands of families)."""
+    import random
+
+    from context_ceiling.sweep.corpora import contracts
+
+    made = contracts(random.Random(1), 3, roots=(22222, 22226))
+    ids = [c["id"] for c in made]
+    assert len(ids) == 12 and len(set(ids)) == 12

@@ -30,6 +30,9 @@ __all__ = [
 
 SEED = 20261129
 FAMILIES = 120
+#: shuffles of a family's digits before it takes a fresh root: a root with repeated digits has
+#: few permutations, and the padding draws thousands of families
+SHUFFLES = 100
 
 BASES = [
     "Northwind",
@@ -117,8 +120,13 @@ def contracts(
         for v, pattern in enumerate(VARIANTS):
             # nearby, confusable ids: the family's digits, permuted
             cid = "C-" + "".join(digits)
+            tries = 0
             while cid in used:
-                rng.shuffle(digits)
+                tries += 1
+                if tries > SHUFFLES:  # its permutations are spent (a root such as 22222)
+                    digits, tries = list(str(rng.randrange(*roots))), 0
+                else:
+                    rng.shuffle(digits)
                 cid = "C-" + "".join(digits)
             used.add(cid)
             rng.shuffle(digits)
