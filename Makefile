@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck check docs generate litellm test test-fast demo image bench bench-validity bench-soak bench-trim local-model dashboards tools clean
+.PHONY: help venv lock lint typecheck check docs generate litellm test test-fast demo image bench bench-validity bench-soak bench-trim local-model dashboards tools clean
 .DEFAULT_GOAL := help
 
 help:  ## list the targets with what each does
@@ -13,11 +13,18 @@ help:  ## list the targets with what each does
 
 venv: $(VENV)/.installed  ## the development virtualenv in .venv (editable install with every extra)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -c requirements/dev.txt
 	touch $@
+
+# The development set pinned: inspect-ai, s3fs/aiobotocore/boto3 and huggingface-hub pin each
+# other so tightly that pip's resolver gives up ("resolution-too-deep") on a fresh machine; the
+# lock is pip's constraints file, so `pip install -e '.[dev]'` itself is unchanged.
+lock: venv  ## re-pin requirements/dev.txt (the development set) after changing pyproject.toml's dependencies
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 --quiet \
+	  --custom-compile-command 'make lock' -o requirements/dev.txt
 
 local-model:  ## build/fetch (once, cached under ~/.cache/context-ceiling) llama-server + the GGUF model
 	bash scripts/local_model.sh
