@@ -496,9 +496,9 @@ def test_auto_uses_native_only_on_the_providers_own_api() -> None:
     )
     local = Settings(upstreams={"openai": {"base_url": "http://127.0.0.1:8080/v1"}})
     s1, s2 = SidecarState.build(official), SidecarState.build(local)
-    assert s1.native_ok("anthropic", None) and s1.native_ok("responses", None)
-    assert not s1.native_ok("openai", None) and not s1.native_ok("gemini", None)
-    assert not s2.native_ok("responses", None)
+    assert s1.upstreams.native_ok("anthropic", None) and s1.upstreams.native_ok("responses", None)
+    assert not s1.upstreams.native_ok("openai", None) and not s1.upstreams.native_ok("gemini", None)
+    assert not s2.upstreams.native_ok("responses", None)
 
 
 @pytest.mark.e2e

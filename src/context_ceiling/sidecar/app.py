@@ -69,7 +69,7 @@ class UpstreamProbe:
     async def check(self) -> dict[str, str]:
         if time.monotonic() - self._checked > READY_CACHE_S or not self._result:
             out: dict[str, str] = {}
-            for api, client in self.state.all_clients().items():
+            for api, client in self.state.upstreams.all_clients().items():
                 out[api] = await self._probe(str(client.base_url))
                 self.state.metrics.upstream_up.labels(upstream=api).set(out[api] == "ok")
             self._result, self._checked = out, time.monotonic()
@@ -112,7 +112,7 @@ class Ops:
         """Upstream reachability (what /readyz used to check), for people and dashboards."""
         upstreams: dict[str, str]
         if self.injected:  # injected upstreams have no address to probe
-            upstreams = dict.fromkeys(self.state.all_clients(), "injected")
+            upstreams = dict.fromkeys(self.state.upstreams.all_clients(), "injected")
         else:
             upstreams = await self.probe.check()
         down = [name for name, state_ in upstreams.items() if state_ not in ("ok", "injected")]
@@ -304,7 +304,7 @@ def startup_fields(state: SidecarState) -> dict[str, object]:
         "message": "sidecar started",
         "version": __version__,
         "listen": f"{s.listen.host}:{s.listen.port}",
-        "upstreams": sorted(state.all_clients()),
+        "upstreams": sorted(state.upstreams.all_clients()),
         "models": [spec.metric_label for spec in s.models],
         "workloads": list(s.workloads),
         "mode": s.enforcement.mode,

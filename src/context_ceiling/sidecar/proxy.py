@@ -12,30 +12,32 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from context_ceiling.core.models import OTHER
+from context_ceiling.core.models import OTHER, Registry
 from context_ceiling.core.shape_checks import RequestShapeError
+from context_ceiling.core.tokenizers import TextCounter
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import APIS
 from context_ceiling.formats.base import Route, SigningRefused, Usage
 from context_ceiling.sidecar import routing, schedule
 from context_ceiling.sidecar.capture.redact import looks_like_credential
 from context_ceiling.sidecar.capture.writer import CollectingTap
+from context_ceiling.sidecar.ceilings.store import CeilingStore
 from context_ceiling.sidecar.config import Upstream
+from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.enforce import Decision, context_error
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import Exchange, request_id
 from context_ceiling.sidecar.observability.logs import bounded
-from context_ceiling.sidecar.observability.record import Recorder
+from context_ceiling.sidecar.observability.record import RecordDeps, Recorder
 from context_ceiling.sidecar.observability.semconv import provider_name
 from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
-from context_ceiling.sidecar.state import SidecarState
 from context_ceiling.sidecar.upstream.bodies import (
     BodyTooLarge,
     ResponseTooLarge,
@@ -94,10 +96,23 @@ def _merged_models(answers: list[httpx.Response]) -> dict[str, Any] | None:
     return merged
 
 
-class Proxy:
-    """Request handlers bound to the sidecar's live state."""
+class ProxyDeps(schedule.PlanDeps, RecordDeps, Protocol):
+    """What the measured routes use: the count plan's and the recorder's collaborators, and
+    the registry, the ceilings, the workloads, the admin token (a bypass), the fallback
+    counter and the drain (streams ended at shutdown)."""
 
-    def __init__(self, state: SidecarState) -> None:
+    registry: Registry
+    ceilings: CeilingStore
+    workloads: frozenset[str]
+    admin_token: str | None
+    default_counter: TextCounter
+    drain: Drain
+
+
+class Proxy:
+    """The measured routes' handlers."""
+
+    def __init__(self, state: ProxyDeps) -> None:
         #: an answer longer than this is not read for answer signals (answers.max_bytes)
         self._answer_bytes = state.settings.answers.max_bytes
         self.state = state
@@ -178,7 +193,9 @@ class Proxy:
         """Parse: an upstream for this API, headers and body within their limits, a JSON object
         with a model. Sets the exchange's model."""
         st = self.state
-        if route.api not in st.clients and not any(a == route.api for a, _, _ in st.named.values()):
+        if route.api not in st.upstreams.clients and not any(
+            a == route.api for a, _, _ in st.upstreams.named.values()
+        ):
             example = APIS[route.api].example if route.api in APIS else "..."
             raise Refused(
                 404,
@@ -256,8 +273,8 @@ class Proxy:
         spec = ex.spec
         wanted = spec.upstream if spec else None
         if route.azure and wanted is None:
-            wanted = st.azure_upstream()
-        target = st.route(route.api, wanted)
+            wanted = st.upstreams.azure_upstream()
+        target = st.upstreams.route(route.api, wanted)
         if target is None:
             served = f"the {spec.upstream!r} upstream" if spec and spec.upstream else "no upstream"
             raise Refused(
@@ -316,7 +333,7 @@ class Proxy:
             st.registry,
             ex.ceilings,
             st.settings.enforcement,
-            served=lambda s: st.route(route.api, s.upstream) is not None,
+            served=lambda s: st.upstreams.route(route.api, s.upstream) is not None,
             chunk_pattern=st.chunk_pattern,
         )
         if routed is not None:
@@ -331,7 +348,7 @@ class Proxy:
         answer signals and prices then follow the model that answers."""
         st, ex = self.state, plan.ex
         self.rec.record_routed(ex, routed.spec.metric_label)
-        target = st.route(route.api, routed.spec.upstream)
+        target = st.upstreams.route(route.api, routed.spec.upstream)
         assert target is not None  # candidates() took only served models
         client, upstream_cfg = self._take(request, route, ex, target)
         ex.routed_from, ex.routed_from_label = ex.model, ex.label
@@ -578,14 +595,16 @@ class Proxy:
             else "openai"
         )
         targets: list[UpstreamClient] = []
-        if api in st.clients:
-            targets.append(st.clients[api])
+        if api in st.upstreams.clients:
+            targets.append(st.upstreams.clients[api])
         targets += [
-            c for a, c, up in st.named.values() if a == api and not getattr(up, "azure", False)
+            c
+            for a, c, up in st.upstreams.named.values()
+            if a == api and not getattr(up, "azure", False)
         ]
         if not targets:  # the only upstream there is
-            api = next(iter(st.clients), "openai")
-            targets = [st.clients[api]] if st.clients else []
+            api = next(iter(st.upstreams.clients), "openai")
+            targets = [st.upstreams.clients[api]] if st.upstreams.clients else []
         if not targets:
             return error_response(api, 404, "this sidecar has no upstream that lists models")
         path = "/models" if api == "openai" else "/v1/models"

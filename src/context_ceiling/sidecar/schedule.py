@@ -33,26 +33,48 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import httpx
 
 from context_ceiling.core.counting import RequestCount
 from context_ceiling.core.engine_tokenize import EngineCountError, count_chat
 from context_ceiling.core.models import UpstreamSpec
 from context_ceiling.core.shape_checks import RequestShapeError
-from context_ceiling.core.tokenizers import RequestMemo, TextCounter
+from context_ceiling.core.tokenizers import CountCache, RequestMemo, TextCounter
 from context_ceiling.core.utilization import utilization
 from context_ceiling.formats.base import Route
-from context_ceiling.sidecar.bounded_count import provably_within
+from context_ceiling.sidecar.bounded_count import Calibration, Sampler, provably_within
+from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.enforce import Decision, planned_decision, trim_to
 from context_ceiling.sidecar.exchange import Exchange, Schedule
+from context_ceiling.sidecar.observability.metrics import Metrics
 from context_ceiling.sidecar.observability.record import Recorder
-from context_ceiling.sidecar.state import SidecarState
+from context_ceiling.sidecar.upstream.pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
 
-def _budget(st: SidecarState, route: Route, ex: Exchange, obj: dict[str, Any]) -> Decision:
+class PlanDeps(Protocol):
+    """What a count plan uses of the sidecar: the settings, the counting machinery (cache,
+    threads, sampler, calibration, the engine's tokenizer endpoint), the metrics, and the
+    upstreams (whether a request's upstream is the provider's own API)."""
+
+    settings: Settings
+    metrics: Metrics
+    chunk_pattern: re.Pattern[str] | None
+    count_cache: CountCache | None
+    count_pool: ThreadPoolExecutor | None
+    sampler: Sampler
+    calibration: Calibration
+    engine_client: httpx.AsyncClient
+    upstreams: UpstreamPool
+
+
+def _budget(st: PlanDeps, route: Route, ex: Exchange, obj: dict[str, Any]) -> Decision:
     """The exchange's mode and input budget before it is counted (:func:`planned_decision` for its
     model, workload, ceilings and upstream)."""
     return planned_decision(
@@ -63,11 +85,11 @@ def _budget(st: SidecarState, route: Route, ex: Exchange, obj: dict[str, Any]) -
         ex.workload,
         ex.ceilings,
         st.settings.enforcement,
-        native_ok=st.native_ok(route.format, ex.spec),
+        native_ok=st.upstreams.native_ok(route.format, ex.spec),
     )
 
 
-def on_threads(st: SidecarState, route: Route, ex: Exchange, raw: bytes) -> bool:
+def on_threads(st: PlanDeps, route: Route, ex: Exchange, raw: bytes) -> bool:
     """Whether the request is counted on the counting threads: a long body counted by a local
     tokenizer. Below ``counting.overlap_bytes`` a count costs less than the GIL hand-offs."""
     least = st.settings.counting.overlap_bytes
@@ -77,7 +99,7 @@ def on_threads(st: SidecarState, route: Route, ex: Exchange, raw: bytes) -> bool
 
 
 def _schedule(
-    st: SidecarState, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
+    st: PlanDeps, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
 ) -> Schedule:
     """When this request is counted, from its size, its budget and the counting strategy; sets
     the decision it is forwarded under until a count says otherwise (its mode and budget: "as
@@ -106,7 +128,7 @@ def _schedule(
 
 
 def plan(
-    st: SidecarState,
+    st: PlanDeps,
     rec: Recorder,
     route: Route,
     ex: Exchange,
@@ -137,7 +159,7 @@ class CountPlan:
 
     def __init__(
         self,
-        st: SidecarState,
+        st: PlanDeps,
         rec: Recorder,
         route: Route,
         ex: Exchange,

@@ -1,6 +1,10 @@
 """The sidecar's live state: configuration, registry, metrics and upstream connections.
 
-Built once at startup; the ceilings (reload issue) are swapped atomically on top of it.
+Built once at startup (the ceilings are swapped atomically on top of it). It is the composition
+root, not a service locator: each handler declares the few collaborators it uses as a protocol
+in its own module (:class:`~context_ceiling.sidecar.schedule.PlanDeps`,
+:class:`~context_ceiling.sidecar.observability.record.RecordDeps`, ...), which this object
+satisfies, so no handler imports this module.
 """
 
 from __future__ import annotations
@@ -9,52 +13,25 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import httpx
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
-from context_ceiling.core.models import ModelSpec, Registry
+from context_ceiling.core.models import Registry
 from context_ceiling.core.tokenizers import CountCache, TextCounter, TiktokenCounter
-from context_ceiling.core.vocabulary import Api, Shape
-from context_ceiling.formats import format_of
-from context_ceiling.formats.base import Format
 from context_ceiling.sidecar.bounded_count import Calibration, Sampler
 from context_ceiling.sidecar.capture.writer import Capturer
 from context_ceiling.sidecar.ceilings.store import CeilingStore
-from context_ceiling.sidecar.config import Settings, Upstream, admin_token, budget_token
+from context_ceiling.sidecar.config import Settings, admin_token, budget_token
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.observability.answers import AnswerChecker, HeldBytes
 from context_ceiling.sidecar.observability.costs import Pricing
 from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.observability.semconv import GENAI_MODELS, RequestModels
 from context_ceiling.sidecar.observability.staleness import StalenessTracker
 from context_ceiling.sidecar.observability.tracing import Tracing
-from context_ceiling.sidecar.upstream.client import UpstreamClient
+from context_ceiling.sidecar.upstream.pool import UpstreamPool
 from context_ceiling.sidecar.workers.group import WorkerGroup
-
-#: how many distinct request model names the GenAI metrics label by before they fall back to
-#: the registry label (clients choose the names: a glob entry matches any of them)
-GENAI_MODELS = 64
-
-
-class RequestModels:
-    """The ``gen_ai.request.model`` label value of a request: the model name it asked for, as
-    the semantic conventions say, while there are at most ``limit`` distinct ones (only names
-    the registry matches); then the registry label. Labels stay bounded."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.seen: set[str] = set()
-
-    def name(self, model: str, label: str, spec: ModelSpec | None) -> str:
-        if spec is None or not model or len(model) > 128:
-            return label
-        if model in self.seen:
-            return model
-        if len(self.seen) < self.limit:
-            self.seen.add(model)
-            return model
-        return label
 
 
 @dataclass
@@ -62,7 +39,7 @@ class SidecarState:
     settings: Settings
     registry: Registry
     metrics: Metrics
-    clients: dict[Api, UpstreamClient]
+    upstreams: UpstreamPool
     engine_client: httpx.AsyncClient
     chunk_pattern: re.Pattern[str] | None
     workloads: frozenset[str]
@@ -71,8 +48,6 @@ class SidecarState:
     admin_token: str | None
     tracing: Tracing = field(default_factory=Tracing)
     default_counter: TextCounter = field(default_factory=lambda: TiktokenCounter("o200k_base"))
-    #: named upstreams: name -> (its API, its client, its settings)
-    named: dict[str, tuple[Api, UpstreamClient, Upstream]] = field(default_factory=dict)
     #: traffic capture (None: capture.enabled is false)
     capture: Capturer | None = None
     #: the answer checker (None: answers.enabled is false)
@@ -116,13 +91,6 @@ class SidecarState:
             metrics.watch_count_cache(cache)
         for spec in settings.models:
             metrics.declare_model(spec.metric_label, spec.window)
-        clients: dict[Api, UpstreamClient] = {
-            api: UpstreamClient(up, transport) for api, up in settings.upstreams.defaults().items()
-        }
-        named: dict[str, tuple[Api, UpstreamClient, Upstream]] = {
-            name: (up.api, UpstreamClient(up, transport), up)
-            for name, up in settings.upstreams.named.items()
-        }
         fallback = TiktokenCounter("o200k_base", settings.counting.bpe)
         pattern = settings.retrieval.chunk_pattern
         st = settings.staleness
@@ -154,8 +122,7 @@ class SidecarState:
             answers=answers,
             pricing=Pricing(settings.models),
             metrics=metrics,
-            clients=clients,
-            named=named,
+            upstreams=UpstreamPool(settings.upstreams, transport),
             engine_client=httpx.AsyncClient(transport=transport, trust_env=False),
             chunk_pattern=chunk_pattern,
             capture=capture,
@@ -176,50 +143,8 @@ class SidecarState:
             count_pool=pool,
         )
 
-    def route(self, api: Api, upstream: str | None) -> tuple[str, UpstreamClient, Upstream] | None:
-        """Where a request of this API for a model served by ``upstream`` (None: the API's
-        default) goes: (name, client, settings), or None when this sidecar has no such upstream
-        (or the named one speaks the other API)."""
-        if upstream is None or upstream == api:
-            client = self.clients.get(api)
-            return (api, client, self.upstream_settings(api)) if client is not None else None
-        found = self.named.get(upstream)
-        if found is None or found[0] != api:
-            return None
-        return upstream, found[1], found[2]
-
-    def native_ok(self, shape: Shape | Format, spec: ModelSpec | None) -> bool:
-        """Whether the upstream this request goes to is the provider's own API, whose context
-        management ``strategy: auto`` may use (Anthropic's for messages, OpenAI's or Azure
-        OpenAI's for the Responses API)."""
-        fmt = format_of(shape)
-        if fmt.native is None:
-            return False
-        found = self.route(fmt.api, spec.upstream if spec is not None else None)
-        if found is None:
-            return False
-        return fmt.native.served_by(urlsplit(found[2].base_url).hostname or "")
-
-    def azure_upstream(self) -> str | None:
-        """The first named upstream that is an Azure OpenAI resource."""
-        return next(
-            (n for n, (_, _, up) in self.named.items() if getattr(up, "azure", False)), None
-        )
-
-    def all_clients(self) -> dict[str, httpx.AsyncClient]:
-        """Every upstream by name (the defaults under their API's name)."""
-        out: dict[str, httpx.AsyncClient] = {str(k): c for k, c in self.clients.items()}
-        out.update({name: c for name, (_, c, _) in self.named.items()})
-        return out
-
-    def upstream_settings(self, api: Api) -> Upstream:
-        up = self.settings.upstreams.of(api)
-        assert up is not None  # only called for configured upstreams
-        return up
-
     async def aclose(self) -> None:
-        for client in self.all_clients().values():
-            await client.aclose()
+        await self.upstreams.aclose()
         await self.engine_client.aclose()
         if self.count_pool is not None:
             self.count_pool.shutdown(wait=False, cancel_futures=True)

@@ -14,6 +14,7 @@ are compared in constant time and never logged.
 from __future__ import annotations
 
 import hmac
+from typing import Protocol
 
 import anyio
 from starlette.requests import Request
@@ -25,12 +26,28 @@ from context_ceiling.ceilings.document import (
     CeilingsError,
     CeilingsPersistError,
 )
-from context_ceiling.sidecar.ceilings.store import parse_off_loop
+from context_ceiling.core.models import Registry
+from context_ceiling.sidecar.ceilings.store import CeilingStore, parse_off_loop
+from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.observability.logs import bounded
 from context_ceiling.sidecar.routing import action_for
-from context_ceiling.sidecar.state import SidecarState
+from context_ceiling.sidecar.workers.group import WorkerGroup
 
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
+
+
+class AdminDeps(Protocol):
+    """What the ceilings admin API and ``GET /budget`` use: the ceilings store, the worker
+    group a change is passed on to, the two tokens, the registry, the workloads and the
+    settings (enforcement, for the budget's answer)."""
+
+    ceilings: CeilingStore
+    group: WorkerGroup | None
+    admin_token: str | None
+    budget_token: str | None
+    registry: Registry
+    workloads: frozenset[str]
+    settings: Settings
 
 
 def _error(status: int, kind: str, message: str, reasons: list[str] | None = None) -> JSONResponse:
@@ -40,7 +57,7 @@ def _error(status: int, kind: str, message: str, reasons: list[str] | None = Non
     return JSONResponse({"error": body}, status_code=status)
 
 
-def check_token(state: SidecarState, header: str | None) -> Response | None:
+def check_token(state: AdminDeps, header: str | None) -> Response | None:
     """None when authorized, else the response to send."""
     if state.admin_token is None:
         return _error(404, "not_found", "the admin API is off: no admin token is configured")
@@ -55,7 +72,7 @@ def check_token(state: SidecarState, header: str | None) -> Response | None:
 
 
 class Admin:
-    def __init__(self, state: SidecarState) -> None:
+    def __init__(self, state: AdminDeps) -> None:
         self.state = state
 
     async def ceilings(self, request: Request) -> Response:
@@ -161,7 +178,7 @@ class Admin:
             )
 
 
-def budget_answer(state: SidecarState, request: Request) -> Response:
+def budget_answer(state: AdminDeps, request: Request) -> Response:
     """The read-only budget: the input budget for a model, workload and output reservation, with
     the ceiling's version and provenance and how to count against it (``context_ceiling/budget.py``)."""
     from context_ceiling.budget import answer_for

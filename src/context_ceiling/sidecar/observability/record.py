@@ -5,19 +5,40 @@ request, through one call (:meth:`Recorder.finish`)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from context_ceiling.ceilings.document import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
 from context_ceiling.core.vocabulary import STAGE_COMPONENT
 from context_ceiling.formats.base import Usage
-from context_ceiling.sidecar.capture.writer import Pending
+from context_ceiling.sidecar.bounded_count import Calibration
+from context_ceiling.sidecar.capture.writer import Capturer, Pending
+from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
-from context_ceiling.sidecar.observability.answers import Job
-from context_ceiling.sidecar.observability.costs import InputCost, input_cost
+from context_ceiling.sidecar.observability.answers import AnswerChecker, Job
+from context_ceiling.sidecar.observability.costs import InputCost, Pricing, input_cost
 from context_ceiling.sidecar.observability.logs import bounded, log_request
-from context_ceiling.sidecar.state import SidecarState
+from context_ceiling.sidecar.observability.metrics import Metrics
+from context_ceiling.sidecar.observability.semconv import RequestModels
+from context_ceiling.sidecar.observability.staleness import StalenessTracker
+from context_ceiling.sidecar.observability.tracing import Tracing
+
+
+class RecordDeps(Protocol):
+    """Where an exchange is recorded: the metrics, the span, the staleness tracker, the capture
+    and the answer checker; and what the record reads: the settings, prices, the observed bytes
+    per token and the bounded request-model label."""
+
+    settings: Settings
+    metrics: Metrics
+    tracing: Tracing
+    staleness: StalenessTracker
+    capture: Capturer | None
+    answers: AnswerChecker | None
+    pricing: Pricing
+    calibration: Calibration
+    request_models: RequestModels
 
 
 class Recorder:
@@ -25,7 +46,7 @@ class Recorder:
     (:meth:`finish`): metrics, staleness, the GenAI metrics and span, the log line; and the
     response headers and the decision's metrics while the request is still running."""
 
-    def __init__(self, state: SidecarState) -> None:
+    def __init__(self, state: RecordDeps) -> None:
         self.state = state
 
     def headers(self, ex: Exchange) -> dict[str, str]:

@@ -23,7 +23,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["LATEST", "OPT_IN_ENV", "GenAiNames", "known_provider", "provider_name"]
+from context_ceiling.core.models import ModelSpec
+
+__all__ = [
+    "GENAI_MODELS",
+    "LATEST",
+    "OPT_IN_ENV",
+    "GenAiNames",
+    "RequestModels",
+    "known_provider",
+    "provider_name",
+]
 
 #: the variable OpenTelemetry's instrumentations read for convention opt-ins
 OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
@@ -111,3 +121,28 @@ def provider_name(
     if named is not None and compatible:
         return named
     return route_provider
+
+
+#: how many distinct request model names the GenAI metrics label by before they fall back to
+#: the registry label (clients choose the names: a glob entry matches any of them)
+GENAI_MODELS = 64
+
+
+class RequestModels:
+    """The ``gen_ai.request.model`` label value of a request: the model name it asked for, as
+    the semantic conventions say, while there are at most ``limit`` distinct ones (only names
+    the registry matches); then the registry label. Labels stay bounded."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def name(self, model: str, label: str, spec: ModelSpec | None) -> str:
+        if spec is None or not model or len(model) > 128:
+            return label
+        if model in self.seen:
+            return model
+        if len(self.seen) < self.limit:
+            self.seen.add(model)
+            return model
+        return label

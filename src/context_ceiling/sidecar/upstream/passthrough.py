@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -37,18 +37,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from context_ceiling.core.models import Registry
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import API_FORMATS, APIS, client_api_of
 from context_ceiling.formats.azure import deployment
 from context_ceiling.formats.base import ApiInfo, SigningRefused
+from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.observability.logs import log_request
-from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE
+from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE, Metrics
 from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
-from context_ceiling.sidecar.state import SidecarState
 from context_ceiling.sidecar.upstream.bodies import BodyTooLarge, capped, check_declared, read_body
 from context_ceiling.sidecar.upstream.client import request_headers, response_headers
 from context_ceiling.sidecar.upstream.credentials import accepts, owner_of, refusal
+from context_ceiling.sidecar.upstream.pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,18 @@ def body_model(body: bytes | None) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
+class PassthroughDeps(Protocol):
+    """What the pass-through uses: the upstreams, the registry (a model's upstream), the
+    settings (body limits) and the metrics."""
+
+    upstreams: UpstreamPool
+    registry: Registry
+    settings: Settings
+    metrics: Metrics
+
+
 def pick_upstream(
-    state: SidecarState, request: Request, model: str | None = None
+    pool: UpstreamPool, registry: Registry, request: Request, model: str | None = None
 ) -> tuple[Api, str] | None:
     """(API, upstream name) the request belongs to (see the module's docstring): the model's
     upstream, the named one, the Azure resource, else the API's default (an Anthropic client's
@@ -98,31 +110,31 @@ def pick_upstream(
     api = client_api(request)
     named_header = request.headers.get(UPSTREAM_HEADER)
     if named_header is not None:
-        found = state.named.get(named_header)
+        found = pool.named.get(named_header)
         if found is not None:
             return found[0], named_header
-        if named_header in state.clients:
+        if named_header in pool.clients:
             return named_header, named_header
         return None
     azure_path = request.url.path.startswith("/openai/")
-    spec = state.registry.resolve(model) if model else None
+    spec = registry.resolve(model) if model else None
     if spec is None and azure_path:
         named_deployment = deployment(request.url.path)
-        spec = state.registry.resolve(named_deployment) if named_deployment else None
-    if spec is not None and spec.upstream is not None and spec.upstream in state.named:
-        up_api = state.named[spec.upstream][0]
+        spec = registry.resolve(named_deployment) if named_deployment else None
+    if spec is not None and spec.upstream is not None and spec.upstream in pool.named:
+        up_api = pool.named[spec.upstream][0]
         if up_api == api or (azure_path and up_api == "openai"):
             return up_api, spec.upstream
-    azure = state.azure_upstream() if azure_path else None
+    azure = pool.azure_upstream() if azure_path else None
     if api == "openai" and azure is not None:
         return api, azure  # an Azure OpenAI client's deployment path
-    if api in state.clients:
+    if api in pool.clients:
         return api, api
-    named = next((n for n, (a, _, _) in state.named.items() if a == api), None)
+    named = next((n for n, (a, _, _) in pool.named.items() if a == api), None)
     if named is not None:
         return api, named
-    if api == "openai" and len(state.clients) == 1 and not state.named:
-        only = next(iter(state.clients))
+    if api == "openai" and len(pool.clients) == 1 and not pool.named:
+        only = next(iter(pool.clients))
         return only, only
     return None
 
@@ -148,7 +160,7 @@ async def _sign(info: ApiInfo, req: httpx.Request, content: Any) -> None:
 
 
 class Passthrough:
-    def __init__(self, state: SidecarState) -> None:
+    def __init__(self, state: PassthroughDeps) -> None:
         self.state = state
 
     async def handle(self, request: Request) -> Response:
@@ -184,9 +196,9 @@ class Passthrough:
                     408,
                     f"the request body did not arrive within {limits.body_read_timeout:g} s",
                 )
-        picked = pick_upstream(st, request, body_model(peeked))
+        picked = pick_upstream(st.upstreams, st.registry, request, body_model(peeked))
         rid = uuid.uuid4().hex
-        target = st.route(*picked) if picked else None
+        target = st.upstreams.route(*picked) if picked else None
         owner = owner_of(request.headers, request.url.path)
         if owner is not None and (
             picked is None or target is None or not accepts(owner, picked[0], target[2])
