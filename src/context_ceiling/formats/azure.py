@@ -9,11 +9,16 @@ from __future__ import annotations
 import re
 
 from context_ceiling.formats import openai_chat, responses
-from context_ceiling.formats.base import Route
+from context_ceiling.formats.base import Provider, Route
 
-__all__ = ["DEPLOYMENT_CHAT", "ROUTES", "deployment"]
+__all__ = ["AZURE", "DEPLOYMENT_CHAT", "ROUTES", "deployment"]
 
 _DEPLOYMENT_CHAT = re.compile(r"^/openai/deployments/.+/chat/completions$")
+
+
+#: Azure OpenAI: its requests go to the named upstream marked ``azure: true`` unless the model
+#: names one; priced as Azure's
+AZURE = Provider("azure", "azure.ai.openai", prices="azure", marked_by="azure")
 
 
 def deployment(path: str) -> str:
@@ -28,9 +33,8 @@ DEPLOYMENT_CHAT = Route(
     "azure_chat",
     "/openai/deployments/{deployment}/chat/completions",
     pattern=_DEPLOYMENT_CHAT,
-    azure=True,
+    provider=AZURE,
     path_model=deployment,
-    provider_name="azure.ai.openai",
 )
 
 ROUTES = (
@@ -41,8 +45,7 @@ ROUTES = (
         "azure_chat",
         "/openai/v1/chat/completions",
         paths=("/openai/v1/chat/completions",),
-        azure=True,
-        provider_name="azure.ai.openai",
+        provider=AZURE,
     ),
     # the Responses API (``/openai/responses``: the ``AzureOpenAI`` client's path)
     Route(
@@ -50,7 +53,6 @@ ROUTES = (
         "azure_responses",
         "/openai/v1/responses",
         paths=("/openai/v1/responses", "/openai/responses"),
-        azure=True,
-        provider_name="azure.ai.openai",
+        provider=AZURE,
     ),
 )

@@ -41,6 +41,7 @@ __all__ = [
     "Format",
     "Native",
     "Prompt",
+    "Provider",
     "Route",
     "Signer",
     "SigningRefused",
@@ -491,6 +492,27 @@ class Format:
 
 
 @dataclass(frozen=True, slots=True)
+class Provider:
+    """A provider that serves a format on paths of its own (Azure OpenAI serves OpenAI's,
+    Vertex AI and Bedrock serve Anthropic's): the wire format is the format's; what differs is
+    where a request goes and what it is called. A value a route carries, not a flag the request
+    path tests: each consumer reads the fact it needs from it."""
+
+    #: the provider's name: its ``upstream`` label where it has a marked upstream
+    name: str
+    #: ``gen_ai.provider.name`` of its requests
+    genai: str
+    #: its id in the price data set (None: the format's API's)
+    prices: str | None = None
+    #: requests go to the named upstream whose settings set this flag (``azure: true``) when the
+    #: model names no upstream; None: the API's default upstream
+    marked_by: str | None = None
+    #: the upstream gets the path and query as the client sent them (a deployment, a project or
+    #: a model in the path; a signature that covers them)
+    path_as_sent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """One measured endpoint: the format it speaks and what is particular to the endpoint."""
 
@@ -506,12 +528,9 @@ class Route:
     #: a token-counting endpoint: measured and compared with the provider's count, never
     #: trimmed, traced or streamed
     count_only: bool = False
-    #: an Azure OpenAI route: path and query go upstream as the client sent them, to the Azure
-    #: resource the model (or deployment) belongs to
-    azure: bool = False
-    #: the upstream gets the path and query as the client sent them (a project or a
-    #: deployment in the path)
-    as_sent: bool = False
+    #: who serves it, where that is not the format's own API (where requests go, what they
+    #: are called and priced as)
+    provider: Provider | None = None
     #: the model named in the path (Gemini's ``models/{model}``, Azure's deployment)
     path_model: Callable[[str], str] | None = None
     #: the path's model wins over the body's (else it is only the fallback)
@@ -519,8 +538,6 @@ class Route:
     #: the usage in a response body, where the endpoint answers otherwise than the format's
     #: generation endpoint (a token count)
     usage: Callable[[bytes], Usage] | None = None
-    #: ``gen_ai.provider.name`` where the endpoint says it better than the format
-    provider_name: str | None = None
 
     @property
     def api(self) -> Api:
@@ -529,7 +546,9 @@ class Route:
     @property
     def path_as_sent(self) -> bool:
         """The upstream gets the path and query as the client sent them."""
-        return self.azure or self.as_sent or self.format.path_as_sent
+        if self.provider is not None:
+            return self.provider.path_as_sent
+        return self.format.path_as_sent
 
     @property
     def shape(self) -> Shape:
@@ -556,9 +575,19 @@ class Route:
             model = self.path_model(path)
         return model
 
-    def provider(self, path: str) -> str:
+    def provider_name(self, path: str) -> str:
         """``gen_ai.provider.name`` of a request on this route."""
-        return self.provider_name or self.format.provider(path) or self.api
+        if self.provider is not None:
+            return self.provider.genai
+        return self.format.provider(path) or self.api
+
+    @property
+    def price_provider(self) -> str:
+        """Who prices a request on this route: the provider's id in the price data set, else
+        the format's API's name."""
+        if self.provider is not None and self.provider.prices is not None:
+            return self.provider.prices
+        return self.api
 
     def answers(self, path: str) -> bool:
         """Whether a request path is this route's."""

@@ -61,6 +61,7 @@ from context_ceiling.formats.base import (
     Expect,
     Format,
     Prompt,
+    Provider,
     Route,
     StreamTap,
     Usage,
@@ -75,6 +76,7 @@ from context_ceiling.formats.sigv4 import SigV4Signer
 
 __all__ = [
     "API",
+    "BEDROCK",
     "CONVERSE",
     "COUNT_TOKENS",
     "INVOKE",
@@ -897,6 +899,10 @@ _MODEL = r"^/model/.+"
 _ANTHROPIC = r"^/model/.*anthropic\..*"
 
 
+#: AWS Bedrock's runtime: every route's path and query signed as sent
+BEDROCK = Provider("bedrock", "aws.bedrock")
+
+
 def _route(
     fmt: Format, metric_api: str, path: str, pattern: str, count_only: bool = False
 ) -> Route:
@@ -907,10 +913,9 @@ def _route(
         metric_api,
         path,
         pattern=re.compile(pattern),
-        as_sent=True,
+        provider=BEDROCK,
         path_model=model_of,
         path_model_first=True,
-        provider_name="aws.bedrock",
         count_only=count_only,
     )
 

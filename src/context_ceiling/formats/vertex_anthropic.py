@@ -11,14 +11,16 @@ from __future__ import annotations
 import re
 
 from context_ceiling.formats import anthropic
-from context_ceiling.formats.base import Route, model_in_path
+from context_ceiling.formats.base import Provider, Route, model_in_path
 
-__all__ = ["ROUTES"]
+__all__ = ["ROUTES", "VERTEX"]
 
 _MODELS = r"^/v1/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/"
 _COUNT = re.compile(_MODELS + r"count-tokens:rawPredict$")
 _GENERATE = re.compile(_MODELS + r"(?!count-tokens:)[^/:]+:(?:rawPredict|streamRawPredict)$")
 
+#: Google Cloud Vertex AI serving Anthropic's models (the Anthropic-API upstream the model names)
+VERTEX = Provider("vertex", "gcp.vertex_ai")
 
 ROUTES = (
     Route(
@@ -26,10 +28,9 @@ ROUTES = (
         "vertex_anthropic_messages",
         "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:rawPredict",
         pattern=_GENERATE,
-        as_sent=True,
+        provider=VERTEX,
         path_model=model_in_path,
         path_model_first=True,
-        provider_name="gcp.vertex_ai",
     ),
     Route(
         anthropic.FORMAT,
@@ -37,6 +38,6 @@ ROUTES = (
         "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/count-tokens:rawPredict",
         pattern=_COUNT,
         count_only=True,
-        as_sent=True,
+        provider=VERTEX,
     ),
 )

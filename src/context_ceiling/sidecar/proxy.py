@@ -246,7 +246,7 @@ class Proxy:
         ex.ceilings = st.ceilings.current
         ex.max_tokens = route.format.requested_output(obj)
         if not route.count_only:
-            ex.provider = route.provider(request.url.path)
+            ex.provider = route.provider_name(request.url.path)
             ex.operation = route.format.operation
             ex.span = st.tracing.start(ex.operation, ex.model, ex.provider, request.headers)
         spec = st.registry.resolve(ex.model)
@@ -272,8 +272,8 @@ class Proxy:
         st, ex = self.state, plan.ex
         spec = ex.spec
         wanted = spec.upstream if spec else None
-        if route.azure and wanted is None:
-            wanted = st.upstreams.azure_upstream()
+        if wanted is None and route.provider is not None:
+            wanted = st.upstreams.marked(route.provider.marked_by)
         target = st.upstreams.route(route.api, wanted)
         if target is None:
             served = f"the {spec.upstream!r} upstream" if spec and spec.upstream else "no upstream"
@@ -379,7 +379,7 @@ class Proxy:
             ex.provider = provider_name(
                 upstream_cfg.provider,
                 ex.server_address,
-                route.provider(request.url.path),
+                route.provider_name(request.url.path),
                 named,
                 compatible=route.api == "openai" and not getattr(upstream_cfg, "azure", False),
             )

@@ -23,8 +23,9 @@ from context_ceiling.formats import APIS
 
 __all__ = ["InputCost", "Pricing", "input_cost"]
 
-#: genai-prices' provider ids for the sidecar's upstream APIs (each API module says its own)
-_PROVIDERS = {api: info.prices for api, info in APIS.items() if info.prices} | {"azure": "azure"}
+#: genai-prices' provider ids for the sidecar's upstream APIs (each API module says its own); a
+#: route's provider gives its own id (:attr:`~context_ceiling.formats.base.Route.price_provider`)
+_PROVIDERS = {api: info.prices for api, info in APIS.items() if info.prices}
 #: model names remembered (priced or not): request model names come from clients, so the lookups
 #: they cause are bounded; a name past this many is not priced
 MAX_NAMES = 1024
@@ -52,14 +53,14 @@ class Pricing:
             return self._by_name[key]
         if len(self._by_name) >= MAX_NAMES:
             return None
-        found = lookup(name, _PROVIDERS.get(provider)) if name else None
+        found = lookup(name, _PROVIDERS.get(provider, provider)) if name else None
         self._by_name[key] = found
         return found
 
     def price(
         self, spec: ModelSpec | None, provider: str, model: str, response_model: str | None
     ) -> Price | None:
-        """The price of a request to ``model`` (of ``provider``: an API's name, or azure) that matched registry entry ``spec``; the provider's reported model is tried
+        """The price of a request to ``model`` (of ``provider``: an API's name, or a provider's id in the price data set) that matched registry entry ``spec``; the provider's reported model is tried
         when the requested name is not listed (an Azure deployment name, an alias)."""
         if spec is not None:
             fixed = self._overrides.get(id(spec))

@@ -151,8 +151,9 @@ class Recorder:
         if ex.route.count_only or ex.outcome != "ok" or tokens is None:
             return None
         u = ex.usage
-        provider = "azure" if ex.route.azure else ex.route.api
-        price = self.state.pricing.price(ex.spec, provider, ex.model, u.response_model)
+        price = self.state.pricing.price(
+            ex.spec, ex.route.price_provider, ex.model, u.response_model
+        )
         if price is None:
             return None
         d = ex.decision

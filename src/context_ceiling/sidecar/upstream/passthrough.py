@@ -40,7 +40,7 @@ from starlette.types import Receive, Scope, Send
 from context_ceiling.core.models import Registry
 from context_ceiling.core.vocabulary import Api
 from context_ceiling.formats import API_FORMATS, APIS, client_api_of
-from context_ceiling.formats.azure import deployment
+from context_ceiling.formats.azure import AZURE, deployment
 from context_ceiling.formats.base import ApiInfo, SigningRefused
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
@@ -125,7 +125,7 @@ def pick_upstream(
         up_api = pool.named[spec.upstream][0]
         if up_api == api or (azure_path and up_api == "openai"):
             return up_api, spec.upstream
-    azure = pool.azure_upstream() if azure_path else None
+    azure = pool.marked(AZURE.marked_by) if azure_path else None
     if api == "openai" and azure is not None:
         return api, azure  # an Azure OpenAI client's deployment path
     if api in pool.clients:

@@ -70,11 +70,12 @@ class UpstreamPool:
             return False
         return fmt.native.served_by(urlsplit(found[2].base_url).hostname or "")
 
-    def azure_upstream(self) -> str | None:
-        """The first named upstream that is an Azure OpenAI resource."""
-        return next(
-            (n for n, (_, _, up) in self.named.items() if getattr(up, "azure", False)), None
-        )
+    def marked(self, flag: str | None) -> str | None:
+        """The first named upstream whose settings set ``flag`` (a provider's
+        :attr:`~context_ceiling.formats.base.Provider.marked_by`: ``azure``); None without one."""
+        if flag is None:
+            return None
+        return next((n for n, (_, _, up) in self.named.items() if getattr(up, flag, False)), None)
 
     def all_clients(self) -> dict[str, httpx.AsyncClient]:
         """Every upstream by name (the defaults under their API's name)."""
