@@ -4,23 +4,56 @@ model of its own still loads (a run started then can be resumed)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
+from context_ceiling.cli import Parser, add_json, options
+from context_ceiling.cli.sweep import add_run_arguments
 from context_ceiling.sweep.plan import SPEC, Plan
 from context_ceiling.sweep.run import RunOptions
 from context_ceiling.sweep.solver import Endpoint
 from context_ceiling.sweep.spec import Spec
 
 
-def test_the_command_options_name_the_spec_as_the_spec_does() -> None:
-    options = {f.name: f for f in dataclasses.fields(RunOptions)}
+def test_the_command_options_are_the_spec_generated() -> None:
+    """``sweep run``'s options are generated from the options model: every spec field is an
+    option with the spec's default and the field's docstring as its help; nothing else is."""
+    parser = Parser(prog="t")
+    add_run_arguments(parser)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(actions) == set(RunOptions.model_fields) - {"as_json"}
     for name, field in Spec.model_fields.items():
-        assert name in options, f"RunOptions has no {name}"
+        action = actions[name]
+        assert field.description and action.help == " ".join(field.description.split())
         if name not in ("base_url", "model"):  # optional there: a --reduced run takes them
-            assert options[name].default == field.default, name
-    assert "no_control" not in options and "no_json_mode" not in options
+            assert action.default == field.default, name
+    assert actions["control"].option_strings == ["--no-control"]
+    assert actions["json_mode"].option_strings == ["--no-json-mode"]
+    assert actions["batch_poll_s"].option_strings == ["--batch-poll"]
+    assert actions["reasoning"].choices == ["auto", "off", "openai", "anthropic"]
+
+
+def test_parsed_options_are_typed_and_checked_by_the_spec() -> None:
+    parser = Parser(prog="t")
+    add_run_arguments(parser)
+    add_json(parser)
+    args = parser.parse_args(
+        ["--model", "m", "--no-control", "--repeats", "2", "--no-refine", "--json"]
+    )
+    opts = options(RunOptions, args)
+    assert (opts.model, opts.control, opts.repeats, opts.refine, opts.as_json) == (
+        "m",
+        False,
+        2,
+        False,
+        True,
+    )
+    assert opts.adaptive is None and opts.tolerance == Spec.model_fields["tolerance"].default
+    with pytest.raises(ValidationError, match="batch inference"):
+        options(RunOptions, parser.parse_args(["--api", "bedrock", "--batch"]))
 
 
 def test_the_plan_stores_the_spec_and_the_solver_calls_with_it(tmp_path: Path) -> None:

@@ -16,11 +16,17 @@ import argparse
 import dataclasses
 import json
 import sys
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
 from context_ceiling import __version__
 from context_ceiling.core.errors import CeilingError, UserError
+from context_ceiling.core.options import Option
 
 T = TypeVar("T")
 
@@ -36,6 +42,7 @@ class HelpFormatter(argparse.HelpFormatter):
             "default" in text
             or default is None
             or default is False
+            or (default is True and action.nargs == 0)  # a flag that turns a default off
             or default == []
             or default is argparse.SUPPRESS
             or not action.option_strings
@@ -152,7 +159,62 @@ def print_json(result: Any) -> None:
 
 
 def options(cls: type[T], args: argparse.Namespace) -> T:
-    """A typed options dataclass from the parsed arguments it has fields for: the command line
-    stops here, the layers below take typed options, never an ``argparse.Namespace``."""
+    """Typed options (a dataclass, or a pydantic model) from the parsed arguments it has fields
+    for: the command line stops here, the layers below take typed options, never an
+    ``argparse.Namespace``."""
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        dests = {name: _dest(name, f) for name, f in cls.model_fields.items()}
+        return cls(**{n: getattr(args, d) for n, d in dests.items() if hasattr(args, d)})
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+
+def _option(field: FieldInfo) -> Option:
+    return next((m for m in field.metadata if isinstance(m, Option)), Option())
+
+
+def _dest(name: str, field: FieldInfo) -> str:
+    """Where argparse puts a field's value: the field's name, or a shared flag's own."""
+    opt = _option(field)
+    if opt.elsewhere and opt.flag:
+        return opt.flag.lstrip("-").replace("-", "_")
+    return name
+
+
+def add_model_arguments(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One option per field of ``model``, generated from the field: ``--field-name`` (or its
+    :class:`~context_ceiling.core.options.Option` flag), the type, the choices of a ``Literal``,
+    the default, and the field's docstring as the help. A flag that turns a default-on field off
+    (``--no-control``) stores false; a ``bool | None`` field takes ``--x`` and ``--no-x``."""
+    for name, field in model.model_fields.items():
+        opt = _option(field)
+        if opt.elsewhere:
+            continue
+        flag = opt.flag or "--" + name.replace("_", "-")
+        help_text = " ".join((field.description or "").split())
+        kind, choices = _kind(field.annotation)
+        kw: dict[str, Any] = {"dest": name, "help": help_text, "default": field.default}
+        if kind is bool:
+            if field.default is None:
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                kw["action"] = "store_false" if field.default else "store_true"
+        else:
+            kw["type"] = kind
+            if opt.choices or choices:
+                kw["choices"] = list(opt.choices or choices)
+            if opt.metavar:
+                kw["metavar"] = opt.metavar
+        p.add_argument(flag, **kw)
+
+
+def _kind(annotation: Any) -> tuple[Any, tuple[str, ...]]:
+    """The value type argparse converts to, and a ``Literal``'s values (``X | None`` as X)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, tuple(str(a) for a in typing.get_args(annotation))
+    if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _kind(args[0])
+    if annotation in (bool, int, float):
+        return annotation, ()
+    return str, ()

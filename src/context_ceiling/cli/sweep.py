@@ -4,7 +4,6 @@ sweep's functions with typed options (the defaults are the options classes' own)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,9 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from context_ceiling.cli import Parser, add_json, add_kube, options
+from context_ceiling.cli import Parser, add_json, add_kube, add_model_arguments, options
 from context_ceiling.core.vocabulary import MODES
-from context_ceiling.formats import SWEEP_APIS
 from context_ceiling.sweep.derive import DeriveOptions, derive
 from context_ceiling.sweep.job import JobOptions, run_job
 from context_ceiling.sweep.merge import merge
@@ -85,156 +83,10 @@ def add_parser(sub: Any) -> None:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of ``sweep run`` (the job parses its run arguments with them too)."""
-    p.add_argument("--base-url", help="OpenAI-style base URL (with /v1) or Anthropic base URL")
-    p.add_argument("--api", choices=list(SWEEP_APIS), help="the upstream's API style")
-    p.add_argument("--model", help="model name sent upstream")
-    p.add_argument(
-        "--api-key-env",
-        help="env var holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY)",
-    )
-    p.add_argument(
-        "--taskset",
-        help="bundled name, a task set directory, inspect:FILE.py@TASK (an inspect_ai task) or "
-        "records:FILE.jsonl (question / evidence / answer)",
-    )
-    p.add_argument(
-        "--items",
-        type=int,
-        help="items drawn (seeded) from the task set (default: as many as --tolerance needs, "
-        "started at half and added adaptively where the decision is open)",
-    )
-    p.add_argument(
-        "--levels",
-        help="utilization levels; 'max' = the practical limit",
-    )
-    p.add_argument("--repeats", type=int, help="calls per item and level")
-    p.add_argument(
-        "--window",
-        help="context window in tokens, or auto: a llama.cpp server's own, else the model's "
-        "advertised window in the price data set",
-    )
-    p.add_argument(
-        "--tokenizer",
-        choices=["auto", "engine", "o200k_base", "cl100k_base"],
-        help="how fill is counted: engine = the server's /tokenize; auto = engine when it answers",
-    )
-    p.add_argument(
-        "--tokenize-url",
-        help="the engine's root URL for /tokenize when --base-url is a sidecar or proxy",
-    )
-    p.add_argument("--max-tokens", type=int, help="output reservation per call")
-    p.add_argument("--concurrency", type=int, help="calls in flight at once")
-    p.add_argument(
-        "--shared-haystack",
-        action="store_true",
-        help="many items' evidence in one haystack per level",
-    )
-    p.add_argument(
-        "--no-control",
-        dest="control",
-        action="store_false",
-        help="skip the closed-book control calls",
-    )
-    p.add_argument(
-        "--batch",
-        action="store_true",
-        help="send each step's calls through the provider's batch API (OpenAI Batch, Anthropic "
-        "Message Batches): half the price, results within 24 hours; --resume waits on batches "
-        "already sent",
-    )
-    p.add_argument(
-        "--batch-poll",
-        type=float,
-        dest="batch_poll_s",
-        metavar="SECONDS",
-        help="how often a batch's status is read (default 30)",
-    )
-    p.add_argument("--max-calls", type=int, help="stop starting calls after this many")
-    p.add_argument("--max-input-tokens", type=int, help="token budget for the whole run")
-    p.add_argument(
-        "--price",
-        metavar="IN,OUT[,CACHED]",
-        help="dollars per million input, output (and cached input) tokens; 0 for a self-hosted "
-        "model (default: the model's list price from the genai-prices data set)",
-    )
-    p.add_argument(
-        "--budget-usd",
-        type=float,
-        help="a hard cap on the run's dollars: no call starts that would cross it (the adaptive "
-        "design stops adding items; the decision may stay open)",
-    )
-    p.add_argument(
-        "--refine",
-        action=argparse.BooleanOptionalAction,
-        help="measure midpoints where accuracy drops (default on, except per shard)",
-    )
-    p.add_argument(
-        "--adaptive",
-        action=argparse.BooleanOptionalAction,
-        help="add items where the decision is still open (default on, except per shard)",
-    )
-    p.add_argument(
-        "--low-fill",
-        type=float,
-        help="a control level below the reference, to see a drop that starts before it (0: none)",
-    )
-    p.add_argument(
-        "--reasoning",
-        choices=["auto", "off", "openai", "anthropic"],
-        help="reasoning models: openai = max_completion_tokens and no temperature, anthropic = "
-        "extended thinking; auto switches to the openai form when the upstream refuses max_tokens "
-        "or temperature",
-    )
-    p.add_argument(
-        "--reasoning-tokens",
-        type=int,
-        help="reasoning reservation on top of --max-tokens (thinking budget for anthropic)",
-    )
-    p.add_argument(
-        "--tolerance",
-        type=float,
-        help="largest accuracy drop from the reference that still passes; sizes the sweep",
-    )
-    p.add_argument("--margin", type=float, help="share of the passing fill held back below it")
-    p.add_argument(
-        "--resolution",
-        type=float,
-        help="smallest gap in utilization the refinement between levels measures",
-    )
-    p.add_argument("--seed", type=int, help="seeds the item draw, the haystacks and the calls")
-    p.add_argument(
-        "--bypass",
-        action="store_true",
-        help="going through a sidecar: send x-ceiling-bypass (CEILING_ADMIN_TOKEN)",
-    )
-    p.add_argument(
-        "--no-json-mode",
-        dest="json_mode",
-        action="store_false",
-        help="do not ask for response_format json_object",
-    )
-    p.add_argument("--out", help="run directory (default runs/<run id>)")
-    p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out, skipping logged calls"
-    )
-    p.add_argument("--dry-run", action="store_true", help="print calls and tokens, spend nothing")
-    p.add_argument(
-        "--reduced",
-        action="store_true",
-        help="regression check against --baseline (its items, as many as the tolerance needs; 3 levels, 3 repeats)",
-    )
-    p.add_argument("--baseline", help="the stored run a --reduced sweep is paired against")
-    p.add_argument(
-        "--shard",
-        help="i/n: run only haystack groups with index %% n == i (Kubernetes Indexed Job)",
-    )
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no live progress bar (a line per step is still printed)",
-    )
-    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(RunOptions)})
+    """The arguments of ``sweep run`` (the job parses its run arguments with them too),
+    generated from :class:`~context_ceiling.sweep.run.RunOptions`: names, types, defaults and
+    help are the options model's own."""
+    add_model_arguments(p, RunOptions)
 
 
 def _add_job_parser(s: Any) -> None:

@@ -12,7 +12,7 @@ owns the lock by its index and finishes the job; anything it already did is repe
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -66,12 +66,13 @@ def run_job(job: JobOptions, sweep: RunOptions, console: Console) -> int:
     shard = run_dir / f"shard-{job.index}"
     done = shard / "shard.done"
     if not done.exists():
-        mine = replace(
-            sweep,
-            resume=(shard / "plan.json").exists(),
-            shard=f"{job.index}/{job.shards}",
-            out=str(shard),
-            no_progress=True,
+        mine = sweep.model_copy(
+            update={
+                "resume": (shard / "plan.json").exists(),
+                "shard": f"{job.index}/{job.shards}",
+                "out": str(shard),
+                "no_progress": True,
+            }
         )
         code = run(mine, console)
         if code != 0:

@@ -14,18 +14,19 @@ import json
 import math
 import os
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
 from rich.console import Console
 
 from context_ceiling.core.engine_tokenize import SyncEngine
 from context_ceiling.core.errors import UserError
 from context_ceiling.core.models import ChatFormat, UpstreamSpec
+from context_ceiling.core.options import Option
 from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
-from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.formats import APIS
 from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
@@ -49,58 +50,55 @@ from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
 from context_ceiling.sweep.solver import Endpoint, Runner, Sample, SpendCap
-from context_ceiling.sweep.spec import Reasoning, Spec
+from context_ceiling.sweep.spec import Asked, Spec
 from context_ceiling.sweep.statistics import expected_half_width, items_for, tolerance_for
 from context_ceiling.sweep.taskset import Item
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """``ceiling sweep run``: what the command line (or the Kubernetes sweep job) asks for."""
+class RunOptions(Asked):
+    """``ceiling sweep run``: what the command line (or the Kubernetes sweep job) asks for, the
+    spec's fields (:class:`~context_ceiling.sweep.spec.Asked`) and how this run spends, stops,
+    resumes and reports. The command's options are generated from these fields."""
 
-    base_url: str | None = None
-    api: SweepApi = "openai"
-    model: str | None = None
     api_key_env: str | None = None
-    taskset: str = "contracts"
-    items: int | None = None
-    levels: str = "0.2,0.5,0.8,max"
-    repeats: int = 3
-    window: str = "auto"
-    tokenizer: str = "auto"
-    tokenize_url: str | None = None
-    max_tokens: int = 100
+    """env var holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY)"""
     concurrency: int = 1
-    shared_haystack: bool = False
-    control: bool = True
+    """calls in flight at once"""
+    batch_poll_s: Annotated[float, Option(flag="--batch-poll", metavar="SECONDS")] = 30.0
+    """how often a batch's status is read"""
     max_calls: int | None = None
+    """stop starting calls after this many"""
     max_input_tokens: int | None = None
-    #: what a million tokens cost, IN,OUT[,CACHED] dollars (0: self-hosted); default: the model's
-    #: list price from the price data set
-    price: str | None = None
-    #: a hard cap on the run's dollars, at that price
+    """token budget for the whole run"""
+    price: Annotated[str | None, Option(metavar="IN,OUT[,CACHED]")] = None
+    """dollars per million input, output (and cached input) tokens; 0 for a self-hosted model
+    (default: the model's list price from the genai-prices data set)"""
     budget_usd: float | None = None
-    refine: bool | None = None  # None: on, except per shard
-    adaptive: bool | None = None  # None: on, except per shard
-    low_fill: float = 0.1
-    reasoning: Reasoning = "auto"
-    reasoning_tokens: int = 0
-    tolerance: float = 0.05
-    margin: float = 0.1
-    resolution: float = 0.05
-    seed: int = 0
+    """a hard cap on the run's dollars: no call starts that would cross it (the adaptive design
+    stops adding items; the decision may stay open)"""
+    refine: bool | None = None
+    """measure midpoints where accuracy drops (default on, except per shard)"""
+    adaptive: bool | None = None
+    """add items where the decision is still open (default on, except per shard)"""
     bypass: bool = False
-    json_mode: bool = True
-    batch: bool = False
-    batch_poll_s: float = 30.0
+    """going through a sidecar: send x-ceiling-bypass (CEILING_ADMIN_TOKEN)"""
     out: str | None = None
+    """run directory (default runs/<run id>)"""
     resume: bool = False
+    """continue the run in --out, skipping logged calls"""
     dry_run: bool = False
+    """print calls and tokens, spend nothing"""
     reduced: bool = False
+    """regression check against --baseline (its items, as many as the tolerance needs; 3
+    levels, 3 repeats)"""
     baseline: str | None = None
+    """the stored run a --reduced sweep is paired against"""
     shard: str | None = None
+    """i/n: run only haystack groups with index %% n == i (Kubernetes Indexed Job)"""
     no_progress: bool = False
-    json: bool = False  # the result as one JSON object on stdout (the console is on stderr)
+    """no live progress bar (a line per step is still printed)"""
+    as_json: Annotated[bool, Option(flag="--json", elsewhere=True)] = False
+    """the result as one JSON object on stdout (the console is on stderr)"""
 
 
 def run(opts: RunOptions, console: Console) -> int:
@@ -135,7 +133,7 @@ def run(opts: RunOptions, console: Console) -> int:
     code = report(out, console)
     if plan.baseline:
         code = verdict(out, Path(plan.baseline), console)
-    if opts.json:
+    if opts.as_json:
         summary = json.loads((out / "summary.json").read_text())
         print(json.dumps({"run": str(out), "exit_status": code, "summary": summary}, indent=2))
     return code
@@ -434,7 +432,7 @@ class _Sweep:
         )
         for line in budget_lines(budgets):
             self.console.print(line)
-        if self.opts.json:
+        if self.opts.as_json:
             estimate = {
                 "dry_run": True,
                 "calls": calls,

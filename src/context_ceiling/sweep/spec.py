@@ -3,15 +3,16 @@ stores it, the solver calls with it, the analysis judges by it.
 
 Why one model: options declared apart drift apart, in name and in default, and a sweep is
 re-run and compared with a stored one, so what it measured must read the same wherever it is
-read (the command's options are checked against this model by a test).
+read (the command's options are generated from this model: :class:`Asked`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import ConfigDict, field_validator, model_validator
 
+from context_ceiling.core.options import Option
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.formats import SWEEP_APIS
@@ -19,57 +20,71 @@ from context_ceiling.formats import SWEEP_APIS
 #: the APIs whose batch interface the sweep speaks (OpenAI Batch, Anthropic Message Batches)
 BATCH_APIS = ("openai", "anthropic")
 
-__all__ = ["BATCH_APIS", "Reasoning", "Spec"]
+__all__ = ["BATCH_APIS", "Asked", "Reasoning", "Spec"]
 
 #: how a reasoning model is asked to think (``auto``: as the endpoint defaults)
 Reasoning = Literal["auto", "off", "openai", "anthropic"]
 
 
-class Spec(Strict):
-    """What a sweep measures, as asked for. ``levels`` and ``window`` are the arguments; the plan
-    resolves them (the levels in fill, the window in tokens) before the first call."""
+class Asked(Strict):
+    """What a sweep measures, as asked for, with ``base_url`` and ``model`` still optional (a
+    ``--reduced`` run takes them from its baseline): ``ceiling sweep run``'s options are
+    generated from these fields and their docstrings (:class:`Spec` is the finished form)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     # -- every call: the same at every level
-    #: the endpoint's base URL (OpenAI style ``.../v1``, or Anthropic's)
-    base_url: str
-    #: the API called (``openai``: chat completions, ``anthropic``: messages, ``bedrock``: AWS
-    #: Bedrock's Converse, signed with the AWS credential chain or sent with a Bedrock API key)
-    api: SweepApi = "openai"
-    model: str
-    #: the output each call may write
+    base_url: str | None = None
+    """OpenAI-style base URL (with /v1), Anthropic base URL, or Bedrock runtime URL"""
+    api: Annotated[SweepApi, Option(choices=tuple(SWEEP_APIS))] = "openai"
+    """the upstream's API: openai = chat completions, anthropic = messages, bedrock = AWS
+    Bedrock's Converse (signed with the AWS credential chain, or a Bedrock API key)"""
+    model: str | None = None
+    """model name sent upstream"""
     max_tokens: int = 100
-    #: ask for a JSON object (``response_format``)
-    json_mode: bool = True
+    """output reservation per call"""
+    json_mode: Annotated[bool, Option(flag="--no-json-mode")] = True
+    """ask for a JSON object (response_format json_object); --no-json-mode does not"""
     reasoning: Reasoning = "auto"
-    #: the thinking budget a reasoning model gets (Anthropic), reserved on top of the output
+    """reasoning models: openai = max_completion_tokens and no temperature, anthropic =
+    extended thinking; auto switches to the openai form when the upstream refuses max_tokens or
+    temperature"""
     reasoning_tokens: int = 0
-    #: the calls through the provider's batch API (OpenAI Batch, Anthropic Message Batches)
+    """reasoning reservation on top of --max-tokens (thinking budget for anthropic)"""
     batch: bool = False
+    """send each step's calls through the provider's batch API (OpenAI Batch, Anthropic Message
+    Batches): half the price, results within 24 hours; --resume waits on batches already sent"""
 
     # -- the material
-    #: a bundled task set's name or a task set directory
     taskset: str = "contracts"
-    #: a fixed number of items (None: as many as the tolerance needs)
+    """bundled name, a task set directory, inspect:FILE.py@TASK (an inspect_ai task) or
+    records:FILE.jsonl (question / evidence / answer)"""
     items: int | None = None
-    #: the padding shared by the items of a group (one haystack, several questions)
+    """items drawn (seeded) from the task set (default: as many as --tolerance needs, started at
+    half and added adaptively where the decision is open)"""
     shared_haystack: bool = False
+    """many items' evidence in one haystack per level (one haystack, several questions)"""
 
     # -- the design
-    #: fills, comma-separated, ``max`` for the practical limit
     levels: str = "0.2,0.5,0.8,max"
+    """utilization levels, comma-separated; max = the practical limit"""
     repeats: int = 3
-    #: the window in tokens, or ``auto`` (a llama.cpp server says)
+    """calls per item and level"""
     window: str = "auto"
-    #: the counter that measures fill (``auto``: the engine's own tokenizer where it has one)
-    tokenizer: str = "auto"
+    """context window in tokens, or auto: a llama.cpp server's own, else the model's advertised
+    window in the price data set"""
+    tokenizer: Annotated[str, Option(choices=("auto", "engine", "o200k_base", "cl100k_base"))] = (
+        "auto"
+    )
+    """how fill is counted: engine = the server's /tokenize; auto = engine when it answers"""
     tokenize_url: str | None = None
-    #: the closed-book control (every item with no documents)
-    control: bool = True
-    #: a control level below the reference (0: none)
+    """the engine's root URL for /tokenize when --base-url is a sidecar or proxy"""
+    control: Annotated[bool, Option(flag="--no-control")] = True
+    """the closed-book control calls (every item with no documents); --no-control skips them"""
     low_fill: float = 0.1
+    """a control level below the reference, to see a drop that starts before it (0: none)"""
     seed: int = 0
+    """seeds the item draw, the haystacks and the calls"""
 
     @field_validator("api")
     @classmethod
@@ -79,12 +94,26 @@ class Spec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _batchable(self) -> Spec:
+    def _batchable(self) -> Self:
         if self.batch and self.api not in BATCH_APIS:
             raise ValueError(f"batch: the {self.api} API's batch inference is not supported")
         return self
 
     # -- the decision
     tolerance: float = 0.05
+    """largest accuracy drop from the reference that still passes; sizes the sweep"""
     margin: float = 0.1
+    """share of the passing fill held back below it"""
     resolution: float = 0.05
+    """smallest gap in utilization the refinement between levels measures"""
+
+
+class Spec(Asked):
+    """What a sweep measures, as asked for. ``levels`` and ``window`` are the arguments; the plan
+    resolves them (the levels in fill, the window in tokens) before the first call."""
+
+    # required here, so a finished spec types them as set; the option's help is the same
+    base_url: str
+    """OpenAI-style base URL (with /v1), Anthropic base URL, or Bedrock runtime URL"""
+    model: str
+    """model name sent upstream"""
