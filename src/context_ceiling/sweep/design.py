@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from context_ceiling.sweep.analysis import Analysis, LevelStats
@@ -134,6 +135,17 @@ def opening(task_items: int, planned: int, fixed: int | None, adaptive: bool) ->
 REDUNDANT_ICC = 0.75
 """Repeats whose outcomes correlate this much within an item add under a fifth of information
 over one call (three repeats: 1 / (ICC + (1 - ICC) / 3) < 1.2 times), at three times the calls."""
+
+
+def affordable(drawn: int, fits: Callable[[int], bool]) -> int:
+    """Fixed-budget planning, the one rule the run and the simulation share: the most of the
+    ``drawn`` items (at least one) whose opening design fits the budget, ``fits(n)`` saying
+    whether an opening on ``n`` items does (its calls and tokens grow with ``n``)."""
+    lo, hi = 0, drawn
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return max(lo, 1)
 
 
 def repeats_for_new_items(a: Analysis, repeats: int) -> int:

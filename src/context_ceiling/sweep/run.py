@@ -31,7 +31,13 @@ from context_ceiling.formats import APIS
 from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.corpora import extend, reach
-from context_ceiling.sweep.design import Step, next_step, opening, repeats_for_new_items
+from context_ceiling.sweep.design import (
+    Step,
+    affordable,
+    next_step,
+    opening,
+    repeats_for_new_items,
+)
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import (
     SPEC,
@@ -345,14 +351,9 @@ class _Sweep:
         budget = self.runner.budget
         if drawn == 0 or budget.fits(calls, tokens):
             return
-        lo, hi = 0, drawn
-        while lo < hi:  # the most items whose opening fits
-            mid = (lo + hi + 1) // 2
-            f = mid / drawn
-            lo, hi = (
-                (mid, hi) if budget.fits(round(calls * f), round(tokens * f)) else (lo, mid - 1)
-            )
-        n = max(lo, 1)
+        n = affordable(
+            drawn, lambda k: budget.fits(round(calls * k / drawn), round(tokens * k / drawn))
+        )
         plan.item_ids = plan.item_ids[:n]
         plan.batches = [n]
         plan.n_at = {k: n for k in plan.n_at}

@@ -25,7 +25,13 @@ from typing import Any
 
 from context_ceiling.core.prices import Price
 from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded
-from context_ceiling.sweep.design import Opening, next_step, opening, repeats_for_new_items
+from context_ceiling.sweep.design import (
+    Opening,
+    affordable,
+    next_step,
+    opening,
+    repeats_for_new_items,
+)
 from context_ceiling.sweep.plan import levels_for
 from context_ceiling.sweep.statistics import items_for
 
@@ -268,7 +274,7 @@ class SimSweep:
         )
         self.drawn = self.open.start
         if self.budget_tokens is not None:
-            self.drawn = self._fit_opening()
+            self.drawn = affordable(self.drawn, self._opening_fits)
         self.n_at = {lv: self.drawn for lv in self.levels}
         self.n_control = self.drawn
         self.batches = [self.drawn]
@@ -276,18 +282,14 @@ class SimSweep:
         self.scanned: list[float] = []
         self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
 
+    def _opening_fits(self, n: int) -> bool:
+        assert self.budget_tokens is not None
+        return self._opening_tokens(n) <= self.budget_tokens
+
     def _opening_tokens(self, n: int) -> int:
         return n * (
             1 + self.repeats * sum(round(lv * self.window) for lv in self.levels)
         ) + n * round(0.002 * self.window)
-
-    def _fit_opening(self) -> int:
-        """The most items whose opening grid fits the budget (fixed-budget planning)."""
-        n = self.drawn
-        assert self.budget_tokens is not None
-        while n > 1 and self._opening_tokens(n) > self.budget_tokens:
-            n -= 1
-        return n
 
     def _call_tokens(self, lv: float | None) -> int:
         return round((lv if lv is not None else 0.002) * self.window)
