@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded
+from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.design import next_step
 
 #: outcome of item ``i`` at ``level``: 1 correct, 0 wrong
@@ -16,14 +17,14 @@ Outcome = Callable[[int, float], int]
 def analysed(
     outcome: Outcome, levels: list[float], n: int, *, reference: float, cap: int | None = None
 ) -> Analysis:
-    rows = [
+    rows: list[Row] = [
         {
             "key": f"i{i}@{lv:.4f}#0",
             "item": f"i{i}",
             "level": lv,
             "repeat": 0,
             "control": False,
-            "correct": outcome(i, lv),
+            "correct": bool(outcome(i, lv)),
             "bucket": "correct" if outcome(i, lv) else "missed",
             "utilization": lv,
             "prompt_tokens": 100,

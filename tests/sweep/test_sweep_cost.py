@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from context_ceiling.ceilings.document import load_document
-from context_ceiling.sweep.calllog import CallLog
+from context_ceiling.sweep.calllog import CallLog, Row
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, forecast, random_truth
 from context_ceiling.sweep.solver import Endpoint, _result, request_of
@@ -208,9 +208,9 @@ def test_items_added_after_the_opening_are_asked_once_when_repeats_agree(
 def test_the_repeats_agreement_is_an_intraclass_correlation() -> None:
     from context_ceiling.sweep.analysis import repeat_icc
 
-    def rows(outcomes: dict[str, list[int]]) -> list[dict[str, object]]:
+    def rows(outcomes: dict[str, list[int]]) -> list[Row]:
         return [
-            {"item": k, "level": 0.5, "correct": x, "control": False}
+            {"item": k, "level": 0.5, "correct": bool(x), "control": False}
             for k, xs in outcomes.items()
             for x in xs
         ]
@@ -229,7 +229,7 @@ def test_the_repeat_switch_reads_the_paired_differences_agreement() -> None:
     and there the repeats of the few items that vary disagree completely."""
     from context_ceiling.sweep.analysis import repeat_icc
 
-    rows = []
+    rows: list[Row] = []
     for k in range(40):
         for level in (0.2, 0.5):
             for r in range(3):
@@ -239,7 +239,9 @@ def test_the_repeat_switch_reads_the_paired_differences_agreement() -> None:
                     correct = 0
                 else:  # the same item, right and wrong by turns, at either level
                     correct = [[1, 0, 1], [0, 1, 1]][level == 0.5][r]
-                rows.append({"item": f"i{k}", "level": level, "repeat": r, "correct": correct})
+                rows.append(
+                    {"item": f"i{k}", "level": level, "repeat": r, "correct": bool(correct)}
+                )
     outcomes = repeat_icc(rows)
     paired = repeat_icc(rows, reference=0.2)
     assert outcomes is not None and outcomes >= 0.75  # the old reading: "redundant"

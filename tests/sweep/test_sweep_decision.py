@@ -16,6 +16,7 @@ import pytest
 
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.analysis import Design, analyse_graded
+from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.design import START_SHARE
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.scorer import grade
@@ -216,14 +217,14 @@ def test_intervals_never_collapse_and_contain_the_estimate() -> None:
 
 
 def test_incomplete_reference_fails_every_level() -> None:
-    rows = [
+    rows: list[Row] = [
         {
             "key": f"i{i}@{lv:.4f}#0",
             "item": f"i{i}",
             "level": lv,
             "repeat": 0,
             "control": False,
-            "correct": 1,
+            "correct": True,
             "bucket": "correct",
             "utilization": lv,
             "prompt_tokens": 100,

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from context_ceiling.sweep.calllog import CallLog, sample_key
+from context_ceiling.sweep.calllog import CallLog, Row, sample_key
 from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import Plan
@@ -208,11 +208,18 @@ class Analysis:
         return [r for r in self.refusals if not (accept_unresolved and r.startswith(UNRESOLVED))]
 
 
+def _fill(r: Row) -> float:
+    """A measured row's level (a closed-book control's is None: never asked for here)."""
+    lv = r["level"]
+    assert lv is not None, f"{r['key']}: a closed-book control has no level"
+    return lv
+
+
 def graded(
-    records: Iterable[dict[str, Any]],
+    records: Iterable[Row],
     items: Mapping[str, Item],
     docs: Mapping[str, str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """Each ok record with its grade (the scorer applied to the log; re-grading is free)."""
     out = []
     for r in records:
@@ -223,7 +230,7 @@ def graded(
     return out
 
 
-def repeat_icc(rows: Iterable[dict[str, Any]], reference: float | None = None) -> float | None:
+def repeat_icc(rows: Iterable[Row], reference: float | None = None) -> float | None:
     """How much an item's repeats agree on what the pass test uses: the intraclass correlation
     of the paired differences (a repeat at a level minus the same repeat at the reference),
     within (item, level): 1 - their pooled variance between an item's repeats over their
@@ -233,7 +240,7 @@ def repeat_icc(rows: Iterable[dict[str, Any]], reference: float | None = None) -
     and the reference, or every pair agrees."""
     by: dict[tuple[str, float], dict[int, int]] = defaultdict(dict)
     for r in rows:
-        cell = by[(r["item"], float(r["level"]))]
+        cell = by[(r["item"], _fill(r))]
         cell[int(r["repeat"]) if "repeat" in r else len(cell)] = int(r["correct"])
     cells: list[list[float]] = []
     for (item, level), reps in by.items():
@@ -254,17 +261,17 @@ def repeat_icc(rows: Iterable[dict[str, Any]], reference: float | None = None) -
     return round(min(1.0, max(0.0, 1 - (within / dof) / total)), 4)
 
 
-def item_means(rows: Iterable[dict[str, Any]]) -> dict[float, dict[str, float]]:
+def item_means(rows: Iterable[Row]) -> dict[float, dict[str, float]]:
     """level -> item -> mean correctness over its repeats (controls left out)."""
     acc: dict[float, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if not r["control"]:
-            acc[float(r["level"])][r["item"]].append(int(r["correct"]))
+            acc[_fill(r)][r["item"]].append(int(r["correct"]))
     return {lv: {k: mean(v) for k, v in d.items()} for lv, d in acc.items()}
 
 
 def analyse(
-    records: Iterable[dict[str, Any]],
+    records: Iterable[Row],
     items: Mapping[str, Item],
     window: int,
     tolerance: float = 0.05,
@@ -293,8 +300,8 @@ def analyse(
 
 
 def analyse_graded(
-    all_records: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
+    all_records: list[Row],
+    rows: list[Row],
     window: int,
     tolerance: float,
     margin: float,
@@ -308,7 +315,7 @@ def analyse_graded(
     ``bucket``); the validity benchmark drives this with simulated outcomes."""
     by_key = {r["key"]: r for r in all_records if "key" in r}
     if design is None:
-        lv = sorted({float(r["level"]) for r in rows if not r["control"]})
+        lv = sorted({_fill(r) for r in rows if not r["control"]})
         ids = sorted({r["item"] for r in rows})
         reps = max((int(r["repeat"]) + 1 for r in rows if not r["control"]), default=1)
         design = Design.full(lv or [0.2], ids, reps, any(r["control"] for r in rows))
@@ -316,10 +323,10 @@ def analyse_graded(
     flagged = sorted(k for k, ok in controls.items() if ok)
     excluded = set() if include_closed_book else set(flagged)
     means = item_means(r for r in rows if r["item"] not in excluded)
-    by_level: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    by_level: dict[float, list[Row]] = defaultdict(list)
     for r in rows:
         if not r["control"] and r["item"] not in excluded:
-            by_level[float(r["level"])].append(r)
+            by_level[_fill(r)].append(r)
     errors = sum(1 for r in all_records if r.get("status") != "ok")
     stats = [
         _level(lv, by_level.get(lv, []), means.get(lv, {}), design, by_key, window)
@@ -403,10 +410,10 @@ def outcome_of(a: Analysis) -> str:
 
 def _level(
     lv: float,
-    rs: list[dict[str, Any]],
+    rs: list[Row],
     im: dict[str, float],
     design: Design,
-    by_key: dict[str, dict[str, Any]],
+    by_key: dict[str, Row],
     window: int,
 ) -> LevelStats:
     keys = [sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats_of(i))]
@@ -424,9 +431,9 @@ def _level(
     reps = [mean(v) for v in per_repeat.values()] or [0.0]
     counts = Counter(r["bucket"] for r in rs)
     ratios = [
-        (r["prompt_tokens"] - r["usage_prompt"]) / r["usage_prompt"]
+        (r["prompt_tokens"] - reported) / reported
         for r in rs
-        if isinstance(r.get("usage_prompt"), int | float) and r["usage_prompt"] > 0
+        if (reported := r.get("usage_prompt")) is not None and reported > 0
     ]
     acc = mean(int(r["correct"]) for r in rs) if rs else 0.0
     return LevelStats(
@@ -565,7 +572,7 @@ def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
 
 
 def _judge_closed_book(
-    a: Analysis, ref: LevelStats, rows: list[dict[str, Any]], controls: dict[str, bool]
+    a: Analysis, ref: LevelStats, rows: list[Row], controls: dict[str, bool]
 ) -> None:
     """The reference must beat the closed-book control (the same items, no documents) on the
     paired difference, or the answers do not come from the context."""
@@ -573,7 +580,7 @@ def _judge_closed_book(
     if controls:
         ref_items: dict[str, list[int]] = defaultdict(list)
         for r in rows:
-            if not r["control"] and float(r["level"]) == ref.level:
+            if not r["control"] and _fill(r) == ref.level:
                 ref_items[r["item"]].append(int(r["correct"]))
         diffs = [mean(v) - float(controls[k]) for k, v in ref_items.items() if k in controls]
         a.closed_book_accuracy = round(mean(controls.values()), 4)
@@ -597,7 +604,7 @@ def _judge_closed_book(
 def _judge(
     a: Analysis,
     ref: LevelStats | None,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     controls: dict[str, bool],
     tolerance: float,
 ) -> None:
@@ -734,7 +741,7 @@ class RunAnalysis:
 
     analysis: Analysis
     plan: Plan
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     taskset: TaskSet
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict, cast
 
 from pydantic import Field, ValidationError
 
@@ -26,6 +26,44 @@ from context_ceiling.core.vocabulary import SweepApi
 def sample_key(item_id: str, level: float | None, repeat: int) -> str:
     """The one definition of a call's identity (the log, resume and the analysis use it)."""
     return f"{item_id}@closed" if level is None else f"{item_id}@{level:.4f}#{repeat}"
+
+
+class Row(TypedDict, total=False):
+    """A call record as the analysis reads it (:meth:`CallRecord.row`, or a simulated call),
+    with its grade once graded (``correct``, ``bucket``): typed, so a misspelt key is a type
+    error rather than a silent ``None``."""
+
+    key: str
+    item: str
+    level: float | None
+    repeat: int
+    control: bool
+    target_tokens: int
+    prompt_tokens: int
+    utilization: float
+    window: int
+    gold_position: float | None
+    n_docs: int
+    shown: list[str]
+    group_size: int
+    counter: str
+    ts: float
+    status: Literal["ok", "error"]
+    text: str | None
+    finish_reason: str | None
+    model_reported: str | None
+    usage_prompt: int | None
+    usage_completion: int | None
+    cached_tokens: int | None
+    cache_write_tokens: int | None
+    latency_s: float | None
+    attempts: int
+    error: str | None
+    http_status: int | None
+    reasoning_mode: str | None
+    #: the grade (:func:`~context_ceiling.sweep.analysis.graded`)
+    correct: bool
+    bucket: str
 
 
 class CallRecord(Strict):
@@ -62,9 +100,9 @@ class CallRecord(Strict):
     http_status: int | None = None
     reasoning_mode: SweepApi | None = None
 
-    def row(self) -> dict[str, Any]:
-        """The record as the statistics read it (a plain mapping they add grades to)."""
-        return self.model_dump()
+    def row(self) -> Row:
+        """The record as the statistics read it (a mapping they add grades to)."""
+        return cast(Row, self.model_dump())
 
 
 class CallLog:

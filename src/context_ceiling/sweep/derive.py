@@ -24,6 +24,7 @@ from context_ceiling.ceilings.document import (
 from context_ceiling.core.errors import CeilingError, UserError
 from context_ceiling.core.vocabulary import Mode
 from context_ceiling.sweep.analysis import Analysis, analysis_of
+from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.plan import Plan
 
 
@@ -34,7 +35,7 @@ class DeriveError(UserError, ValueError):
 def entry_from(
     analysis: Analysis,
     plan: Plan,
-    records: list[dict[str, Any]],
+    records: list[Row],
     model: str,
     workload: str = "default",
 ) -> CeilingEntry:

@@ -29,6 +29,7 @@ from typing import Any
 from rich.console import Console
 
 from context_ceiling.sweep.analysis import Analysis, analysis_of, graded, item_means, mean
+from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.statistics import combined_lower, difference_interval
 from context_ceiling.sweep.taskset import Item
 
@@ -102,8 +103,8 @@ class Verdict:
 def compare(
     baseline: Analysis,
     reduced: Analysis,
-    base_records: list[dict[str, Any]],
-    new_records: list[dict[str, Any]],
+    base_records: list[Row],
+    new_records: list[Row],
     items: dict[str, Item],
     seed: int = 0,
     tolerance: float | None = None,

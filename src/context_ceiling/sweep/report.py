@@ -17,6 +17,7 @@ from context_ceiling.core.prices import lookup
 from context_ceiling.core.utilization import fill_bucket
 from context_ceiling.sweep import replay
 from context_ceiling.sweep.analysis import Analysis, RunAnalysis, analysis_of
+from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 
@@ -297,7 +298,7 @@ def _replay_html(rep: dict[str, Any] | None) -> str:
     )
 
 
-def spend_of(rows: list[dict[str, Any]], model: str) -> dict[str, Any]:
+def spend_of(rows: list[Row], model: str) -> dict[str, Any]:
     """What the run's calls spent, from the log: calls, input tokens (as the provider reported
     them, else as counted), the part read from and written to the prompt cache, output tokens,
     and dollars at the model's list price (None when the price data set has no price)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from context_ceiling.core.prices import Price
 from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded
+from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.design import (
     Opening,
     affordable,
@@ -254,7 +255,7 @@ class SimSweep:
     #: items sharing one haystack (``--shared-haystack``; 1: a haystack per item, nothing cached)
     group_size: int = 1
     seed: int = 0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Row] = field(default_factory=list)
     spend: Spend = field(default_factory=Spend)
 
     def __post_init__(self) -> None:
@@ -318,7 +319,7 @@ class SimSweep:
                         "level": lv,
                         "repeat": r,
                         "control": lv is None,
-                        "correct": ok,
+                        "correct": bool(ok),
                         "bucket": "correct" if ok else "missed",
                         "utilization": lv or 0.0,
                         "prompt_tokens": tokens,
