@@ -14,7 +14,8 @@ import json
 import math
 import os
 import secrets
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +33,7 @@ from context_ceiling.sweep.analysis import Analysis, analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.design import (
+    Opening,
     Step,
     affordable,
     next_step,
@@ -223,23 +225,96 @@ def _planned(opts: RunOptions) -> tuple[Path, Plan]:
     return out, plan
 
 
+@dataclass(frozen=True)
+class Material:
+    """What a plan is finished against, measured once before the first call: the window, the
+    levels in fill, the task set's items in their drawn order and its fingerprints, the counter,
+    the prompt skeleton's and the mean document's tokens."""
+
+    window: int
+    levels: list[float]
+    order: list[str]
+    counter: str
+    taskset: TaskSetRef
+    system_tokens: int
+    mean_doc_tokens: float
+
+
+#: how many haystack groups the first n items of a plan make (the task set's documents decide)
+GroupCount = Callable[[Plan, int], int]
+
+
+def finished(
+    plan: Plan, m: Material, start: Opening, planned: int, group_count: GroupCount
+) -> Plan:
+    """The plan ready for its first call, a new object (``plan`` is left as it is): the levels
+    in fill, the opening's items (a resumed plan keeps its own, less any the task set no longer
+    has), one batch, each level's and the control's item counts, the references to the
+    endpoint, the task set and the counter, the reference level, the sample-size plan and the
+    horizon the pass test's bets are tuned for."""
+    known = set(m.order)
+    ids = [i for i in plan.item_ids if i in known] if plan.item_ids else m.order[: start.start]
+    n = len(ids)
+    out = plan.model_copy(
+        update={
+            "levels": sorted(m.levels),
+            "item_ids": ids,
+            "batches": plan.batches or [n],
+            "n_at": plan.n_at or {level_key(lv): n for lv in m.levels},
+            "n_control": (n if plan.spec.control else 0)
+            if plan.n_control is None
+            else plan.n_control,
+            "window": m.window,
+            "counter": m.counter,
+            "endpoint": EndpointRef(
+                base_url=plan.spec.base_url, api=plan.spec.api, model=plan.spec.model
+            ),
+            "taskset": m.taskset,
+            "system_tokens": m.system_tokens,
+            "mean_doc_tokens": m.mean_doc_tokens,
+            "planned_items": planned,
+            "item_cap": start.target,
+            "horizon": plan.horizon or start.horizon,
+        },
+        deep=True,
+    )
+    out.reference = out.chain_reference
+    out.groups = group_count(out, n)
+    return out
+
+
+def opened_on(plan: Plan, n: int, group_count: GroupCount) -> Plan:
+    """``plan`` opened on its first ``n`` items only (fixed-budget planning), a new object:
+    one batch, every level's and the control's counts, and the pass test's bets tuned to ``n``."""
+    out = plan.model_copy(
+        update={
+            "item_ids": plan.item_ids[:n],
+            "batches": [n],
+            "n_at": {k: n for k in plan.n_at},
+            "n_control": n if plan.spec.control else 0,
+            "horizon": n,
+        },
+        deep=True,
+    )
+    out.groups = group_count(out, n)
+    return out
+
+
 class _Sweep:
     """One run of a plan: the task set, the counter and the solver, and the design as it grows
     (held in the plan itself, so saving the plan saves the design)."""
 
     def __init__(self, plan: Plan, opts: RunOptions, out: Path, console: Console) -> None:
-        self.plan, self.opts, self.out, self.console = plan, opts, out, console
+        self.opts, self.out, self.console = opts, out, console
         self.window = plan.window or window_of(
             plan.spec.window, plan.spec.base_url, plan.spec.model
         )
-        if not plan.levels:
-            plan.levels = levels_for(
-                plan.spec.levels, self.window, plan.spec.max_tokens, plan.spec.low_fill
-            )
+        levels = plan.levels or levels_for(
+            plan.spec.levels, self.window, plan.spec.max_tokens, plan.spec.low_fill
+        )
         # a bundled corpus grows with the window (more of its own kind of document), so the
         # highest level can be filled whatever the window
-        self.ts = extend(open_taskset(plan.spec.taskset), reach(plan.levels, self.window))
-        self.reference = plan.chain_reference
+        self.ts = extend(open_taskset(plan.spec.taskset), reach(levels, self.window))
         self.meter = _meter(
             plan.spec.tokenizer, plan.spec.tokenize_url or plan.spec.base_url, console
         )
@@ -254,16 +329,28 @@ class _Sweep:
             len(self.order), self.planned, plan.spec.items, plan.adaptive and not plan.spec.items
         )
         self.target_items = self.opening.target
-        if plan.item_ids:
-            plan.item_ids = [i for i in plan.item_ids if i in self.by_id]
-        else:
-            plan.item_ids = self.order[: self.opening.start]
-        drawn = len(plan.item_ids)
-        plan.batches = plan.batches or [drawn]
-        plan.n_at = plan.n_at or {level_key(lv): drawn for lv in plan.levels}
-        if plan.n_control is None:
-            plan.n_control = drawn if plan.spec.control else 0
-        self.smallest = round(min(plan.levels) * self.window)
+        self.smallest = round(min(levels) * self.window)
+        docs = [self.builder.doc_tokens(d) for d in self.ts.docs]
+        material = Material(
+            window=self.window,
+            levels=levels,
+            order=self.order,
+            counter=self.meter.name,
+            taskset=TaskSetRef(
+                name=self.ts.meta.name,
+                hash=self.ts.hash,
+                corpus_hash=self.ts.corpus_hash,
+                skeleton_hash=self.ts.skeleton.hash,
+                metric=self.ts.metric,
+                fingerprint=self.ts.fingerprint,
+            ),
+            system_tokens=self.meter.text(self.ts.skeleton.system),
+            mean_doc_tokens=round(sum(docs) / len(docs), 1),
+        )
+        self.plan = finished(plan, material, self.opening, self.planned, self._group_count)
+        self.reference = self.plan.chain_reference
+        self._check_reach(sum(docs))
+        plan = self.plan
         self.price = (
             parse_price(opts.price)
             if opts.price
@@ -289,24 +376,6 @@ class _Sweep:
                 f"--budget-usd: the price data set has no price for {plan.spec.model}; say what it "
                 "costs with --price IN,OUT (dollars per million tokens)"
             )
-        docs = [self.builder.doc_tokens(d) for d in self.ts.docs]
-        self._check_reach(sum(docs))
-        plan.window = self.window
-        plan.counter = self.meter.name
-        plan.endpoint = EndpointRef(
-            base_url=plan.spec.base_url, api=plan.spec.api, model=plan.spec.model
-        )
-        plan.taskset = TaskSetRef(
-            name=self.ts.meta.name,
-            hash=self.ts.hash,
-            corpus_hash=self.ts.corpus_hash,
-            skeleton_hash=self.ts.skeleton.hash,
-            metric=self.ts.metric,
-            fingerprint=self.ts.fingerprint,
-        )
-        plan.groups = len(self.groups_upto(drawn))
-        plan.system_tokens = self.meter.text(self.ts.skeleton.system)
-        plan.mean_doc_tokens = round(sum(docs) / len(docs), 1)
         self.runner = Runner(
             self.builder,
             _endpoint(plan, opts),
@@ -354,12 +423,8 @@ class _Sweep:
         n = affordable(
             drawn, lambda k: budget.fits(round(calls * k / drawn), round(tokens * k / drawn))
         )
-        plan.item_ids = plan.item_ids[:n]
-        plan.batches = [n]
-        plan.n_at = {k: n for k in plan.n_at}
-        plan.n_control = n if plan.spec.control else 0
-        plan.groups = len(self.groups_upto(n))
-        plan.horizon = n  # the pass test's bets tuned to the items the budget affords
+        self.plan = opened_on(plan, n, self._group_count)
+        self.pricing.plan = self.plan
         self.console.print(
             f"[yellow]budget[/]: the opening design fits {n} of {drawn} items; a ceiling from "
             f"them is stated within about {tolerance_for(n, plan.spec.repeats):.1%} of the "
@@ -368,30 +433,33 @@ class _Sweep:
 
     def save(self) -> None:
         self.plan.levels = sorted(self.plan.levels)
-        self.plan.reference = self.reference
-        self.plan.planned_items = self.planned
-        self.plan.item_cap = self.target_items
-        self.plan.horizon = self.plan.horizon or self.opening.horizon
         self.plan.save(self.out)
 
     def batch_groups(self, n: int) -> list[tuple[list[list[Item]], int]]:
         """The haystack groups of the first ``n`` drawn items, batch by batch (a later batch
         never regroups an earlier one), this shard's only, each batch with its repeats."""
+        return self._batch_groups(self.plan, n)
+
+    def _batch_groups(self, plan: Plan, n: int) -> list[tuple[list[list[Item]], int]]:
         out: list[tuple[list[list[Item]], int]] = []
         lo = k = 0
-        ids = self.plan.item_ids
-        for b, hi in enumerate(self.plan.batches):
+        ids = plan.item_ids
+        for b, hi in enumerate(plan.batches):
             if hi > n:
                 break
             items = [self.by_id[i] for i in ids[lo:hi]]
-            groups = group_items(self.builder, items, self.smallest, self.plan.spec.shared_haystack)
-            if self.plan.shard:
-                shard_i, shard_n = self.plan.shard
+            groups = group_items(self.builder, items, self.smallest, plan.spec.shared_haystack)
+            if plan.shard:
+                shard_i, shard_n = plan.shard
                 groups = [g for j, g in enumerate(groups, start=k) if j % shard_n == shard_i]
             k += len(groups)
-            out.append((groups, self.plan.repeats_at(b)))
+            out.append((groups, plan.repeats_at(b)))
             lo = hi
         return out
+
+    def _group_count(self, plan: Plan, n: int) -> int:
+        """How many haystack groups the first ``n`` items of ``plan`` make."""
+        return sum(len(groups) for groups, _ in self._batch_groups(plan, n))
 
     def groups_upto(self, n: int) -> list[list[Item]]:
         """The haystack groups of the first ``n`` drawn items (see :meth:`batch_groups`)."""
