@@ -18,34 +18,41 @@ import httpx
 from context_ceiling.sidecar.upstream.transport import AiohttpTransport
 from testkit.asgi import lifespan, read_body, run
 
-UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"
-client = httpx.AsyncClient(
-    base_url=UPSTREAM,
-    limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
-    timeout=60,
-    trust_env=False,
-    transport=AiohttpTransport(200) if sys.argv[3:] == ["aiohttp"] else None,
-)
 DROP = {b"host", b"content-length", b"connection", b"transfer-encoding"}
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        await lifespan(receive, send, client.aclose)
-        return
-    body = await read_body(receive)
-    headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k not in DROP]
-    req = client.build_request(scope["method"], scope["path"], content=body, headers=headers)
-    resp = await client.send(req, stream=True)
-    try:
-        out = [(k.encode(), v.encode()) for k, v in resp.headers.items() if k.encode() not in DROP]
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
-        async for chunk in resp.aiter_raw():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        await resp.aclose()
+def make_app(client: httpx.AsyncClient) -> Any:
+    """The pass-through over ``client`` (its base URL the upstream's)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send, client.aclose)
+            return
+        body = await read_body(receive)
+        headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k not in DROP]
+        req = client.build_request(scope["method"], scope["path"], content=body, headers=headers)
+        resp = await client.send(req, stream=True)
+        try:
+            out = [
+                (k.encode(), v.encode()) for k, v in resp.headers.items() if k.encode() not in DROP
+            ]
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
+            async for chunk in resp.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await resp.aclose()
+
+    return app
 
 
 if __name__ == "__main__":
-    run(app, int(sys.argv[1]))
+    upstream = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:9"
+    client = httpx.AsyncClient(
+        base_url=upstream,
+        limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+        timeout=60,
+        trust_env=False,
+        transport=AiohttpTransport(200) if sys.argv[3:] == ["aiohttp"] else None,
+    )
+    run(make_app(client), int(sys.argv[1]))
