@@ -183,7 +183,7 @@ class CountPlan:
         where the model's tokenizer is the upstream's. ``RequestShapeError`` names the field."""
         st, ex = self.st, self.ex
         spec = ex.spec
-        cpu = time.thread_time()
+        cpu = time.thread_time() if ex.sampled else 0.0  # a sample's CPU is paid from a credit
         ex.count = self.route.count(
             self.obj,
             self.counter,

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from context_ceiling.sweep import landmarks
 from context_ceiling.sweep.taskset import Doc, TaskSet
 
 __all__ = [
@@ -181,7 +183,7 @@ def documents(c: dict[str, Any]) -> list[dict[str, str]]:
 #: room for the documents' own wrapping and for a tokenizer that splits finer
 CHARS_PER_TOKEN = 5.0
 #: the generators that can extend a bundled corpus, by task set name
-EXTENDABLE = ("contracts",)
+EXTENDABLE = ("contracts", "landmarks")
 
 
 def reach(levels: list[float], window: int) -> int:
@@ -192,24 +194,19 @@ def reach(levels: list[float], window: int) -> int:
 def extend(ts: TaskSet, reach_tokens: int) -> TaskSet:
     """``ts`` with its corpus extended, deterministically, until it holds about
     ``reach_tokens`` tokens (sized by :data:`CHARS_PER_TOKEN`): more contract families for the
-    bundled ``contracts`` set (ids of five or more digits, never a committed one), the items
-    and the skeleton unchanged. A task set without a generator, or one that already fills
-    ``reach_tokens``, comes back as it is. The hash names the extension, so a run's provenance
-    says which corpus it measured."""
+    bundled ``contracts`` set (ids of five or more digits, never a committed one), more notes
+    about people by places no question names for ``landmarks``; the items and the skeleton
+    unchanged. A task set without a generator, or one that already fills ``reach_tokens``,
+    comes back as it is. The hash names the extension, so a run's provenance says which corpus
+    it measured."""
     have = sum(len(d.text) for d in ts.docs.values())
     want = int(reach_tokens * CHARS_PER_TOKEN)
-    if ts.meta.name not in EXTENDABLE or ts.meta.seed != SEED or have >= want:
+    seeds = {"contracts": SEED, "landmarks": landmarks.SEED}
+    if ts.meta.name not in EXTENDABLE or ts.meta.seed != seeds[ts.meta.name] or have >= want:
         return ts
-    rng = random.Random(SEED + 1)
-    used = {d.id.rsplit("-", 1)[0] for d in ts.docs.values()}
     docs = dict(ts.docs)
-    first, batch = FAMILIES, 40
-    while have < want:
-        for c in contracts(rng, batch, first, (10_000, 100_000), used):
-            for d in documents(c):
-                docs[d["id"]] = Doc(**d)
-                have += len(d["text"])
-        first += batch
+    for d in _more(ts, want - have, seeds):
+        docs[d["id"]] = Doc(**d)
     added = len(docs) - len(ts.docs)
     return replace(
         ts,
@@ -217,3 +214,26 @@ def extend(ts: TaskSet, reach_tokens: int) -> TaskSet:
         hash=f"{ts.hash}+padding:{added}",
         corpus_hash=f"{ts.corpus_hash}+padding:{added}",
     )
+
+
+def _more(ts: TaskSet, chars: int, seeds: dict[str, int]) -> Iterator[dict[str, str]]:
+    """Documents of ``ts``'s own kind, new ids, until they hold ``chars`` characters."""
+    rng = random.Random(seeds[ts.meta.name] + 1)
+    got = 0
+    if ts.meta.name == "landmarks":
+        used = {n for d in ts.docs.values() for n in landmarks.names_in(d.text)}
+        first = len(ts.docs) + 1
+        while got < chars:
+            for d in landmarks.padding(rng, first, 200, used):
+                got += len(d["text"])
+                yield d
+            first += 200
+        return
+    used_ids = {d.id.rsplit("-", 1)[0] for d in ts.docs.values()}
+    first, batch = FAMILIES, 40
+    while got < chars:
+        for c in contracts(rng, batch, first, (10_000, 100_000), used_ids):
+            for d in documents(c):
+                got += len(d["text"])
+                yield d
+        first += batch

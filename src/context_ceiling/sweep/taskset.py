@@ -41,7 +41,7 @@ FINGERPRINT_KEYS = (
     "retrieved_chunks",
     "retrieved_chunk_tokens",
 )
-BUNDLED = ("contracts", "spdx", "records")
+BUNDLED = ("contracts", "spdx", "records", "landmarks")
 
 
 class ExactAnswer(Strict):

@@ -1,0 +1,22 @@
+"""The bundled ``landmarks`` task set: questions with no word in common with their evidence.
+
+The generator is in the package (:mod:`context_ceiling.sweep.landmarks`), so the sweep extends
+the corpus with notes of the same kind for a large window. Regenerate the committed files:
+``python -m devtools.generate_landmarks`` (a test fails when they are stale).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from context_ceiling.sweep.landmarks import generate
+
+if __name__ == "__main__":
+    generate(
+        Path(__file__).parent.parent
+        / "src"
+        / "context_ceiling"
+        / "sweep"
+        / "tasksets"
+        / "landmarks"
+    )
