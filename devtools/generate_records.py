@@ -10,7 +10,8 @@ with look-alikes, which is the curve the demo measures (the bundled ``contracts`
 sets are for models of 7B parameters and up). Synthetic on purpose: no model knows these codes,
 which the closed-book control confirms.
 
-Regenerate: ``python -m devtools.generate_records`` (a test fails when the committed files are
+The records themselves come from :mod:`context_ceiling.sweep.corpora` (the sweep extends the
+corpus with more of them for a large window). Regenerate: ``python -m devtools.generate_records`` (a test fails when the committed files are
 stale).
 """
 
@@ -20,24 +21,12 @@ import random
 from pathlib import Path
 from typing import Any
 
+from context_ceiling.sweep.corpora import RECORDS_SEED as SEED
+from context_ceiling.sweep.corpora import vault_document, vault_records
 from context_ceiling.sweep.taskset import write_taskset
 
-SEED = 20261203
 RECORDS = 1000
 ITEMS = 400
-
-FIRST = [
-    "Amber", "Silent", "Copper", "Northern", "Hidden", "Crimson", "Silver", "Golden", "Quiet",
-    "Stone", "Iron", "Misty", "Hollow", "Bright", "Frozen", "Velvet", "Cobalt", "Scarlet",
-    "Emerald", "Ashen", "Distant", "Broken", "Rapid", "Sunken", "Pale", "Wild", "Ancient", "Lunar",
-    "Tidal", "Royal", "Eastern", "Western",
-]  # fmt: skip
-SECOND = [
-    "Falcon", "Harbor", "River", "Meadow", "Summit", "Lantern", "Willow", "Anchor", "Beacon",
-    "Canyon", "Cedar", "Comet", "Crown", "Delta", "Ember", "Forge", "Garden", "Glacier", "Grove",
-    "Haven", "Heron", "Island", "Lake", "Maple", "Orchard", "Raven", "Ridge", "Tower", "Valley",
-    "Vine", "Wolf", "Quarry",
-]  # fmt: skip
 
 SKELETON = """You look up vault codes in the records provided. Many vaults have similar names: find the record whose vault name matches the question exactly.
 ---
@@ -49,26 +38,10 @@ Question: {question}
 Reply with the code only."""
 
 
-def _records(rng: random.Random) -> list[dict[str, Any]]:
-    names = sorted({f"{a} {b}" for a in FIRST for b in SECOND})
-    rng.shuffle(names)
-    codes = rng.sample(range(10_000, 100_000), RECORDS)
-    return [
-        {"n": i + 1, "name": names[i], "code": str(codes[i])}
-        for i in range(min(RECORDS, len(names)))
-    ]
-
-
 def generate(out: Path, seed: int = SEED) -> None:
     rng = random.Random(seed)
-    records = _records(rng)
-    docs = [
-        {
-            "id": f"R-{r['n']:04d}",
-            "text": f"Record {r['n']}: the code for vault {r['name']} is {r['code']}.",
-        }
-        for r in records
-    ]
+    records = vault_records(rng, RECORDS)
+    docs = [vault_document(r) for r in records]
     by_word: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         for w in r["name"].split():

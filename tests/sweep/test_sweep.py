@@ -611,12 +611,12 @@ def test_replay_asks_held_out_items_evidence_first_and_reports_both_sides(
 def test_a_level_the_corpus_cannot_fill_is_refused_not_mislabelled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The records corpus (no generator extends it) holds about 14k tokens: at a 32k window
-    the 0.8 and max levels would be measured at ~0.45 under their own names. The plan refuses
-    them (exit 2, one line saying how far the corpus reaches) and spends nothing; levels it
-    reaches plan as before."""
+    """The spdx corpus (real licence records: no generator extends it) holds about 91k tokens:
+    at a 128k window the 0.8 and max levels would be measured at ~0.7 under their own names.
+    The plan refuses them (exit 2, one line saying how far the corpus reaches) and spends
+    nothing; levels it reaches plan as before."""
     base = ["sweep", "run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
-    base += ["--taskset", "records", "--window", "32768", "--tokenizer", "o200k_base"]
+    base += ["--taskset", "spdx", "--window", "131072", "--tokenizer", "o200k_base"]
     code = cli_main(
         [*base, "--levels", "0.2,0.5,0.8,max", "--dry-run", "--out", str(tmp_path / "a")]
     )
@@ -689,8 +689,8 @@ def test_the_reach_a_corpus_refuses_is_one_it_then_accepts(
 
     def dry(levels: str) -> int:
         args = common("http://127.0.0.1:9/v1", tmp_path / "dry", "--dry-run", "--price", "0")
-        args[args.index("--window") + 1] = "32000"
-        args += ["--taskset", "records"]  # a corpus no generator extends
+        args[args.index("--window") + 1] = "131072"
+        args += ["--taskset", "spdx"]  # a corpus no generator extends
         return run_cli(*args, "--levels", levels, "--items", "30", "--no-adaptive")
 
     assert dry("0.2,0.95") == 2
@@ -726,6 +726,14 @@ def test_a_bundled_corpus_fills_any_window(tmp_path: Path) -> None:
     from context_ceiling.core.tokenizers import TiktokenCounter
     from context_ceiling.sweep.corpora import extend
 
+    records = load_taskset("records")
+    more = extend(records, 1_000_000)
+    codes = [d.text.rsplit(" ", 1)[1] for d in more.docs.values()]
+    assert len(codes) == len(set(codes)) and len(more.docs) > 40 * len(records.docs)
+    assert all(
+        len(d.text.split(" vault ")[1].split(" is ")[0].split()) == 3
+        for d in list(more.docs.values())[len(records.docs) :][:100]
+    )
     big = extend(TS, 1_000_000)
     assert big.items == TS.items and set(TS.docs) < set(big.docs)
     assert extend(TS, 1_000_000).hash == big.hash != TS.hash  # the same corpus every time

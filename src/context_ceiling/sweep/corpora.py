@@ -23,11 +23,15 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "EXTENDABLE",
     "FAMILIES",
+    "RECORDS_SEED",
     "SEED",
     "contracts",
     "documents",
     "extend",
+    "more_vaults",
     "reach",
+    "vault_document",
+    "vault_records",
 ]
 
 SEED = 20261129
@@ -178,12 +182,74 @@ def documents(c: dict[str, Any]) -> list[dict[str, str]]:
     ]
 
 
+RECORDS_SEED = 20261203
+VAULT_FIRST = [
+    "Amber", "Silent", "Copper", "Northern", "Hidden", "Crimson", "Silver", "Golden", "Quiet",
+    "Stone", "Iron", "Misty", "Hollow", "Bright", "Frozen", "Velvet", "Cobalt", "Scarlet",
+    "Emerald", "Ashen", "Distant", "Broken", "Rapid", "Sunken", "Pale", "Wild", "Ancient", "Lunar",
+    "Tidal", "Royal", "Eastern", "Western",
+]  # fmt: skip
+VAULT_SECOND = [
+    "Falcon", "Harbor", "River", "Meadow", "Summit", "Lantern", "Willow", "Anchor", "Beacon",
+    "Canyon", "Cedar", "Comet", "Crown", "Delta", "Ember", "Forge", "Garden", "Glacier", "Grove",
+    "Haven", "Heron", "Island", "Lake", "Maple", "Orchard", "Raven", "Ridge", "Tower", "Valley",
+    "Vine", "Wolf", "Quarry",
+]  # fmt: skip
+
+#: a third word for the vaults the extension adds (the committed ones have two): each new name
+#: still shares words with dozens of others, committed ones among them
+VAULT_THIRD = [
+    "Annex", "Depot", "Hall", "Keep", "Yard", "Works", "Store", "Lodge", "Gate", "Court",
+    "Mill", "Wharf", "Dock", "Cellar", "Vault", "Bastion",
+]  # fmt: skip
+#: and a fourth, once the three-word names are spent
+VAULT_SIDES = ["North", "South", "East", "West", "Upper", "Lower", "Inner", "Outer"]
+
+
+def vault_records(rng: random.Random, count: int) -> list[dict[str, Any]]:
+    """The committed ``records`` set's vaults: ``count`` two-word names, five-digit codes."""
+    names = sorted({f"{a} {b}" for a in VAULT_FIRST for b in VAULT_SECOND})
+    rng.shuffle(names)
+    codes = rng.sample(range(10_000, 100_000), count)
+    return [
+        {"n": i + 1, "name": names[i], "code": str(codes[i])} for i in range(min(count, len(names)))
+    ]
+
+
+def vault_document(r: dict[str, Any]) -> dict[str, str]:
+    return {
+        "id": f"R-{r['n']:04d}",
+        "text": f"Record {r['n']}: the code for vault {r['name']} is {r['code']}.",
+    }
+
+
+def more_vaults(rng: random.Random, first: int, used_codes: set[str]) -> Iterator[dict[str, str]]:
+    """Records numbered from ``first``: three-word vaults (a committed two-word name and a third
+    word), then four-word ones, codes never used before (``used_codes`` grows), until the
+    five-digit codes run out."""
+    pairs = [f"{a} {b}" for a in VAULT_FIRST for b in VAULT_SECOND]
+    free = [c for c in range(10_000, 100_000) if str(c) not in used_codes]
+    rng.shuffle(free)
+    n = first
+    for side in ["", *VAULT_SIDES]:
+        for third in VAULT_THIRD:
+            rng.shuffle(pairs)
+            for pair in pairs:
+                if not free:  # every five-digit code is taken (past a million tokens)
+                    return
+                code = str(free.pop())
+                used_codes.add(code)
+                name = f"{side} {pair} {third}" if side else f"{pair} {third}"
+                yield vault_document({"n": n, "name": name, "code": code})
+                n += 1
+
+
 #: more characters per token than the generated text has under the shipped encodings (3.8
 #: under o200k_base and cl100k_base): an extension sized by it holds more tokens than asked,
 #: room for the documents' own wrapping and for a tokenizer that splits finer
 CHARS_PER_TOKEN = 5.0
 #: the generators that can extend a bundled corpus, by task set name
-EXTENDABLE = ("contracts", "landmarks")
+EXTENDABLE = ("contracts", "landmarks", "records")
 
 
 def reach(levels: list[float], window: int) -> int:
@@ -195,13 +261,13 @@ def extend(ts: TaskSet, reach_tokens: int) -> TaskSet:
     """``ts`` with its corpus extended, deterministically, until it holds about
     ``reach_tokens`` tokens (sized by :data:`CHARS_PER_TOKEN`): more contract families for the
     bundled ``contracts`` set (ids of five or more digits, never a committed one), more notes
-    about people by places no question names for ``landmarks``; the items and the skeleton
-    unchanged. A task set without a generator, or one that already fills ``reach_tokens``,
+    about people by places no question names for ``landmarks``, more vault records for
+    ``records`` (three-word names, codes never used); the items and the skeleton unchanged. A task set without a generator, or one that already fills ``reach_tokens``,
     comes back as it is. The hash names the extension, so a run's provenance says which corpus
     it measured."""
     have = sum(len(d.text) for d in ts.docs.values())
     want = int(reach_tokens * CHARS_PER_TOKEN)
-    seeds = {"contracts": SEED, "landmarks": landmarks.SEED}
+    seeds = {"contracts": SEED, "landmarks": landmarks.SEED, "records": RECORDS_SEED}
     if ts.meta.name not in EXTENDABLE or ts.meta.seed != seeds[ts.meta.name] or have >= want:
         return ts
     docs = dict(ts.docs)
@@ -220,6 +286,14 @@ def _more(ts: TaskSet, chars: int, seeds: dict[str, int]) -> Iterator[dict[str, 
     """Documents of ``ts``'s own kind, new ids, until they hold ``chars`` characters."""
     rng = random.Random(seeds[ts.meta.name] + 1)
     got = 0
+    if ts.meta.name == "records":
+        codes = {d.text.rsplit(" ", 1)[1].rstrip(".") for d in ts.docs.values()}
+        for d in more_vaults(rng, len(ts.docs) + 1, codes):
+            if got >= chars:
+                return
+            got += len(d["text"])
+            yield d
+        return
     if ts.meta.name == "landmarks":
         used = {n for d in ts.docs.values() for n in landmarks.names_in(d.text)}
         first = len(ts.docs) + 1
