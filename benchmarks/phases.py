@@ -8,7 +8,8 @@ and each target reaches the benchmark's upstream double (``upstream_double.py``)
 pure-ASGI pass-through of ``passthrough.py``), and the sidecar in the configurations of
 ``targets.py`` (``sidecar``: the default config with the count cache off, so every request is
 counted from scratch; ``bounded``: ``counting.strategy: bounded``). CPU per request is
-``time.process_time`` over ``--requests`` requests after a warm-up; a proxy's own CPU is its
+``time.process_time`` over ``--requests`` requests after a warm-up, the median of ``--rounds``
+passes taken with the targets in turn; a proxy's own CPU is its
 target's less ``direct``'s (the client and the double cost the same in both), so the ratio to
 the bare pass-through compares what each proxy adds. The network hop to the upstream is httpx's
 in-process transport here, not the aiohttp transport the sidecar deploys with, and uvicorn's
@@ -17,7 +18,7 @@ HTTP parsing is absent from every target alike: the figures are the request path
 The phases come from ``cProfile`` over a second pass of the same requests (its own overhead
 grows with the number of Python calls, so the shares are the profile's and the CPU figures are
 the unprofiled pass's; it times by the wall clock, so run it on a quiet machine): each function's own time (``tottime``) goes to the phase its module
-belongs to (:data:`PHASES`), less the same phase's time in the ``direct`` pass (the client and
+belongs to (:data:`PHASES`; a built-in to its callers' phases), less the same phase's time in the ``direct`` pass (the client and
 the double). Prints a Markdown table per size and writes ``--json``.
 """
 
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import pstats
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -63,7 +65,7 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
         ("prometheus_client", "observability/metrics", "observability/record", "staleness"),
     ),
     ("tracing", ("opentelemetry", "observability/tracing", "observability/semconv")),
-    ("answers", ("observability/answers", "jsonschema")),
+    ("answers", ("observability/answers", "jsonschema", "sidecar/capture")),
     (
         "relay",
         (
@@ -100,13 +102,26 @@ def phase_of(where: str) -> str:
 
 
 def by_phase(profile: cProfile.Profile) -> dict[str, float]:
-    """Seconds of own time (``tottime``) per phase."""
+    """Seconds of own time (``tottime``) per phase. A built-in (``str.encode``, ``dict.get``)
+    that no phase names by itself goes to the phases of its callers, in proportion to the time
+    each caller spent in it."""
     out: dict[str, float] = {}
-    stats = pstats.Stats(profile)
-    for (file, _line, name), row in stats.stats.items():  # type: ignore[attr-defined]
-        tottime = row[2]
-        key = phase_of(f"{file.replace(os.sep, '/')}:{name}")
-        out[key] = out.get(key, 0.0) + tottime
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+
+    def where(key: tuple[str, int, str]) -> str:
+        return f"{key[0].replace(os.sep, '/')}:{key[2]}"
+
+    for key, row in stats.items():
+        tottime, callers = row[2], row[4]
+        phase = phase_of(where(key))
+        if phase == "other" and key[0] == "~" and callers:
+            spent = sum(c[2] for c in callers.values()) or 1.0
+            for caller, c in callers.items():
+                share = tottime * c[2] / spent
+                to = phase_of(where(caller))
+                out[to] = out.get(to, 0.0) + share
+            continue
+        out[phase] = out.get(phase, 0.0) + tottime
     return out
 
 
@@ -159,7 +174,7 @@ def sidecar_settings(name: str) -> Settings:
 
 
 async def measure(
-    names: list[str], sizes: list[int], requests: int, warmup: int, stream: bool
+    names: list[str], sizes: list[int], requests: int, warmup: int, stream: bool, rounds: int = 5
 ) -> dict[str, Any]:
     """CPU ms per request of every target and size, and the sidecar targets' phase shares."""
     double: App = upstream_double.app
@@ -175,29 +190,36 @@ async def measure(
         stops.append(await _started(app))
         apps[name] = app
     out: dict[str, Any] = {"cpu_ms": {}, "phases": {}}
+    clients = {
+        t: httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://target.bench", trust_env=False
+        )
+        for t, app in apps.items()
+    }
     try:
         for size in sizes:
             body, _ = body_of(size, stream)
-            cpu: dict[str, float] = {}
-            phases: dict[str, dict[str, float]] = {}
-            for target, app in apps.items():
-                async with httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app),
-                    base_url="http://target.bench",
-                    trust_env=False,
-                ) as client:
-                    for _ in range(warmup):
-                        await _send(client, body, target)
+            for target, client in clients.items():
+                for _ in range(warmup):
+                    await _send(client, body, target)
+            # rounds with the targets in turn, each target's CPU the median over rounds: the
+            # machine's drift reaches every target alike
+            samples: dict[str, list[float]] = {t: [] for t in clients}
+            for _ in range(rounds):
+                for target, client in clients.items():
                     t0 = time.process_time()
                     for _ in range(requests):
                         await _send(client, body, target)
-                    cpu[target] = (time.process_time() - t0) / requests * 1e3
-                    prof = cProfile.Profile()
-                    prof.enable()
-                    for _ in range(requests):
-                        await _send(client, body, target)
-                    prof.disable()
-                    phases[target] = {k: v / requests * 1e3 for k, v in by_phase(prof).items()}
+                    samples[target].append((time.process_time() - t0) / requests * 1e3)
+            cpu = {t: statistics.median(v) for t, v in samples.items()}
+            phases: dict[str, dict[str, float]] = {}
+            for target, client in clients.items():
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(requests):
+                    await _send(client, body, target)
+                prof.disable()
+                phases[target] = {k: v / requests * 1e3 for k, v in by_phase(prof).items()}
             out["cpu_ms"][size] = cpu
             out["phases"][size] = {
                 t: {
@@ -207,6 +229,8 @@ async def measure(
                 if t != "direct"
             }
     finally:
+        for c in clients.values():
+            await c.aclose()
         for stop in stops:
             await stop()
         await bare_client.aclose()
@@ -246,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.phases", description=__doc__)
     p.add_argument("--sizes", default="1000,8000", help="request sizes in tokens")
     p.add_argument("--targets", default="sidecar,bounded", help="sidecar configs to profile")
-    p.add_argument("--requests", type=int, default=300, help="requests per pass")
+    p.add_argument("--requests", type=int, default=200, help="requests per pass")
+    p.add_argument("--rounds", type=int, default=5, help="measured passes per target (median)")
     p.add_argument("--warmup", type=int, default=50, help="requests before each measurement")
     p.add_argument("--stream", action="store_true", help="streamed requests")
     p.add_argument("--json", type=Path, help="write the result here")
@@ -259,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             handler.setStream(devnull)
     sizes = [int(s) for s in args.sizes.split(",")]
     names = [n for n in args.targets.split(",") if n]
-    result = asyncio.run(measure(names, sizes, args.requests, args.warmup, args.stream))
+    result = asyncio.run(
+        measure(names, sizes, args.requests, args.warmup, args.stream, args.rounds)
+    )
     result["stream"] = args.stream
     for size in sizes:
         print(

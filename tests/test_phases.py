@@ -30,7 +30,23 @@ def test_the_profile_attributes_each_proxys_cpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "phases.json"
-    assert main(["--sizes", "1000", "--requests", "20", "--warmup", "5", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--sizes",
+                "1000",
+                "--requests",
+                "20",
+                "--warmup",
+                "5",
+                "--rounds",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     cpu = result["cpu_ms"]["1000"]
     assert set(cpu) == {"direct", "bare", "sidecar", "bounded"}
