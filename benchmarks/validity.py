@@ -232,11 +232,14 @@ def one(task: tuple[int, int, int, int]) -> dict[str, Any]:
     return row
 
 
-def regression(base: SimSweep, a: Analysis, truth: Truth, rng: random.Random) -> tuple[str, str]:
-    """(verdict on the unchanged curve, verdict on a curve whose drop moved below the stored
-    ceiling level), each from a reduced sweep as ``--reduced`` plans it: three levels, three
-    repeats, the baseline's items. Re-asked calls of an unchanged endpoint repeat the baseline's
-    answer with the repeats' agreement."""
+def regression(
+    base: SimSweep, a: Analysis, truth: Truth, rng: random.Random
+) -> tuple[str, str, str]:
+    """(verdict on the unchanged curve, the same with fresh answers, verdict on a curve whose
+    drop moved below the stored ceiling level), each from a reduced sweep as ``--reduced`` plans
+    it: three levels, three repeats, the baseline's items. Re-asked calls of an unchanged
+    endpoint repeat the baseline's answer with the repeats' agreement, or, with fresh answers (a
+    sampled endpoint, a provider without deterministic replay), are drawn anew."""
     levels = reduced_levels(a)
     n = min(base.spend.items, items_for(TOL / 2**0.5, 3))
     ids = base.order[:n]
@@ -258,14 +261,15 @@ def regression(base: SimSweep, a: Analysis, truth: Truth, rng: random.Random) ->
         return compare_means(a, sim.analyse(), then, now).outcome
 
     unchanged = reduced(truth, same=True)
+    fresh = reduced(truth, same=False)
     ref, lv = a.reference_level or 0.2, a.ceiling_level or 0.2
     for _ in range(50):
         moved = random_truth(
             rng, "cliff", base=truth.base, knee=rng.uniform(max(0.21, lv - 0.3), lv)
         )
         if moved.p(lv) - moved.p(ref) < -TOL:
-            return unchanged, reduced(moved, same=False)
-    return unchanged, "n/a"
+            return unchanged, fresh, reduced(moved, same=False)
+    return unchanged, fresh, "n/a"
 
 
 # -- intervals ----------------------------------------------------------------------------------
@@ -412,14 +416,19 @@ def table(res: dict[str, Any]) -> str:
             f"{c['lower_above_truth']:.1%} |"
         )
     regs = [r["regression"] for r in res["runs"] if r.get("regression")]
-    same = [s for s, _ in regs]
-    moved = [m for _, m in regs if m != "n/a"]
+    same = [r[0] for r in regs]
+    fresh = [r[1] for r in regs]
+    moved = [r[2] for r in regs if r[2] != "n/a"]
     lines += [
         "",
         "| regression check | cases | holds | moved | inconclusive |",
         "|---|---|---|---|---|",
     ]
-    for name, vs in (("curve unchanged", same), ("drop moved below the stored ceiling", moved)):
+    for name, vs in (
+        ("curve unchanged, answers repeated", same),
+        ("curve unchanged, fresh answers", fresh),
+        ("drop moved below the stored ceiling", moved),
+    ):
         if vs:
             lines.append(
                 f"| {name} | {len(vs)} | "

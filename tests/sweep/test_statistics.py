@@ -13,10 +13,13 @@ from context_ceiling.sweep.statistics import (
     POWER,
     accuracy_interval,
     betting_lower,
-    combined_lower,
     difference_bounds,
+    drop_now_lower,
     flat_pass_chance,
     items_for,
+    mean_and_variance,
+    t95,
+    t975,
 )
 
 
@@ -93,12 +96,22 @@ def test_sample_size_plans_for_the_power_to_pass_a_flat_level() -> None:
     assert items_for(0.05, 3, sd=0.1) < n  # a measured spread below the planning value
 
 
-def test_the_regression_bound_leans_on_the_baseline_when_the_change_is_nil() -> None:
+def test_the_regression_bound_takes_the_better_of_the_paired_and_the_direct_estimate() -> None:
     then = [0.0, -1 / 3, 0.0, 1 / 3, 0.0, 0.0, -1 / 3, 0.0] * 50
     same = [0.0] * 100
-    noisy = [random.Random(k).choice([-2 / 3, 0, 2 / 3]) for k in range(100)]
-    assert combined_lower(then, same) > combined_lower(then, noisy)
-    assert combined_lower(then, same) == pytest.approx(sum(then) / len(then), abs=0.05)
+    # answers repeated: the change is nil and the bound leans on the baseline's 400 items
+    now_few = [random.Random(k).choice([-1 / 3, 0.0, 1 / 3]) for k in range(100)]
+    assert drop_now_lower(then, same, now_few) == pytest.approx(sum(then) / len(then), abs=0.05)
+    # fresh answers: the change carries both samples' noise; the drop measured now is tighter
+    now = [random.Random(7 + k).choice([-1 / 3, 0.0, 0.0, 1 / 3]) for k in range(400)]
+    noisy = [b - a for a, b in zip(then, now, strict=True)]
+    m2, v2 = mean_and_variance(noisy)
+    m1, v1 = mean_and_variance(then)
+    paired_alone = m1 + m2 - t975(399) * (v1 + v2) ** 0.5
+    assert drop_now_lower(then, noisy, now) > paired_alone
+    # each estimate at 97.5%: never tighter than the direct one-sided 95% bound of either
+    m3, v3 = mean_and_variance(now)
+    assert drop_now_lower(then, noisy, now) < m3 - t95(399) * v3**0.5
 
 
 def test_the_tolerance_a_budget_buys_inverts_the_sample_size() -> None:

@@ -8,12 +8,15 @@ weaker model) moves no ceiling, and one that steepens the drop does, even where 
 accuracy at a level barely moved.
 
 The burden of proof is on "holds": the verdict is ``holds`` only when the stored ceiling level
-is shown within the tolerance *now*: its drop from the reference now, estimated as the drop the
-baseline measured on all its items plus the change measured on the items paired since, has a
-one-sided 95% lower bound above ``-tolerance`` (if the ceiling has really become unsafe, that
-happens in at most 5% of checks). The baseline's own calls are the pairing's control: an
-endpoint that answers the same calls the same way shows almost no change, and the check is then
-nearly as sure as the baseline was, on a fraction of its calls. ``moved`` when at any level the
+is shown within the tolerance *now*: its drop from the reference now has a one-sided 95% lower
+bound above ``-tolerance`` (if the ceiling has really become unsafe, that happens in at most 5%
+of checks). Two estimates of that drop, each bounded at 97.5%, and the better one counts
+(:func:`~context_ceiling.sweep.statistics.drop_now_lower`): the drop the baseline measured on
+all its items plus the change measured on the items paired since (the baseline's own calls are
+the pairing's control: an endpoint that answers the same calls the same way shows almost no
+change, and the check is then nearly as sure as the baseline was, on a fraction of its calls),
+and the drop measured now alone (what an endpoint that samples fresh answers needs: its change
+carries the baseline's noise twice). ``moved`` when at any level the
 95% interval of the change in drop lies wholly outside ``±tolerance`` (a real drop, or a real gain
 that would allow a higher ceiling); otherwise ``inconclusive``: re-sweep (too few items, or a
 change near the tolerance). Exit status 0, 1, 3. ``benchmarks/validity.py`` measures both rates.
@@ -30,7 +33,7 @@ from rich.console import Console
 
 from context_ceiling.sweep.analysis import Analysis, analysis_of, graded, item_means, mean
 from context_ceiling.sweep.calllog import Row
-from context_ceiling.sweep.statistics import combined_lower, difference_interval
+from context_ceiling.sweep.statistics import difference_interval, drop_now_lower
 from context_ceiling.sweep.taskset import Item
 
 EXIT = {"holds": 0, "moved": 1, "inconclusive": 3}
@@ -151,7 +154,7 @@ def compare_means(
                 accuracy=mean(now[lv][k] for k in common),
                 change=mean(dd),
                 change_ci=difference_interval(dd),
-                drop_lower=combined_lower(then_all, dd),
+                drop_lower=drop_now_lower(then_all, dd, now_all),
                 n_items=len(common),
                 n_items_now=len(now_all),
                 baseline_drop=mean(drop_then.values()),

@@ -141,16 +141,18 @@ def mean_and_variance(
     return (sum(values) / n, ss / max(w - 1, 1) / w)
 
 
-def combined_lower(then: Sequence[float], change: Sequence[float]) -> float:
-    """A one-sided 95% lower bound for ``mean(then) + mean(change)`` from two samples (a drop
-    measured on every item of a baseline, and its change measured on the items paired since):
-    each mean's variance added, a t quantile at the smaller sample's degrees of freedom. When
-    the endpoint answers the same calls the same way the change has almost no variance, and the
-    bound is nearly as tight as the baseline's own."""
+def drop_now_lower(then: Sequence[float], change: Sequence[float], now: Sequence[float]) -> float:
+    """A one-sided 95% lower bound for a level's drop from the reference now, from the better of
+    two estimates, each bounded at 97.5% (a union bound keeps the pair at 95%): the baseline's
+    drop on all its items plus the change measured on the items paired since (tight when the
+    endpoint answers the same calls the same way), and the drop measured now alone (tight when
+    it samples fresh answers: the change then carries the baseline's noise twice)."""
     m1, v1 = mean_and_variance(then)
     m2, v2 = mean_and_variance(change)
-    df = min(len(then), len(change)) - 1
-    return round(m1 + m2 - t95(df) * math.sqrt(v1 + v2), 6)
+    paired = m1 + m2 - t975(min(len(then), len(change)) - 1) * math.sqrt(v1 + v2)
+    m3, v3 = mean_and_variance(now)
+    direct = m3 - t975(len(now) - 1) * math.sqrt(v3)
+    return round(max(paired, direct), 6)
 
 
 def accuracy_interval(item_means: Sequence[float], z: float = Z95) -> tuple[float, float]:
