@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.sweep.corpora import SEED, contracts, documents
-from context_ceiling.sweep.taskset import write_taskset
+from context_ceiling.sweep.taskset import bundled_path, write_taskset
 
 ITEMS = 960
 
@@ -109,11 +109,4 @@ def generate(out: Path, seed: int = SEED) -> None:
 
 
 if __name__ == "__main__":
-    generate(
-        Path(__file__).parent.parent
-        / "src"
-        / "context_ceiling"
-        / "sweep"
-        / "tasksets"
-        / "contracts"
-    )
+    generate(bundled_path("contracts"))  # the editable install's package directory

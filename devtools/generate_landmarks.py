@@ -7,16 +7,8 @@ the corpus with notes of the same kind for a large window. Regenerate the commit
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from context_ceiling.sweep.landmarks import generate
+from context_ceiling.sweep.taskset import bundled_path
 
 if __name__ == "__main__":
-    generate(
-        Path(__file__).parent.parent
-        / "src"
-        / "context_ceiling"
-        / "sweep"
-        / "tasksets"
-        / "landmarks"
-    )
+    generate(bundled_path("landmarks"))  # the editable install's package directory

@@ -23,7 +23,7 @@ from typing import Any
 
 from context_ceiling.sweep.corpora import RECORDS_SEED as SEED
 from context_ceiling.sweep.corpora import vault_document, vault_records
-from context_ceiling.sweep.taskset import write_taskset
+from context_ceiling.sweep.taskset import bundled_path, write_taskset
 
 RECORDS = 1000
 ITEMS = 400
@@ -80,6 +80,4 @@ def generate(out: Path, seed: int = SEED) -> None:
 
 
 if __name__ == "__main__":
-    generate(
-        Path(__file__).parent.parent / "src" / "context_ceiling" / "sweep" / "tasksets" / "records"
-    )
+    generate(bundled_path("records"))  # the editable install's package directory

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from context_ceiling.sweep.taskset import write_taskset
+from context_ceiling.sweep.taskset import bundled_path, write_taskset
 
 SEED = 20261130
 SOURCE_VERSION = "6.12.0"
@@ -169,7 +169,5 @@ def generate(package: Path, out: Path, seed: int = SEED) -> None:
 
 
 if __name__ == "__main__":
-    generate(
-        Path(sys.argv[1]),
-        Path(__file__).parent.parent / "src" / "context_ceiling" / "sweep" / "tasksets" / "spdx",
-    )
+    # the editable install's package directory: the committed files
+    generate(Path(sys.argv[1]), bundled_path("spdx"))
