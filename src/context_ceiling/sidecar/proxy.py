@@ -193,9 +193,7 @@ class Proxy:
         """Parse: an upstream for this API, headers and body within their limits, a JSON object
         with a model. Sets the exchange's model."""
         st = self.state
-        if route.api not in st.upstreams.clients and not any(
-            a == route.api for a, _, _ in st.upstreams.named.values()
-        ):
+        if not st.upstreams.serves(route.api):
             example = APIS[route.api].example if route.api in APIS else "..."
             raise Refused(
                 404,

@@ -42,6 +42,10 @@ class UpstreamPool:
             for name, up in upstreams.named.items()
         }
 
+    def serves(self, api: Api) -> bool:
+        """Whether any upstream (the API's default or a named one) takes this API's requests."""
+        return api in self.clients or any(a == api for a, _, _ in self.named.values())
+
     def route(self, api: Api, upstream: str | None) -> Target | None:
         """Where a request of this API for a model served by ``upstream`` (None: the API's
         default) goes, or None when there is no such upstream (or the named one speaks another
