@@ -323,3 +323,42 @@ def test_a_sample_costs_its_request_no_latency(
     assert _retrieved(sc) == 1  # recorded before the line was written
     # the utilization is observed once, from the count (not again from the reported usage)
     assert sc.sample("llm_context_utilization_ratio_count", model="gpt-4o", workload="default") == 1
+
+
+@pytest.mark.parametrize(
+    ("strategy", "body", "needle"),
+    [
+        ("bounded", b'{"model": "gpt-4o"}', "'messages' is required"),
+        ("bounded", b'{"model": "gpt-4o", "messages": [{"content": "x"}]}', "role is required"),
+        (
+            "bounded",
+            b'{"model": "gpt-4o", "messages": [{"role": "user", "content": 5}]}',
+            "messages[0].content",
+        ),
+        # a long body in observe is forwarded beside its count: its shape is checked first
+        (
+            "exact",
+            b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "'
+            + b"word " * 20_000
+            + b'"}, {"content": "x"}]}',
+            "messages[1].role is required",
+        ),
+    ],
+)
+def test_a_body_forwarded_without_its_count_is_still_checked(
+    make_sidecar: Callable[..., Running], strategy: str, body: bytes, needle: str
+) -> None:
+    """A request a bound lets through uncounted, or a long one counted beside its upstream
+    call, is refused with the same 400 naming the field as a counted one, and never
+    forwarded."""
+    sc = make_sidecar(
+        counting={"strategy": strategy, "sample_every": 1000, "cache_mib": 0},
+        enforcement={"mode": "observe"},
+    )
+    r = sc.http.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"] == "invalid_request_error"
+    assert sc.double.received == []

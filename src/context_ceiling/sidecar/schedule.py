@@ -58,6 +58,19 @@ from context_ceiling.sidecar.upstream.pool import UpstreamPool
 log = logging.getLogger(__name__)
 
 
+class _ShapeOnly:
+    """A counter that encodes nothing: a count's walk run for its shape checks alone."""
+
+    name = "shape-only"
+
+    def count(self, text: str) -> int:
+        del text
+        return 0
+
+
+SHAPE_ONLY = _ShapeOnly()
+
+
 class PlanDeps(Protocol):
     """What a count plan uses of the sidecar: the settings, the counting machinery (cache,
     threads, sampler, calibration, the engine's tokenizer endpoint), the metrics, and the
@@ -226,6 +239,7 @@ class CountPlan:
         before (or without) a count, which then runs beside the upstream call."""
         ex = self.ex
         if ex.schedule in (Schedule.UNCOUNTED, Schedule.SAMPLE_BESIDE, Schedule.BESIDE):
+            self._check_shape()
             if ex.schedule is not Schedule.UNCOUNTED:
                 ex.pending = self._work()
                 if ex.schedule is Schedule.SAMPLE_BESIDE:
@@ -240,6 +254,13 @@ class CountPlan:
             return d
         assert ex.count is not None
         return self._verdict_on(self.obj, ex.count)
+
+    def _check_shape(self) -> None:
+        """A body forwarded before (or without) its count is refused as a counted one would be
+        (a 400 naming the field, ``RequestShapeError``): the count's walk with a counter that
+        encodes nothing, so the shape checks cost no tokenization."""
+        spec = self.ex.spec
+        self.route.count(self.obj, SHAPE_ONLY, spec.chat_format if spec else None, None)
 
     def _verdict_on(self, obj: dict[str, Any], count: RequestCount) -> Decision:
         """The verdict on a count, from the budget :func:`plan` computed (a new decision: the
