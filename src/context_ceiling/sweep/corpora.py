@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -217,6 +217,7 @@ def vault_records(rng: random.Random, count: int) -> list[dict[str, Any]]:
 
 
 def vault_document(r: dict[str, Any]) -> dict[str, str]:
+    """A vault's record as a corpus document."""
     return {
         "id": f"R-{r['n']:04d}",
         "text": f"Record {r['n']}: the code for vault {r['name']} is {r['code']}.",
@@ -248,8 +249,6 @@ def more_vaults(rng: random.Random, first: int, used_codes: set[str]) -> Iterato
 #: under o200k_base and cl100k_base): an extension sized by it holds more tokens than asked,
 #: room for the documents' own wrapping and for a tokenizer that splits finer
 CHARS_PER_TOKEN = 5.0
-#: the generators that can extend a bundled corpus, by task set name
-EXTENDABLE = ("contracts", "landmarks", "records")
 
 
 def reach(levels: list[float], window: int) -> int:
@@ -262,17 +261,22 @@ def extend(ts: TaskSet, reach_tokens: int) -> TaskSet:
     ``reach_tokens`` tokens (sized by :data:`CHARS_PER_TOKEN`): more contract families for the
     bundled ``contracts`` set (ids of five or more digits, never a committed one), more notes
     about people by places no question names for ``landmarks``, more vault records for
-    ``records`` (three-word names, codes never used); the items and the skeleton unchanged. A task set without a generator, or one that already fills ``reach_tokens``,
-    comes back as it is. The hash names the extension, so a run's provenance says which corpus
-    it measured."""
+    ``records`` (three-word names, codes never used); the items and the skeleton unchanged. A
+    task set without a generator, or one that already fills ``reach_tokens``, comes back as it
+    is. The hash names the extension, so a run's provenance says which corpus it measured."""
     have = sum(len(d.text) for d in ts.docs.values())
     want = int(reach_tokens * CHARS_PER_TOKEN)
-    seeds = {"contracts": SEED, "landmarks": landmarks.SEED, "records": RECORDS_SEED}
-    if ts.meta.name not in EXTENDABLE or ts.meta.seed != seeds[ts.meta.name] or have >= want:
+    padding = _PADDING.get(ts.meta.name)
+    if padding is None or ts.meta.seed != padding[0] or have >= want:
         return ts
+    seed, batches = padding
     docs = dict(ts.docs)
-    for d in _more(ts, want - have, seeds):
-        docs[d["id"]] = Doc(**d)
+    for batch in batches(random.Random(seed + 1), ts):
+        if have >= want:
+            break
+        for d in batch:
+            docs[d["id"]] = Doc(**d)
+            have += len(d["text"])
     added = len(docs) - len(ts.docs)
     return replace(
         ts,
@@ -282,32 +286,41 @@ def extend(ts: TaskSet, reach_tokens: int) -> TaskSet:
     )
 
 
-def _more(ts: TaskSet, chars: int, seeds: dict[str, int]) -> Iterator[dict[str, str]]:
-    """Documents of ``ts``'s own kind, new ids, until they hold ``chars`` characters."""
-    rng = random.Random(seeds[ts.meta.name] + 1)
-    got = 0
-    if ts.meta.name == "records":
-        codes = {d.text.rsplit(" ", 1)[1].rstrip(".") for d in ts.docs.values()}
-        for d in more_vaults(rng, len(ts.docs) + 1, codes):
-            if got >= chars:
-                return
-            got += len(d["text"])
-            yield d
-        return
-    if ts.meta.name == "landmarks":
-        used = {n for d in ts.docs.values() for n in landmarks.names_in(d.text)}
-        first = len(ts.docs) + 1
-        while got < chars:
-            for d in landmarks.padding(rng, first, 200, used):
-                got += len(d["text"])
-                yield d
-            first += 200
-        return
-    used_ids = {d.id.rsplit("-", 1)[0] for d in ts.docs.values()}
+def _contract_batches(rng: random.Random, ts: TaskSet) -> Iterator[list[dict[str, str]]]:
+    """Forty more contract families at a time, ids never used by ``ts``."""
+    used = {d.id.rsplit("-", 1)[0] for d in ts.docs.values()}
     first, batch = FAMILIES, 40
-    while got < chars:
-        for c in contracts(rng, batch, first, (10_000, 100_000), used_ids):
-            for d in documents(c):
-                got += len(d["text"])
-                yield d
+    while True:
+        yield [
+            d for c in contracts(rng, batch, first, (10_000, 100_000), used) for d in documents(c)
+        ]
         first += batch
+
+
+def _note_batches(rng: random.Random, ts: TaskSet) -> Iterator[list[dict[str, str]]]:
+    """Two hundred more notes at a time, about people ``ts`` never names."""
+    used = {n for d in ts.docs.values() for n in landmarks.names_in(d.text)}
+    first = len(ts.docs) + 1
+    while True:
+        yield landmarks.padding(rng, first, 200, used)
+        first += 200
+
+
+def _vault_batches(rng: random.Random, ts: TaskSet) -> Iterator[list[dict[str, str]]]:
+    """One more vault record at a time, with a code ``ts`` never uses, until the codes run out."""
+    codes = {d.text.rsplit(" ", 1)[1].rstrip(".") for d in ts.docs.values()}
+    for d in more_vaults(rng, len(ts.docs) + 1, codes):
+        yield [d]
+
+
+#: the bundled task sets a generator extends: name -> (the seed their committed files were
+#: generated from, their padding in batches; the extension stops between batches)
+_PADDING: dict[
+    str, tuple[int, Callable[[random.Random, TaskSet], Iterator[list[dict[str, str]]]]]
+] = {
+    "contracts": (SEED, _contract_batches),
+    "landmarks": (landmarks.SEED, _note_batches),
+    "records": (RECORDS_SEED, _vault_batches),
+}
+#: the task sets that can be extended, by name
+EXTENDABLE = tuple(_PADDING)
