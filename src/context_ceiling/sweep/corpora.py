@@ -300,9 +300,10 @@ def _contract_batches(rng: random.Random, ts: TaskSet) -> Iterator[list[dict[str
 def _note_batches(rng: random.Random, ts: TaskSet) -> Iterator[list[dict[str, str]]]:
     """Two hundred more notes at a time, about people ``ts`` never names."""
     used = {n for d in ts.docs.values() for n in landmarks.names_in(d.text)}
+    names = landmarks.fresh_names(rng, used)
     first = len(ts.docs) + 1
     while True:
-        yield landmarks.padding(rng, first, 200, used)
+        yield landmarks.padding(rng, first, 200, names)
         first += 200
 
 

@@ -24,7 +24,16 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["PLACES", "SEED", "content_words", "generate", "names_in", "overlaps", "padding"]
+__all__ = [
+    "PLACES",
+    "SEED",
+    "content_words",
+    "fresh_names",
+    "generate",
+    "names_in",
+    "overlaps",
+    "padding",
+]
 
 SEED = 20261205
 #: the committed notes that name no landmark (the extension adds more of them)
@@ -292,16 +301,18 @@ def _note(rng: random.Random, n: int, name: str, place: str) -> dict[str, str]:
     return {"id": f"N-{n:05d}", "title": f"Note {n}", "text": text}
 
 
-def padding(rng: random.Random, first: int, count: int, used: set[str]) -> list[dict[str, str]]:
-    """``count`` notes numbered from ``first`` about people (never a name in ``used``, which
-    grows) living by places no question names."""
-    out = []
-    names = (n for n in _names(rng) if n not in used)
-    for k in range(count):
-        name = next(names)
-        used.add(name)
-        out.append(_note(rng, first + k, name, rng.choice(ORDINARY)))
-    return out
+def fresh_names(rng: random.Random, used: set[str]) -> Iterator[str]:
+    """Names in the order :func:`_names` draws them, less those in ``used`` (one stream per
+    corpus: the padding takes from it batch after batch)."""
+    return (n for n in _names(rng) if n not in used)
+
+
+def padding(
+    rng: random.Random, first: int, count: int, names: Iterator[str]
+) -> list[dict[str, str]]:
+    """``count`` notes numbered from ``first`` about the next people of ``names`` (see
+    :func:`fresh_names`) living by places no question names."""
+    return [_note(rng, first + k, next(names), rng.choice(ORDINARY)) for k in range(count)]
 
 
 def generate(out: Path, seed: int = SEED) -> None:
@@ -310,16 +321,14 @@ def generate(out: Path, seed: int = SEED) -> None:
 
     rng = random.Random(seed)
     names = _names(rng)
-    used: set[str] = set()
     docs: list[dict[str, str]] = []
     owners: list[tuple[str, str, str, str, str, str]] = []  # doc, name, landmark, city, ...
     for landmark, city, country, region in PLACES:
         name = next(names)
-        used.add(name)
         note = _note(rng, len(docs) + 1, name, landmark)
         docs.append(note)
         owners.append((note["id"], name, landmark, city, country, region))
-    docs += padding(rng, len(docs) + 1, NOTES, used)
+    docs += padding(rng, len(docs) + 1, NOTES, names)  # the same stream: every name once
     by_id = {d["id"]: d for d in docs}
     cities = [o[3] for o in owners]
     countries = [o[4] for o in owners]
