@@ -348,7 +348,6 @@ class _Sweep:
             mean_doc_tokens=round(sum(docs) / len(docs), 1),
         )
         self.plan = finished(plan, material, self.opening, self.planned, self._group_count)
-        self.reference = self.plan.chain_reference
         self._check_reach(sum(docs))
         plan = self.plan
         self.price = (
@@ -601,7 +600,7 @@ class _Sweep:
             self.console.print(f"scanning {where} for a dip between passing levels")
         else:
             self.console.print(f"refining: measuring {where} where accuracy drops")
-        ref_n = plan.items_at(self.reference)
+        ref_n = plan.items_at(plan.chain_reference)
         if step.kind == "scan" and plan.batches:
             # a scan is cheap: the opening's items; a point that looks low is extended to the
             # rest of the items drawn, as any open level is
