@@ -18,7 +18,7 @@ _DEPLOYMENT_CHAT = re.compile(r"^/openai/deployments/.+/chat/completions$")
 
 #: Azure OpenAI: its requests go to the named upstream marked ``azure: true`` unless the model
 #: names one; priced as Azure's
-AZURE = Provider("azure", "azure.ai.openai", prices="azure", marked_by="azure")
+AZURE = Provider("azure.ai.openai", prices="azure", marked_by="azure")
 
 
 def deployment(path: str) -> str:

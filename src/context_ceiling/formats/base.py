@@ -498,8 +498,6 @@ class Provider:
     where a request goes and what it is called. A value a route carries, not a flag the request
     path tests: each consumer reads the fact it needs from it."""
 
-    #: the provider's name: its ``upstream`` label where it has a marked upstream
-    name: str
     #: ``gen_ai.provider.name`` of its requests
     genai: str
     #: its id in the price data set (None: the format's API's)

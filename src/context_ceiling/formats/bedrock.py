@@ -778,11 +778,6 @@ def model_of(path: str) -> str:
     return unquote(rest.rsplit("/", 1)[0]) if rest != path and "/" in rest else ""
 
 
-def _provider(_path: str) -> str:
-    """``gen_ai.provider.name`` of every Bedrock route."""
-    return "aws.bedrock"
-
-
 #: Bedrock's other runtime routes (passed through, signed): first path segment -> ``route``
 PASSTHROUGH_ROUTES = MappingProxyType(
     {"model": "model", "async-invoke": "async_invoke", "guardrail": "guardrail"}
@@ -802,7 +797,6 @@ CONVERSE = Format(
     prompt=prompt,
     error_body=error_body,
     too_long=too_long,
-    provider=_provider,
     stream_suffix="/converse-stream",
     framing=EventStreamFraming(_converse_event),
     error_headers=error_headers,
@@ -820,7 +814,6 @@ INVOKE = dataclasses.replace(
     error_body=error_body,
     error_headers=error_headers,
     too_long=too_long,
-    provider=_provider,
     stream_suffix="/invoke-with-response-stream",
     framing=EventStreamFraming(_chunk_event),
     native=None,
@@ -900,7 +893,7 @@ _ANTHROPIC = r"^/model/.*anthropic\..*"
 
 
 #: AWS Bedrock's runtime: every route's path and query signed as sent
-BEDROCK = Provider("bedrock", "aws.bedrock")
+BEDROCK = Provider("aws.bedrock")
 
 
 def _route(

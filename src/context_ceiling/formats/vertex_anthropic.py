@@ -20,7 +20,7 @@ _COUNT = re.compile(_MODELS + r"count-tokens:rawPredict$")
 _GENERATE = re.compile(_MODELS + r"(?!count-tokens:)[^/:]+:(?:rawPredict|streamRawPredict)$")
 
 #: Google Cloud Vertex AI serving Anthropic's models (the Anthropic-API upstream the model names)
-VERTEX = Provider("vertex", "gcp.vertex_ai")
+VERTEX = Provider("gcp.vertex_ai")
 
 ROUTES = (
     Route(
