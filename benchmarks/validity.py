@@ -153,7 +153,7 @@ def legacy() -> Iterator[None]:
         (analysis, "GRID_ALPHA", 0.05),
         (analysis, "refine_alpha", lambda k: 0.05),
         (simulate, "items_for", _legacy_items),
-        (simulate, "repeats_for_new_items", lambda a, repeats: repeats),
+        (simulate, "ADDED_REPEATS", 3),
         (design, "START_SHARE", 2),
     ]
     saved = [(m, name, getattr(m, name)) for m, name, _ in patches]

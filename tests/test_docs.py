@@ -42,7 +42,7 @@ def test_the_readme_is_a_front_page() -> None:
     assert first_block is not None
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
     assert commands[:2] == ["make demo", "make test"]
-    for needed in ("pip install context-ceiling", "## Quick start", "base_url", "models:"):
+    for needed in ("git clone ", "pip install '.[sweep]'", "## Quick start", "base_url", "models:"):
         assert needed in readme
     # a package index shows the README away from the repository: every link into it is absolute
     assert re.findall(r"\]\(((?!http|#)[^)]+)", readme) == [], "a relative link in the README"

@@ -130,3 +130,14 @@ def test_a_level_that_narrowly_missed_above_the_reference_is_tried_wider() -> No
     assert d is not None and -0.05 < d.diff < 0
     assert a.ceiling_level == 0.4 and a.outcome == "ceiling"
     assert a.stated_tolerance is not None and a.stated_tolerance > 0.05
+
+
+def test_a_reference_not_shown_above_the_floor_is_refused() -> None:
+    """The burden of proof is on the model: 55% on 40 items may well be a model below 50%."""
+    a = analysed(lambda i, lv: int(i % 20 < 11), [0.2, 0.5], 40, reference=0.2, cap=400)
+    ref = a.level(0.2)
+    assert ref is not None and ref.accuracy > 0.5 > ref.ci[0]
+    assert any("not shown above the floor" in r for r in a.refusals)
+    # the same accuracy on enough items is shown above it
+    many = analysed(lambda i, lv: int(i % 20 < 15), [0.2, 0.5], 400, reference=0.2, cap=400)
+    assert not any("floor" in r for r in many.refusals)

@@ -176,33 +176,35 @@ def test_true_drop_points_of_every_shape() -> None:
     assert dip.drop_point(0.2, 0.99, 0.05) < 0.45, "the dip before the cliff is the drop"
 
 
-# -- repeats chosen by their measured agreement -------------------------------------------------
+# -- the calls added after the opening are asked once -------------------------------------------
 
 
 @pytest.mark.e2e
-def test_items_added_after_the_opening_are_asked_once_when_repeats_agree(
+def test_calls_added_after_the_opening_are_asked_once(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A model whose repeats always agree: the opening measures it (intraclass correlation 1),
-    and the items the adaptive design adds are asked once per level, not three times; the log
-    has exactly the calls the plan says, so no level is incomplete."""
+    """The opening asks every item three times at every grid level; the items the adaptive
+    design adds and the refinement's and the scan's points are asked once per level (a call buys
+    more as a new item than as a repeat); the log has exactly the calls the plan says, so no
+    level is incomplete."""
     d, url = model
-    d.repeats_agree = True
     d.shoulder = (0.45, 0.86)  # a small drop before the knee: the design adds items there
-    out = tmp_path / "agree"
-    args = common(url, out, "--levels", "0.2,0.5,0.8", "--tolerance", "0.1", "--no-refine")
+    out = tmp_path / "once"
+    args = common(url, out, "--levels", "0.2,0.5,0.8", "--tolerance", "0.1")
     assert run_cli(*args) == 0
     plan = json.loads((out / "plan.json").read_text())
     assert len(plan["batches"]) > 1, "items were added"
     assert plan["batch_repeats"][0] == 3 and set(plan["batch_repeats"][1:]) == {1}
     assert "asked 1 time(s) at each level" in capsys.readouterr().out
+    added = {*plan["refined"], *plan["scanned"]}
+    assert added, "the refinement or the scan added points"
     summary = json.loads((out / "summary.json").read_text())["analysis"]
-    assert summary["repeat_icc"] == 1.0
     assert all(s["missing_calls"] == 0 for s in summary["levels"])
     first = set(plan["item_ids"][: plan["batches"][0]])
     recs = CallLog(out / "calls.jsonl").records().values()
     assert all(r.repeat == 0 for r in recs if r.item not in first and not r.control)
-    assert any(r.repeat == 2 for r in recs if r.item in first)
+    assert all(r.repeat == 0 for r in recs if r.level in added)
+    assert any(r.repeat == 2 for r in recs if r.item in first and r.level not in added)
 
 
 def test_the_repeats_agreement_is_an_intraclass_correlation() -> None:

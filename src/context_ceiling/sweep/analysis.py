@@ -61,6 +61,10 @@ UNRESOLVED = "unresolved"
 MAX_TOLERANCE = 0.25
 """The widest tolerance a ceiling is stated at when the data cannot resolve the one asked for."""
 TOLERANCE_STEP = 0.005
+FUTILITY_SE = 2.0
+"""How many standard errors better than it measured a level is given before futility gives up on
+it: a point first measured on the opening's items alone reads a few points low by chance often
+enough that one standard error gave up on levels with no drop."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,14 @@ class Design:
     cap: int | None = None
     #: items asked a number of times other than ``repeats``
     item_repeats: dict[str, int] = field(default_factory=dict)
+    #: levels whose items are asked fewer times than their batches' repeats (the refinement's and
+    #: the scan's points: once)
+    level_repeats: dict[float, int] = field(default_factory=dict)
 
-    def repeats_of(self, item: str) -> int:
-        return self.item_repeats.get(item, self.repeats)
+    def repeats_of(self, item: str, level: float | None = None) -> int:
+        """How many times ``item`` is asked at ``level``."""
+        r = self.item_repeats.get(item, self.repeats)
+        return min(r, self.level_repeats.get(level, r)) if level is not None else r
 
     def alpha_at(self, level: float) -> float:
         """The error a level's pass test is run at: the grid's share, or the refinement's split
@@ -416,7 +425,9 @@ def _level(
     by_key: dict[str, Row],
     window: int,
 ) -> LevelStats:
-    keys = [sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats_of(i))]
+    keys = [
+        sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats_of(i, lv))
+    ]
     missing = sum(1 for k in keys if k not in by_key)
     errored = sum(1 for k in keys if k in by_key and by_key[k].get("status") != "ok")
     per_repeat: dict[int, list[int]] = defaultdict(list)
@@ -562,12 +573,12 @@ def decided_by(s: LevelStats, tolerance: float, cap: int | None = None) -> str |
 
 def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
     """Even at ``cap`` items (every item the design may measure there), a level whose difference
-    is one standard error better than measured would not pass: more items only spend, and the
-    ceiling stays at the level below, on the safe side (futility stopping)."""
+    is ``FUTILITY_SE`` standard errors better than measured would not pass: more items only
+    spend, and the ceiling stays at the level below, on the safe side (futility stopping)."""
     if cap is None or s.n_items < MIN_ITEMS or s.diff_sd <= 0:
         return False
     sd = max(s.diff_sd, 0.05)
-    hopeful = s.diff + sd / math.sqrt(s.n_items)
+    hopeful = s.diff + FUTILITY_SE * sd / math.sqrt(s.n_items)
     return hopeful - bound_width(max(cap, s.n_items), round(sd, 4), s.alpha) <= -tolerance
 
 
@@ -601,6 +612,31 @@ def _judge_closed_book(
         w.append("no closed-book control was run: answers known without documents are scored")
 
 
+def _judge_floor(a: Analysis, ref: LevelStats) -> None:
+    """The reference must be shown above the accuracy floor; one shown below it stops the
+    design (no more items can lift it)."""
+    no = a.refusals
+    if ref.n_items >= MIN_ITEMS and ref.ci[1] < a.floor:
+        a.hopeless = (
+            f"the reference {a.metric} is shown below the floor (95% upper bound {ref.ci[1]:.0%} "
+            f"< {a.floor:.0%}): more items cannot lift it"
+        )
+    if ref.accuracy < a.floor:
+        no.append(
+            f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
+            f"floor ({a.floor:.0%}): the model does not do this task even with little context, "
+            "so no fill is safe (--min-accuracy sets the floor)"
+        )
+    elif ref.ci[0] < a.floor:
+        # the burden of proof is on the model, as on the reference against the low fill: a
+        # model just under the floor measures above it now and then
+        no.append(
+            f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is not shown "
+            f"above the floor ({a.floor:.0%}): its 95% interval reaches {ref.ci[0]:.0%}; more "
+            "items (--items, --budget-usd) can show it, or --min-accuracy lowers the floor"
+        )
+
+
 def _judge(
     a: Analysis,
     ref: LevelStats | None,
@@ -625,17 +661,7 @@ def _judge(
     if ref is None:
         no.append("the reference level was not measured")
         return
-    if ref.n_items >= MIN_ITEMS and ref.ci[1] < a.floor:
-        a.hopeless = (
-            f"the reference {a.metric} is shown below the floor (95% upper bound {ref.ci[1]:.0%} "
-            f"< {a.floor:.0%}): more items cannot lift it"
-        )
-    if ref.accuracy < a.floor:
-        no.append(
-            f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
-            f"floor ({a.floor:.0%}): the model does not do this task even with little context, "
-            "so no fill is safe (--min-accuracy sets the floor)"
-        )
+    _judge_floor(a, ref)
     _judge_closed_book(a, ref, rows, controls)
     if a.closed_book_flagged:
         what = "left out of the decision" if a.closed_book_excluded else "scored"
@@ -732,6 +758,7 @@ def design_of(plan: Plan) -> Design:
         or None,
         cap=plan.item_cap,
         item_repeats=plan.item_repeats(),
+        level_repeats=plan.level_repeats(),
     )
 
 

@@ -132,11 +132,6 @@ def opening(task_items: int, planned: int, fixed: int | None, adaptive: bool) ->
     return Opening(planned, planned, batch_size(planned), planned)
 
 
-REDUNDANT_ICC = 0.75
-"""Repeats whose outcomes correlate this much within an item add under a fifth of information
-over one call (three repeats: 1 / (ICC + (1 - ICC) / 3) < 1.2 times), at three times the calls."""
-
-
 def affordable(drawn: int, fits: Callable[[int], bool]) -> int:
     """Fixed-budget planning, the one rule the run and the simulation share: the most of the
     ``drawn`` items (at least one) whose opening design fits the budget, ``fits(n)`` saying
@@ -146,15 +141,6 @@ def affordable(drawn: int, fits: Callable[[int], bool]) -> int:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return max(lo, 1)
-
-
-def repeats_for_new_items(a: Analysis, repeats: int) -> int:
-    """How many times items drawn from here on are asked: once where the repeats measured so far
-    are nearly redundant (items, not repeats, then buy precision: a new item adds what a repeat
-    cannot), else as planned. The items already measured keep their repeats."""
-    if a.repeat_icc is not None and a.repeat_icc >= REDUNDANT_ICC:
-        return 1
-    return repeats
 
 
 def batch_size(planned_items: int) -> int:

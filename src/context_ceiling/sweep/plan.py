@@ -22,6 +22,7 @@ from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
 from context_ceiling.core.vocabulary import SweepApi
 from context_ceiling.sweep.spec import Spec
+from context_ceiling.sweep.statistics import ADDED_REPEATS
 from context_ceiling.sweep.taskset import Item
 
 #: the spec's field names (a plan written before the spec had a model names them at the top)
@@ -126,6 +127,22 @@ class Plan(Strict):
         if batch < len(self.batch_repeats):
             return self.batch_repeats[batch]
         return self.spec.repeats
+
+    def repeats_at_level(self, level: float) -> int:
+        """The most times an item is asked at ``level``: the refinement's and the dip scan's
+        points are asked ``ADDED_REPEATS`` times (the design's rule), every other level as its
+        items' batches say."""
+        if level in self.refined or level in self.scanned:
+            return min(self.spec.repeats, ADDED_REPEATS)
+        return self.spec.repeats
+
+    def level_repeats(self) -> dict[float, int]:
+        """The levels asked fewer times than their items' batches."""
+        return {
+            lv: r
+            for lv in (*self.refined, *self.scanned)
+            if (r := self.repeats_at_level(lv)) < self.spec.repeats
+        }
 
     def item_repeats(self) -> dict[str, int]:
         """The items asked a number of times other than the spec's."""

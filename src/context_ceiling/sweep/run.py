@@ -29,7 +29,7 @@ from context_ceiling.core.options import Option
 from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.formats import APIS
-from context_ceiling.sweep.analysis import Analysis, analysis_of
+from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.design import (
@@ -38,7 +38,6 @@ from context_ceiling.sweep.design import (
     affordable,
     next_step,
     opening,
-    repeats_for_new_items,
 )
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import (
@@ -59,7 +58,12 @@ from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
 from context_ceiling.sweep.solver import Endpoint, Runner, Sample, SpendCap
 from context_ceiling.sweep.spec import Asked, Spec
-from context_ceiling.sweep.statistics import expected_half_width, items_for, tolerance_for
+from context_ceiling.sweep.statistics import (
+    ADDED_REPEATS,
+    expected_half_width,
+    items_for,
+    tolerance_for,
+)
 from context_ceiling.sweep.taskset import Item
 
 
@@ -468,8 +472,9 @@ class _Sweep:
         runner = self.runner
         got = runner.plan(self.groups_upto(control_n), [], 0, controls=True) if control_n else []
         for lv in sorted(levels):
+            at = self.plan.repeats_at_level(lv)
             for groups, repeats in self.batch_groups(self.plan.items_at(lv)):
-                got += runner.plan(groups, [lv], repeats, False)
+                got += runner.plan(groups, [lv], min(repeats, at), False)
         return got
 
     def dry_run(self) -> int:
@@ -536,7 +541,7 @@ class _Sweep:
                 batch=self.opening.batch,
             )
             before = self.plan.model_copy(deep=True)
-            todo = self.grow(step, a) if step is not None else None
+            todo = self.grow(step) if step is not None else None
             if todo is None:
                 return
             done = self.runner.log.done()
@@ -554,10 +559,8 @@ class _Sweep:
             self.save()
             asyncio.run(self.runner.run(todo))
 
-    def grow(self, step: Step, a: Analysis) -> list[Sample] | None:
-        """Apply one step of the design to the plan; the samples it adds (None: nothing to add).
-        ``a``: the analysis the step was chosen from (the repeats' agreement sets how often new
-        items are asked)."""
+    def grow(self, step: Step) -> list[Sample] | None:
+        """Apply one step of the design to the plan; the samples it adds (None: nothing to add)."""
         plan = self.plan
         where = ", ".join(f"{x:g}" for x in step.levels)
         if step.kind == "items":
@@ -567,15 +570,14 @@ class _Sweep:
                 return None
             plan.item_ids = plan.item_ids + new_ids
             drawn = len(plan.item_ids)
-            repeats = repeats_for_new_items(a, plan.spec.repeats)
+            repeats = min(plan.spec.repeats, ADDED_REPEATS)
             before = [plan.repeats_at(b) for b in range(len(plan.batches))]
             plan.batches = [*plan.batches, drawn]
             plan.batch_repeats = [*before, repeats]
             if repeats != plan.spec.repeats and plan.spec.repeats == before[-1]:
                 self.console.print(
-                    f"an item's repeats agree (intraclass correlation {a.repeat_icc:.2f}): items "
-                    f"added from here on are asked {repeats} time(s) at each level, not "
-                    f"{plan.spec.repeats} (more items, not repeats, buy the precision)"
+                    f"items added from here on are asked {repeats} time(s) at each level, not "
+                    f"{plan.spec.repeats}: a new item buys more precision than a repeat"
                 )
             plan.n_at = plan.n_at | {level_key(lv): drawn for lv in step.levels}
             if plan.spec.control:

@@ -31,10 +31,9 @@ from context_ceiling.sweep.design import (
     affordable,
     next_step,
     opening,
-    repeats_for_new_items,
 )
 from context_ceiling.sweep.plan import levels_for
-from context_ceiling.sweep.statistics import items_for
+from context_ceiling.sweep.statistics import ADDED_REPEATS, items_for
 
 __all__ = [
     "SHAPES",
@@ -282,6 +281,7 @@ class SimSweep:
         self.refined: list[float] = []
         self.scanned: list[float] = []
         self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
+        self.level_reps: dict[float | None, int] = {}  # levels asked fewer times
 
     def _opening_fits(self, n: int) -> bool:
         assert self.budget_tokens is not None
@@ -298,7 +298,8 @@ class SimSweep:
     def _measure(self, lv: float | None, ids: list[int]) -> None:
         tokens = self._call_tokens(lv)
         for i in ids:
-            outs = self.model.outcomes(i, lv, self.item_reps.get(i, self.repeats))
+            reps = self.item_reps.get(i, self.repeats)
+            outs = self.model.outcomes(i, lv, min(reps, self.level_reps.get(lv, reps)))
             for r, ok in enumerate(outs):
                 self.spend.calls += 1
                 self.spend.input_tokens += tokens
@@ -339,6 +340,7 @@ class SimSweep:
             horizon=self.open.horizon,
             cap=self.open.target,
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
+            level_repeats={lv: r for lv, r in self.level_reps.items() if lv is not None},
         )
 
     def analyse(self, tolerance: float | None = None) -> Analysis:
@@ -383,7 +385,7 @@ class SimSweep:
                 self.n_at[lv] = hi
             elif step.kind == "items":
                 new = self.order[self.drawn : self.drawn + step.new_items]
-                reps = repeats_for_new_items(a, self.repeats)
+                reps = min(self.repeats, ADDED_REPEATS)
                 cost = len(new) * (
                     self._call_tokens(None)
                     + reps * sum(self._call_tokens(lv) for lv in step.levels)
@@ -403,10 +405,13 @@ class SimSweep:
                 n = self.n_at[self.reference]
                 if step.kind == "scan" and self.batches:  # as run.py: the opening's items
                     n = min(n, self.batches[0])
-                cost = n * self.repeats * sum(self._call_tokens(lv) for lv in step.levels)
+                reps = min(self.repeats, ADDED_REPEATS)  # as run.py: each point asked once
+                cost = n * reps * sum(self._call_tokens(lv) for lv in step.levels)
                 if not self._fits(cost):
                     break
                 for lv in step.levels:
+                    if reps != self.repeats:
+                        self.level_reps[lv] = reps
                     self.n_at[lv] = n
                     self._measure(lv, self.order[:n])
                     self.levels = sorted({*self.levels, lv})

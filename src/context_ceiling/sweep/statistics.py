@@ -62,6 +62,18 @@ def refine_alpha(k: int) -> float:
     return REFINE_ALPHA / 2 ** (k + 1) if k < MAX_REFINEMENTS else 0.0
 
 
+ADDED_REPEATS = 1
+"""How many times the calls the design adds after the opening are asked per item and level: the
+items it draws where a decision is open, the refinement's and the dip scan's points. The opening
+asks every item ``--repeats`` times at every grid level (the spread across repeats is reported
+from it). After it, a call buys more as a new item than as a repeat: an item mean over ``r``
+repeats has variance ``s_b + s_w / r`` (between items, within an item), so ``r`` calls on new
+items give ``r / (s_b + s_w)`` of information and ``r`` repeats of one new item
+``1 / (s_b + s_w / r)``, never more; with a deterministic endpoint the repeats agree and add
+nothing at all. The pass test's paired difference stays unbiased whatever the repeats (a point
+asked once against the reference's mean over its repeats)."""
+
+
 POWER = 0.8
 """The chance a level with no drop passes on its first look, at the planned sample size."""
 _BET_CAP = 0.75  # the hedged capital's truncation c: a bet stakes at most 3/4 of the wealth
