@@ -167,6 +167,7 @@ def sidecar_settings(name: str) -> Settings:
         counting={
             "cache_mib": 0,
             "strategy": "bounded" if name == "bounded" else "exact",
+            "sample_every": 16,
             "overlap_bytes": 65536,
             "bpe": "riptoken",
         },

@@ -362,3 +362,68 @@ def test_a_body_forwarded_without_its_count_is_still_checked(
     err = r.json()["error"]
     assert needle in err["message"] and err["type"] == "invalid_request_error"
     assert sc.double.received == []
+
+
+#: the traffic of the comparison: documents per request, some over the 600-token ceiling
+TRAFFIC = (1, 3, 12, 2, 8, 20, 1, 5)
+COMPONENTS = ("system", "tool_definitions", "history", "retrieved", "tool_results", "latest_user")
+
+
+def _totals(sc: Running) -> dict[str, float | None]:
+    """The metric totals a scrape shows for the comparison's traffic."""
+    mw = {"model": "gpt-4o", "workload": "default"}
+    out: dict[str, float | None] = {
+        "utilization_count": sc.sample("llm_context_utilization_ratio_count", **mw),
+        "utilization_sum": sc.sample("llm_context_utilization_ratio_sum", **mw),
+        "over_ceiling_trimmed": sc.sample("llm_context_over_ceiling_total", **mw, action="trim"),
+    }
+    for c in COMPONENTS:
+        out[f"input_{c}"] = sc.sample("llm_context_input_tokens_sum", **mw, component=c)
+    return out
+
+
+def test_the_default_trims_and_measures_as_exact_counting_does(
+    make_sidecar: Callable[..., Running], tmp_path: Any
+) -> None:
+    """The same traffic through ``counting.strategy: exact`` (every request counted before it
+    is forwarded) and through the default (``bounded``, every request the bound lets through
+    sampled while 2% of a core allows): the same requests trimmed, by the same tokens, and the
+    same metric totals. Then with the counting share spent (a millionth of a core, as under
+    load): still the same trims, and the same utilization totals where the provider reports the
+    tokens the sidecar counts; only the components are then left to the requests counted."""
+    import yaml
+
+    ceilings = tmp_path / "ceilings.yaml"
+    ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=600, window=128000))))
+
+    def run(
+        counting: dict[str, Any], reported: list[int] | None = None
+    ) -> tuple[list[int], list[int], dict[str, float | None], list[str]]:
+        sc = make_sidecar(
+            counting={"cache_mib": 0, **counting},
+            enforcement={"mode": "enforce"},
+            ceilings_file=str(ceilings),
+        )
+        trims, tokens, kinds = [], [], []
+        for k, n in enumerate(TRAFFIC):
+            if reported is not None:
+                sc.double.prompt_tokens = reported[k]
+            raw = _call(sc, n)
+            trims.append(int(raw.headers["x-ceiling-trimmed-tokens"]))
+            tokens.append(int(raw.headers.get("x-ceiling-input-tokens", -1)))
+            kinds.append(raw.headers.get("x-ceiling-count", "exact"))
+        return trims, tokens, _totals(sc), kinds
+
+    exact_trims, exact_tokens, exact_totals, _ = run({"strategy": "exact"})
+    assert any(exact_trims) and not all(exact_trims), "some requests trimmed, some not"
+    default_trims, default_tokens, default_totals, kinds = run({})
+    assert default_trims == exact_trims
+    assert default_tokens == exact_tokens  # every response carries its exact count
+    assert set(kinds) == {"exact"}
+    assert default_totals == pytest.approx(exact_totals)
+    # under load: the share is spent at once, the bound's requests measured by the provider
+    starved_trims, _, starved, kinds = run({"sample_cpu": 1e-6}, reported=exact_tokens)
+    assert starved_trims == exact_trims
+    assert "bound" in kinds and kinds.count("exact") >= sum(1 for t in exact_trims if t)
+    for key in ("utilization_count", "utilization_sum", "over_ceiling_trimmed"):
+        assert starved[key] == pytest.approx(exact_totals[key]), key

@@ -1,4 +1,4 @@
-"""counting.overlap_bytes: a long request that the strict bound proves within its budget is
+"""counting.overlap_bytes, with ``counting.strategy: exact`` (every request counted): a long request that the strict bound proves within its budget is
 forwarded at once and counted exactly on a worker thread while the upstream call runs; the count
 is settled before the answer goes back, so the client, the log line and the metrics see what
 they see when it is counted first. The upstream is the hosted-provider test double; the client
@@ -114,7 +114,11 @@ def test_a_long_request_is_counted_beside_the_upstream_call(
 ) -> None:
     ceilings = tmp_path / "ceilings.yaml"  # enforce: the body's bytes are within this ceiling
     ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=100000, window=128000))))
-    sc, s = spy(counting={"cache_mib": 0}, enforcement={"mode": mode}, ceilings_file=str(ceilings))
+    sc, s = spy(
+        counting={"strategy": "exact", "cache_mib": 0},
+        enforcement={"mode": mode},
+        ceilings_file=str(ceilings),
+    )
     with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
         raw = _call(sc, LONG, stream)
         # read inside the block: the line is written a moment after the metrics _call waits
@@ -162,7 +166,7 @@ def test_counted_beside_or_first_the_outputs_are_the_same(
     seen: dict[int, tuple[Any, ...]] = {}
     for overlap in (65536, 0):
         sc = make_sidecar(
-            counting={"cache_mib": 0, "overlap_bytes": overlap},
+            counting={"strategy": "exact", "cache_mib": 0, "overlap_bytes": overlap},
             enforcement={"mode": mode},
             ceilings_file=str(ceilings),
         )
@@ -201,7 +205,9 @@ def test_over_its_budget_it_is_counted_first_and_trimmed(
     ceilings = tmp_path / "ceilings.yaml"
     ceilings.write_text(yaml.safe_dump(doc(1, entry(tokens=2000, window=128000))))
     sc, s = spy(
-        counting={"cache_mib": 0}, enforcement={"mode": "enforce"}, ceilings_file=str(ceilings)
+        counting={"strategy": "exact", "cache_mib": 0},
+        enforcement={"mode": "enforce"},
+        ceilings_file=str(ceilings),
     )
     raw = _call(sc, LONG)
     assert int(raw.headers["x-ceiling-trimmed-tokens"]) > 0
@@ -210,7 +216,7 @@ def test_over_its_budget_it_is_counted_first_and_trimmed(
     # what went upstream is the trimmed body, the same as counting on the event loop gives
     trimmed = sc.double.received[-1].body
     sc2 = make_sidecar(
-        counting={"cache_mib": 0, "overlap_bytes": 0},
+        counting={"strategy": "exact", "cache_mib": 0, "overlap_bytes": 0},
         enforcement={"mode": "enforce"},
         ceilings_file=str(ceilings),
     )
@@ -233,7 +239,7 @@ def test_a_long_malformed_request_counted_off_the_loop_is_refused_as_on_it(
     answers = []
     for overlap in (65536, 0):
         sc = make_sidecar(
-            counting={"cache_mib": 0, "overlap_bytes": overlap},
+            counting={"strategy": "exact", "cache_mib": 0, "overlap_bytes": overlap},
             enforcement={"mode": "enforce"},
             ceilings_file=str(ceilings),
         )
@@ -246,14 +252,14 @@ def test_a_long_malformed_request_counted_off_the_loop_is_refused_as_on_it(
 
 
 def test_a_short_request_is_counted_first(spy: Any) -> None:
-    sc, s = spy(counting={"cache_mib": 0, "overlap_bytes": 200_000})
+    sc, s = spy(counting={"strategy": "exact", "cache_mib": 0, "overlap_bytes": 200_000})
     raw = _call(sc, LONG)
     assert int(raw.headers["x-ceiling-input-tokens"]) > 8000
     assert s.threads and not any(t.startswith("ceiling-count") for t in s.threads)
 
 
 def test_an_upstream_failure_still_records_the_count(spy: Any) -> None:
-    sc, s = spy(counting={"cache_mib": 0})
+    sc, s = spy(counting={"strategy": "exact", "cache_mib": 0})
     with pytest.raises(openai.InternalServerError) as err:
         _call(sc, LONG, False, **{"x-double-status": "500"})
     assert s.forwarded_first == [True]

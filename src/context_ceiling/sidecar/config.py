@@ -208,21 +208,29 @@ class Counting(_Section):
     """Token counting. ``cache_mib``: remember the counts of long texts (system prompts, tool
     schemas, resent history, recurring documents) up to this much text, in memory only; 0 = off.
 
-    ``strategy``: ``exact`` counts every request before forwarding it. ``bounded`` counts only
-    the requests that could be over their budget: a request whose bound is within it goes
-    straight through and its utilization comes from the tokens the provider reports. The bound
-    in ``enforce`` mode is strict (a byte-level BPE token covers at least one byte, so the body's
-    bytes bound its tokens); in ``observe`` it may also be the body's bytes over the smallest
+    ``strategy``: ``bounded`` (the default) counts first only the requests that could be over
+    their budget (in ``enforce``, where a trim may follow); a request whose bound is within it
+    goes straight through, and is counted exactly anyway while those counts have used at most
+    ``sample_cpu`` of one core (0.02: 20 ms a second, averaged over 10 s; per worker), every
+    ``sample_every``-th such request (1: every one). So at the rates a pod serves with CPU to
+    spare every request is counted, as with ``exact``; under load the counts stop at that share
+    and a request the bound let through is measured by the tokens the provider reports (its
+    utilization in the metrics, the log and the span; the response says ``x-ceiling-count:
+    bound``, the log line ``"counted": "bound"``), so a pod's counting costs a bounded share of
+    its CPU instead of growing with the traffic. What is trimmed is the same either way: a
+    request is trimmed only after an exact count. ``exact`` counts every request before
+    forwarding it (every response carries ``x-ceiling-input-tokens``). The bound in ``enforce``
+    mode is strict (a byte-level BPE token covers at least one byte, so the body's bytes bound
+    its tokens); in ``observe`` it may also be the body's bytes over the smallest
     bytes-per-token this model has shown (``calibration``), with a 10% margin; in ``off``
-    nothing needs counting. Every ``sample_every``-th request a bound let through is still
-    counted exactly (the components, the staleness check and the estimate error need a count),
-    as long as these sampled counts have used at most ``sample_cpu`` of one core (0.02: 20 ms a
-    second, averaged over 10 s; per worker): a long count is costly, so a fixed 1-in-16 would
-    cost a large share of a core at high request rates.
+    nothing needs counting. A long body (``overlap_bytes``) the bound let through and the
+    sampler picked is counted beside its upstream call and recorded once its count lands,
+    after its answer: its response says ``x-ceiling-count: bound``, its log line
+    ``"counted": "sampled"``.
 
-    ``overlap_bytes``: a request body of at least this many bytes is forwarded at once and
-    counted exactly on worker threads while the upstream call runs, when its forwarding cannot
-    depend on the count: in ``observe`` (nothing is ever trimmed) and ``off``, or in ``enforce``
+    ``overlap_bytes`` (either strategy): a request body of at least this many bytes that is
+    counted (not sampled) is forwarded at once and counted exactly on worker threads while the
+    upstream call runs, when its forwarding cannot depend on the count: in ``observe`` (nothing is ever trimmed) and ``off``, or in ``enforce``
     when the strict bound proves it within its budget. The count, and the decision on it, are
     awaited before the answer's headers go back, so headers, log line and metrics carry them as
     before (in ``observe``, what trimming would have removed too). A long body that must be
@@ -242,8 +250,8 @@ class Counting(_Section):
     (startup fails with the reason); ``tiktoken`` uses neither."""
 
     cache_mib: float = Field(default=64, ge=0)
-    strategy: Literal["exact", "bounded"] = "exact"
-    sample_every: int = Field(default=16, ge=1)
+    strategy: Literal["exact", "bounded"] = "bounded"
+    sample_every: int = Field(default=1, ge=1)
     sample_cpu: float = Field(default=0.02, gt=0, le=1)
     #: how many reported requests the observe bound needs before it is used (and keeps)
     calibration: int = Field(default=32, ge=1)
