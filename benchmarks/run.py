@@ -216,7 +216,7 @@ def main() -> int:
         peak = {n: started[n].peak_rss / 2**20 for n in names}
         actions = {
             n: tg.over_ceiling(started[n])
-            for n in ("sidecar", "first", "bounded", "workers", "cached", "enforce")
+            for n in ("sidecar", "default", "first", "bounded", "workers", "cached", "enforce")
             if n in started
         }
     finally:
@@ -308,6 +308,8 @@ def _levers(res: dict[str, Any]) -> list[str]:
         ("exact, gigatoken, vs LiteLLM", "gigatoken", "litellm"),
         ("gigatoken vs riptoken (exact)", "gigatoken", "sidecar"),
         ("exact, counted first, vs LiteLLM", "first", "litellm"),
+        ("default vs LiteLLM", "default", "litellm"),
+        ("default vs bare on aiohttp", "default", "bare-aiohttp"),
         ("bounded vs LiteLLM", "bounded", "litellm"),
         ("2 workers (exact) vs LiteLLM", "workers", "litellm"),
         ("bounded vs bare", "bounded", "bare"),
