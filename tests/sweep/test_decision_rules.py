@@ -138,6 +138,9 @@ def test_a_reference_not_shown_above_the_floor_is_refused() -> None:
     ref = a.level(0.2)
     assert ref is not None and ref.accuracy > 0.5 > ref.ci[0]
     assert any("not shown above the floor" in r for r in a.refusals)
+    # more items can show it: unresolved, which --accept-unresolved waives
+    assert not any("floor" in r for r in a.blocking(accept_unresolved=True))
+    assert a.outcome == "unresolved"
     # the same accuracy on enough items is shown above it
     many = analysed(lambda i, lv: int(i % 20 < 15), [0.2, 0.5], 400, reference=0.2, cap=400)
     assert not any("floor" in r for r in many.refusals)

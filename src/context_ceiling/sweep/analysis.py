@@ -63,8 +63,8 @@ MAX_TOLERANCE = 0.25
 TOLERANCE_STEP = 0.005
 FUTILITY_SE = 2.0
 """How many standard errors better than it measured a level is given before futility gives up on
-it: a point first measured on the opening's items alone reads a few points low by chance often
-enough that one standard error gave up on levels with no drop."""
+it: a level measured on few items (the opening's, a scan point's) reads a few points low by
+chance often enough that one standard error gave up on levels with no drop."""
 
 
 @dataclass(frozen=True)
@@ -412,7 +412,7 @@ def outcome_of(a: Analysis) -> str:
     """The one-word conclusion (:attr:`Analysis.outcome`)."""
     if a.ceiling_level is None or a.blocking(accept_unresolved=True):
         return "refused"
-    if not a.resolved:
+    if not a.resolved or a.blocking():  # only unresolved refusals are left
         return "unresolved"
     return "at_reference" if a.at_reference else "ceiling"
 
@@ -630,10 +630,12 @@ def _judge_floor(a: Analysis, ref: LevelStats) -> None:
     elif ref.ci[0] < a.floor:
         # the burden of proof is on the model, as on the reference against the low fill: a
         # model just under the floor measures above it now and then
+        # unresolved, not refused outright: more items can show it (--accept-unresolved)
         no.append(
-            f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is not shown "
-            f"above the floor ({a.floor:.0%}): its 95% interval reaches {ref.ci[0]:.0%}; more "
-            "items (--items, --budget-usd) can show it, or --min-accuracy lowers the floor"
+            f"{UNRESOLVED}: the reference {a.metric} ({ref.accuracy:.0%} at level "
+            f"{ref.level:g}) is not shown above the floor ({a.floor:.0%}): its 95% interval "
+            f"reaches {ref.ci[0]:.0%}; more items (--items, --budget-usd) can show it, or "
+            "--min-accuracy lowers the floor"
         )
 
 
