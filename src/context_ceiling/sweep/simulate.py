@@ -281,7 +281,8 @@ class SimSweep:
         self.refined: list[float] = []
         self.scanned: list[float] = []
         self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
-        self.level_reps: dict[float | None, int] = {}  # levels asked fewer times
+        #: how often the design's added calls are asked (as run.py's plan: ``ADDED_REPEATS``)
+        self.added_reps = min(self.repeats, ADDED_REPEATS)
 
     def _opening_fits(self, n: int) -> bool:
         assert self.budget_tokens is not None
@@ -297,9 +298,10 @@ class SimSweep:
 
     def _measure(self, lv: float | None, ids: list[int]) -> None:
         tokens = self._call_tokens(lv)
+        # the refinement's and the scan's points are asked as often as added calls are
+        at = self.added_reps if lv in self.refined or lv in self.scanned else self.repeats
         for i in ids:
-            reps = self.item_reps.get(i, self.repeats)
-            outs = self.model.outcomes(i, lv, min(reps, self.level_reps.get(lv, reps)))
+            outs = self.model.outcomes(i, lv, min(self.item_reps.get(i, self.repeats), at))
             for r, ok in enumerate(outs):
                 self.spend.calls += 1
                 self.spend.input_tokens += tokens
@@ -340,7 +342,11 @@ class SimSweep:
             horizon=self.open.horizon,
             cap=self.open.target,
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
-            level_repeats={lv: r for lv, r in self.level_reps.items() if lv is not None},
+            level_repeats={
+                lv: self.added_reps
+                for lv in (*self.refined, *self.scanned)
+                if self.added_reps < self.repeats
+            },
         )
 
     def analyse(self, tolerance: float | None = None) -> Analysis:
@@ -385,7 +391,7 @@ class SimSweep:
                 self.n_at[lv] = hi
             elif step.kind == "items":
                 new = self.order[self.drawn : self.drawn + step.new_items]
-                reps = min(self.repeats, ADDED_REPEATS)
+                reps = self.added_reps
                 cost = len(new) * (
                     self._call_tokens(None)
                     + reps * sum(self._call_tokens(lv) for lv in step.levels)
@@ -405,17 +411,14 @@ class SimSweep:
                 n = self.n_at[self.reference]
                 if step.kind == "scan" and self.batches:  # as run.py: the opening's items
                     n = min(n, self.batches[0])
-                reps = min(self.repeats, ADDED_REPEATS)  # as run.py: each point asked once
-                cost = n * reps * sum(self._call_tokens(lv) for lv in step.levels)
+                cost = n * self.added_reps * sum(self._call_tokens(lv) for lv in step.levels)
                 if not self._fits(cost):
                     break
                 for lv in step.levels:
-                    if reps != self.repeats:
-                        self.level_reps[lv] = reps
+                    (self.scanned if step.kind == "scan" else self.refined).append(lv)
                     self.n_at[lv] = n
                     self._measure(lv, self.order[:n])
                     self.levels = sorted({*self.levels, lv})
-                    (self.scanned if step.kind == "scan" else self.refined).append(lv)
         self.spend.items = self.drawn
         return self.analyse()
 
