@@ -151,7 +151,7 @@ def legacy() -> Iterator[None]:
         (analysis, "decided_by", lambda *a: "drop" if _legacy_decided(*a) else None),
         (analysis, "reference_shown_good", lambda *_: True),
         (analysis, "GRID_ALPHA", 0.05),
-        (analysis, "refine_alpha", lambda k: 0.05),
+        (analysis, "refine_alphas", lambda r: [0.05] * len(r)),
         (simulate, "items_for", _legacy_items),
         (simulate, "ADDED_REPEATS", 3),
         (design, "START_SHARE", 2),

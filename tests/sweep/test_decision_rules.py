@@ -54,7 +54,7 @@ def test_a_futile_level_with_no_measured_drop_does_not_resolve_the_reference() -
     assert a.items_to_resolve is not None and a.items_to_resolve > 24
     assert f"about {a.items_to_resolve} items" in why
     # with a few more items the widening resolves it: a wide tolerance, said so, not the 5%
-    wider = analysed(outcome, [0.2, 0.5], 40, reference=0.2, cap=40)
+    wider = analysed(outcome, [0.2, 0.5], 50, reference=0.2, cap=50)
     assert wider.resolved and wider.ceiling_level == 0.5 and not wider.at_reference
     assert wider.outcome == "ceiling"
     assert wider.stated_tolerance is not None and wider.stated_tolerance > 0.2

@@ -9,8 +9,10 @@ import pytest
 
 from context_ceiling.sweep.statistics import (
     GRID_ALPHA,
+    MAX_REFINEMENTS,
     MIN_ITEMS,
     POWER,
+    REFINE_ALPHA,
     accuracy_interval,
     betting_lower,
     difference_bounds,
@@ -18,6 +20,7 @@ from context_ceiling.sweep.statistics import (
     flat_pass_chance,
     items_for,
     mean_and_variance,
+    refine_alphas,
     t95,
     t975,
 )
@@ -121,3 +124,19 @@ def test_the_tolerance_a_budget_buys_inverts_the_sample_size() -> None:
     assert tolerance_for(items_for(0.05, 3) - 1, 3) > 0.05
     bought = [tolerance_for(n, 3) for n in (60, 120, 200, 400)]
     assert bought == sorted(bought, reverse=True) and bought[-1] < bought[0]
+
+
+def test_a_midpoint_above_a_passed_one_keeps_its_share_and_one_below_gets_half_the_rest() -> None:
+    # passes all the way up: one share, half of the refinement's error, for every midpoint
+    up = refine_alphas([0.632, 0.711, 0.754, 0.777])
+    assert up == [REFINE_ALPHA / 2] * 4
+    # fails all the way down: half of what is left each time
+    down = refine_alphas([0.632, 0.562, 0.53, 0.515])
+    assert down == [REFINE_ALPHA / 2, REFINE_ALPHA / 4, REFINE_ALPHA / 8, REFINE_ALPHA / 16]
+    # fail, then pass: the midpoint above the passed one takes over that one's share
+    mixed = refine_alphas([0.632, 0.562, 0.596])
+    assert mixed == [REFINE_ALPHA / 2, REFINE_ALPHA / 4, REFINE_ALPHA / 4]
+    # the shares given out never exceed the refinement's error, and past the limit nothing
+    past = refine_alphas([0.5 + k / 100 * (-1) ** k for k in range(MAX_REFINEMENTS + 2)])
+    assert past[MAX_REFINEMENTS:] == [0.0, 0.0]
+    assert sum(set(past)) <= REFINE_ALPHA + 1e-12

@@ -104,7 +104,7 @@ class CeilingEntry(Strict):
     output_reservation: int = Field(ge=0, le=MAX_TOKENS, default=0)
     metric: str = "accuracy"
     tolerance: float = Field(ge=0, le=1, default=0.05, allow_inf_nan=False)
-    margin: float = Field(ge=0, lt=1, default=0.1, allow_inf_nan=False)
+    margin: float = Field(ge=0, lt=1, default=0.05, allow_inf_nan=False)
     #: when the ceiling was derived (the sweep writes it); unset in a hand-written entry, whose
     #: age is then unknown: a document is the same document however often it is parsed
     created_at: datetime | None = None

@@ -44,7 +44,7 @@ from context_ceiling.sweep.statistics import (
     bound_width,
     difference_bounds,
     difference_interval,
-    refine_alpha,
+    refine_alphas,
 )
 from context_ceiling.sweep.taskset import Item, TaskSet
 
@@ -96,10 +96,10 @@ class Design:
         return min(r, self.level_repeats.get(level, r)) if level is not None else r
 
     def alpha_at(self, level: float) -> float:
-        """The error a level's pass test is run at: the grid's share, or the refinement's split
-        over its midpoints."""
+        """The error a level's pass test is run at: the grid's share, or the refinement's share
+        its midpoint holds (:func:`refine_alphas`)."""
         if level in self.refined:
-            return refine_alpha(self.refined.index(level))
+            return refine_alphas(self.refined)[self.refined.index(level)]
         return GRID_ALPHA
 
     @classmethod
@@ -284,7 +284,7 @@ def analyse(
     items: Mapping[str, Item],
     window: int,
     tolerance: float = 0.05,
-    margin: float = 0.1,
+    margin: float = 0.05,
     *,
     design: Design | None = None,
     docs: Mapping[str, str] | None = None,

@@ -242,7 +242,7 @@ class SimSweep:
     levels_spec: str = "0.2,0.5,0.8,max"
     repeats: int = 3
     tolerance: float = 0.05
-    margin: float = 0.1
+    margin: float = 0.05
     resolution: float = 0.05
     low_fill: float = 0.1
     reservation: int = 100

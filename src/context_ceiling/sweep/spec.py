@@ -102,7 +102,7 @@ class Asked(Strict):
     # -- the decision
     tolerance: float = 0.05
     """largest accuracy drop from the reference that still passes; sizes the sweep"""
-    margin: float = 0.1
+    margin: float = 0.05
     """share of the passing fill held back below it"""
     resolution: float = 0.05
     """smallest gap in utilization the refinement between levels measures"""

@@ -22,9 +22,10 @@ Why this and not a t-interval or group-sequential boundaries:
 
 The error is spent once over everything the sweep tests: the grid's chain (tested from the
 reference up, each level only if every lower one passed: a fixed sequence) at ``GRID_ALPHA``, and
-the refinement's midpoints, chosen by the data, at ``REFINE_ALPHA`` spent over at most
-``MAX_REFINEMENTS`` of them, half of what is left to each (a union bound): the chance that any level past the true drop passes
-is at most ``GRID_ALPHA + REFINE_ALPHA`` = 5%.
+the refinement's midpoints, chosen by the data, at ``REFINE_ALPHA`` given out in shares over at
+most ``MAX_REFINEMENTS`` of them (:func:`refine_alphas`: a midpoint above a passed one keeps its
+share, one below a failed one gets half of what is left; a union bound over the shares): the
+chance that any level past the true drop passes is at most ``GRID_ALPHA + REFINE_ALPHA`` = 5%.
 
 **Reported intervals**: a level's accuracy has a Wilson score interval over items (valid near 0%
 and 100%, where the normal one collapses; conservative when repeats agree); the closed-book
@@ -48,18 +49,35 @@ MIN_ITEMS = 20
 """Fewer items than this at a level and the level cannot pass or decide anything."""
 ALPHA = 0.05
 """The chance, over the whole sweep, that a level past the true drop passes."""
-GRID_ALPHA = 0.04
+GRID_ALPHA = 0.03
 """The grid's chain's share of ``ALPHA``."""
 REFINE_ALPHA = ALPHA - GRID_ALPHA
-"""The refinement's share, halved from one midpoint to the next (:func:`refine_alpha`)."""
+"""The refinement's share (:func:`refine_alphas`)."""
 MAX_REFINEMENTS = 4
 
 
-def refine_alpha(k: int) -> float:
-    """The error the ``k``-th refined level (from 0) is tested at: half of what the refinement
-    has left, so the first midpoint, which halves the bracket, gets the most, and all of them
-    together never exceed ``REFINE_ALPHA``."""
-    return REFINE_ALPHA / 2 ** (k + 1) if k < MAX_REFINEMENTS else 0.0
+def refine_alphas(refined: Sequence[float]) -> list[float]:
+    """The error each refined level is tested at, ``refined`` in the order the refinement added
+    them. A share of ``REFINE_ALPHA`` can be spent on at most one level past the true drop: the
+    chain is tested from the reference up, so a level is reached only if every level below it
+    passed. A midpoint added above the one before it (that one passed) therefore takes over its
+    share, as a rejected hypothesis passes its error on in a graphical multiple-testing procedure:
+    of the levels holding one share, only the lowest past the drop can pass wrongly. A midpoint
+    added below the one before it (that one failed) gets half of what is not yet given out. The
+    shares given out never exceed ``REFINE_ALPHA``; a bisection that keeps passing tests every
+    midpoint at half of it, where halving from one midpoint to the next would leave the third a
+    sixteenth of it."""
+    out: list[float] = []
+    left = REFINE_ALPHA
+    for k, lv in enumerate(refined):
+        if k >= MAX_REFINEMENTS:
+            out.append(0.0)
+        elif k and lv > refined[k - 1] and out[-1] > 0:
+            out.append(out[-1])
+        else:
+            left /= 2
+            out.append(left)
+    return out
 
 
 ADDED_REPEATS = 1
