@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -673,6 +674,11 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     assert run_cli(*run, "--budget-usd", "20", "--max-tokens", "10") == 0
     out = capsys.readouterr().out
     assert "budget reached" in out and "cost: about $" in out
+    # the run's first line states the items it opened on: the ones the budget affords
+    flat = " ".join(out.split())
+    fits = re.search(r"the opening design fits (\d+) of 5 items", flat)
+    opened = re.search(r"counter \S+, (\d+) items?, margin of error", flat)
+    assert fits and opened and opened.group(1) == fits.group(1) != "0", flat
     calls = [json.loads(x) for x in (tmp_path / "capped" / "calls.jsonl").read_text().splitlines()]
     spent = sum(parse_price("1000,1000").cost(c["prompt_tokens"], 10) for c in calls)
     assert 0 < len(calls) < 80 and spent <= 20

@@ -122,9 +122,11 @@ def run(opts: RunOptions, console: Console) -> int:
         return sweep.dry_run()
     out.mkdir(parents=True, exist_ok=True)
     sweep.save()
+    plan = sweep.plan  # finished: items drawn, opening sized
     console.print(
         f"[bold]run[/] {plan.run_id} -> {out}  (window {sweep.window:,}, counter "
-        f"{sweep.meter.name}, {len(plan.item_ids)} items, margin of error "
+        f"{sweep.meter.name}, {len(plan.item_ids)} item{'' if len(plan.item_ids) == 1 else 's'}, "
+        "margin of error "
         f"±{expected_half_width(len(plan.item_ids), plan.spec.repeats):.1%})"
     )
     opening = sweep.runner.estimate(sweep.samples_for(plan.levels, plan.n_control or 0))
