@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import random
@@ -48,7 +49,14 @@ from context_ceiling.core.prices import Price, lookup
 from context_ceiling.sweep import analysis, design, simulate
 from context_ceiling.sweep.analysis import Analysis, analyse_graded, item_means
 from context_ceiling.sweep.regression import compare_means, reduced_levels
-from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, random_truth
+from context_ceiling.sweep.simulate import (
+    SHAPES,
+    SimSweep,
+    Truth,
+    forecast,
+    random_truth,
+    with_truth,
+)
 from context_ceiling.sweep.statistics import (
     GRID_ALPHA,
     Z95,
@@ -348,6 +356,28 @@ def refusal_cases(seed: int) -> dict[str, bool]:
     return res
 
 
+def forecasts(g: int) -> dict[str, float]:
+    """The dry run's forecast for each regime's settings (the median input tokens over the
+    simulated curves the run itself prices with, :meth:`Pricing.costs`): what a user is told
+    before the sweep, to hold against what the regime's sweeps spent. The forecast knows the
+    settings (task set, budget), not the regime's curves."""
+    out: dict[str, float] = {}
+    memo: dict[str, float] = {}
+    for name, _, over in REGIMES:
+        key = json.dumps(over, sort_keys=True)
+        if key not in memo:
+            sim = SimSweep(
+                random_truth(random.Random(0), "cliff"),
+                window=WINDOW,
+                tolerance=TOL,
+                group_size=g,
+                **over,
+            )
+            memo[key] = forecast(functools.partial(with_truth, sim), runs=12)["input_tokens_median"]
+        out[name] = memo[key]
+    return out
+
+
 def study(runs: int, seed: int, jobs: int, coverage_sets: int | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     g = group_size()
@@ -358,6 +388,7 @@ def study(runs: int, seed: int, jobs: int, coverage_sets: int | None = None) -> 
     return {
         "group_size": g,
         "runs": rows,
+        "forecast": forecasts(g),
         "coverage": coverage(rng, coverage_sets or max(100, 3 * runs)),
         "refusals": refusal_cases(seed),
         "seconds": round(time.perf_counter() - t0, 1),
@@ -373,6 +404,18 @@ def _share(rows: list[dict[str, Any]], key: str) -> str:
 
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
+
+
+def _forecast_cells(told: dict[str, float], name: str, rs: list[dict[str, Any]]) -> str:
+    """The regime's forecast and the share of its sweeps that spent within 1.5x of it (each
+    sweep against its own regime's forecast, for "all")."""
+    fs = [(told.get(r["regime"]), r["tokens"]) for r in rs]
+    fs_known = [(f, t) for f, t in fs if f]
+    if not fs_known:
+        return "- | -"
+    within = sum(f / 1.5 <= t <= f * 1.5 for f, t in fs_known) / len(fs_known)
+    own = told.get(name)
+    return (f"{own / 1e6:,.0f}M" if own else "per regime") + f" | {within:.1%}"
 
 
 def table(res: dict[str, Any]) -> str:
@@ -409,9 +452,10 @@ def table(res: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"| regime | median items | median calls | median input tokens | cached | median $ {m0} (cache) | median $ {m0} (batch + cache) | median $ {m1} (batch + cache) | previous rule: median input tokens | previous rule: median $ {m0} | cost / previous |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| regime | median items | median calls | median input tokens | cached | median $ {m0} (cache) | median $ {m0} (batch + cache) | median $ {m1} (batch + cache) | previous rule: median input tokens | previous rule: median $ {m0} | cost / previous | dry-run forecast | spent within 1.5x of it |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    told = res.get("forecast", {})
     for name, rs in groups:
         old = [r["legacy"] for r in rs if "legacy" in r]
         new_usd = _med([r["usd"][m0] for r in rs])
@@ -427,7 +471,7 @@ def table(res: dict[str, Any]) -> str:
                 if old
                 else "- | - | -"
             )
-            + " |"
+            + f" | {_forecast_cells(told, name, rs)} |"
         )
     lines += [
         "",

@@ -310,4 +310,9 @@ def test_validity_benchmark_runs_the_real_code() -> None:
     assert "enforced ceiling <= true drop point" in r.stdout
     assert "pass-test bound above the truth" in r.stdout
     assert "cost / previous" in r.stdout
+    # the dry run's forecast against what each regime spent
+    rows = [x for x in r.stdout.splitlines() if x.startswith("| fixed budget |")]
+    row = rows[1]  # the cost table's
+    forecast, within = row.strip(" |").split(" | ")[-2:]
+    assert forecast.endswith("M") and within.endswith("%")
     assert "zero accuracy refused | yes" in r.stdout
