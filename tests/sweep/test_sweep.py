@@ -227,7 +227,8 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
         s["utilization"] for s in summary["levels"] if s["level"] == summary["ceiling_level"]
     )
     assert 0.45 <= ceiling_util < knee, "the ceiling lands on the right side of the knee, near it"
-    assert summary["ceiling_utilization"] == pytest.approx(ceiling_util * 0.9, abs=1e-3)
+    assert summary["margin"] == 0.05  # the default
+    assert summary["ceiling_utilization"] == pytest.approx(ceiling_util * 0.95, abs=1e-3)
     levels = summary["levels"]
     for s in levels:
         assert s["repeat_min"] <= s["accuracy"] <= s["repeat_max"]
