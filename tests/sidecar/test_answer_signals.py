@@ -24,6 +24,7 @@ from context_ceiling.core.utilization import FILL_BUCKETS
 from context_ceiling.formats.base import Answer, Expect
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.cpu_credit import CpuCredit
 from context_ceiling.sidecar.observability.answers import (
     SIDES,
     SIGNALS,
@@ -436,7 +437,7 @@ def test_label_sets_stay_bounded_under_random_models_tools_and_schemas(sidecar: 
         "part": {"within", "above", "no_ceiling"},
         "cache": {"cached", "uncached"},
         "action": {"trimmed", "would_trim"},
-        "reason": {"too_large", "busy", "queue_full", "error"},
+        "reason": {"too_large", "busy", "cpu", "queue_full", "error"},
     }
     families = {
         "llm_context_answers",
@@ -503,6 +504,51 @@ def test_held_answer_bytes_are_bounded_and_given_back() -> None:
             assert sc.count(sig, **labels, signal="stop") == 1  # the short one read whole
             assert sc.count(sig, **labels, signal="repetition") == 0
             assert sc.state.answers is not None and sc.state.answers.held.held == 0
+
+
+@pytest.mark.e2e
+def test_past_the_checkers_share_of_a_core_an_answer_counts_its_stop_only() -> None:
+    """answers.cpu_share: once reading answers has taken its share of a core, further answers
+    (a body and a stream alike) are counted by their stop reason (``cpu``), their events not
+    kept; every answer is still counted, and nothing is held."""
+    d = AnswerProviderDouble(script=Script(text="The fee is 103 EUR. " * 3, stop="truncated"))
+    with serve(d.app()) as durl:
+        app = create_app(_settings(durl, answers={"cpu_share": 1e-9}))
+        with serve(app) as url:
+            sc = Sidecar(url, app.state.sidecar, d)
+            assert sc.state.answers is not None and sc.state.answers.credit is not None
+            c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+            msgs: Any = [{"role": "user", "content": "hi"}]
+            c.chat.completions.create(model="gpt-4o", messages=msgs)  # read: the credit is whole
+            sc.settle()
+            assert not sc.state.answers.reading()  # that read spent the (tiny) share
+            c.chat.completions.create(model="gpt-4o", messages=msgs)
+            for _ in c.chat.completions.create(model="gpt-4o", messages=msgs, stream=True):
+                pass
+            sc.settle()
+            labels = {"model": "gpt-4o", "workload": "default", "fill": "0.1-0.2", "side": "none"}
+            assert sc.count("llm_context_answers_total", **labels) == 3
+            assert sc.count("llm_context_answer_checks_skipped_total", reason="cpu") == 2
+            sig = "llm_context_answer_signals_total"
+            assert sc.count(sig, **labels, signal="truncated") == 3
+            assert sc.state.answers.held.held == 0
+
+
+def test_a_cpu_credit_refills_at_its_share_and_saves_up_a_burst() -> None:
+    now = [0.0]
+    credit = CpuCredit(0.1, clock=lambda: now[0], burst=10.0)
+    assert credit.ok()
+    credit.spend(1.5)  # 1.0 saved up: now 0.5 in debt
+    assert not credit.ok()
+    now[0] += 4.0  # refills 0.4
+    assert not credit.ok()
+    now[0] += 1.5  # another 0.15: back above zero
+    assert credit.ok()
+    now[0] += 1000.0  # never more than the burst
+    credit.spend(1.0)
+    assert credit.ok()
+    credit.spend(0.01)
+    assert not credit.ok()
 
 
 @pytest.mark.e2e

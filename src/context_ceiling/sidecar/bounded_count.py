@@ -24,6 +24,7 @@ from typing import Any
 from context_ceiling.core.models import CalibratedSpec, ModelSpec, TiktokenSpec
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats.anthropic import TOOL_SYSTEM_TOKENS
+from context_ceiling.sidecar.cpu_credit import CpuCredit
 from context_ceiling.sidecar.enforce import Decision
 
 #: what the strict bound adds for hidden prompt text a provider inserts
@@ -59,10 +60,9 @@ class Sampler:
     still see exact counts.
 
     Every ``every``-th such request is due, as long as the sampled counts have used no more than
-    ``share`` of one core on average: a sampled count's seconds are spent from a credit that
-    refills at ``share`` seconds per second (at most ``BURST`` seconds' worth is saved up, so a
-    quiet pod still samples a burst of long requests), and while it is negative no request is
-    due. Why: a fixed 1-in-16 costs in proportion to the bodies'
+    ``share`` of one core on average: a sampled count's seconds are spent from a
+    :class:`CpuCredit` (at most ``BURST`` seconds' worth saved up, so a quiet pod still samples a
+    burst of long requests), and while it is spent no request is due. Why: a fixed 1-in-16 costs in proportion to the bodies'
     length (long bodies at a high rate would take a large share of a core); the credit bounds
     the cost whatever the sizes.
     The sample is not biased by size: the first request due after the credit recovers is
@@ -84,14 +84,12 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         max_inflight: int | None = 4,
     ) -> None:
-        self.every, self.share, self._clock = every, share, clock
+        self.every, self.share = every, share
         self.max_inflight = max_inflight
         #: samples whose count has not landed yet
         self.inflight = 0
         self._seen = 0
-        self._cap = share * self.BURST
-        self._credit = self._cap
-        self._at = clock()
+        self.credit = CpuCredit(share, clock, self.BURST)
 
     def due(self) -> bool:
         """Whether this request (one a bound let through) is counted anyway."""
@@ -100,8 +98,7 @@ class Sampler:
             return False
         if self.max_inflight is not None and self.inflight >= self.max_inflight:
             return False  # stays due
-        self._refill()
-        if self._credit < 0:
+        if not self.credit.ok():
             return False  # stays due: the next request after the credit recovers is counted
         self._seen = 0
         return True
@@ -116,15 +113,8 @@ class Sampler:
         self.inflight -= 1
 
     def spend(self, seconds: float) -> None:
-        """A sampled count took ``seconds`` of CPU (the credit refilled to now first, so time
-        idle before the count does not pay for it beyond what the cap saves up)."""
-        self._refill()
-        self._credit -= seconds
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._credit = min(self._cap, self._credit + (now - self._at) * self.share)
-        self._at = now
+        """A sampled count took ``seconds`` of CPU."""
+        self.credit.spend(seconds)
 
 
 class Calibration:

@@ -527,8 +527,12 @@ class Proxy:
             ex.usage = ex.route.body_usage(plain)
             if ex.capture_body is not None:
                 ex.capture_response = plain
+            checker = self.state.answers
             if ex.answer_expect is not None and len(plain) <= self._answer_bytes:
-                ex.answer_raw = plain
+                if checker is None or checker.reading():
+                    ex.answer_raw = plain
+                else:
+                    ex.answer_unread = "cpu"  # counted by its stop reason only
         plan.after()
         headers = response_headers(resp.headers) | self.rec.headers(ex)
         if content is not plain:
@@ -543,6 +547,8 @@ class Proxy:
         capture = ex.capture_body is not None and self.state.capture is not None
         limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
         checker = self.state.answers if ex.answer_expect is not None else None
+        if checker is not None and not checker.reading():
+            checker, ex.answer_unread = None, "cpu"  # counted by its stop reason only
         if checker is not None:
             limit = max(limit, self._answer_bytes)
         if limit:

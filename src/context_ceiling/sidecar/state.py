@@ -23,6 +23,7 @@ from context_ceiling.sidecar.bounded_count import Calibration, Sampler
 from context_ceiling.sidecar.capture.writer import Capturer
 from context_ceiling.sidecar.ceilings.store import CeilingStore
 from context_ceiling.sidecar.config import Settings, admin_token, budget_token
+from context_ceiling.sidecar.cpu_credit import CpuCredit
 from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.observability.answers import AnswerChecker, HeldBytes
 from context_ceiling.sidecar.observability.costs import Pricing
@@ -112,6 +113,9 @@ class SidecarState:
                 metrics,
                 settings.answers.queue_size,
                 held=HeldBytes(int(settings.answers.max_held_mib * 2**20)),
+                credit=CpuCredit(settings.answers.cpu_share)
+                if settings.answers.cpu_share < 1
+                else None,
             )
             if settings.answers.enabled
             else None

@@ -29,6 +29,7 @@ import orjson
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import format_of
 from context_ceiling.formats.base import Answer, Expect, Format
+from context_ceiling.sidecar.cpu_credit import CpuCredit
 
 __all__ = [
     "PROBLEMS",
@@ -350,8 +351,8 @@ class Job:
     reasoning_tokens: int | None = None
     #: the bytes of ``raw`` held against :class:`HeldBytes` while it waits (set by submit)
     size: int = 0
-    #: why ``raw`` is None: ``too_large`` (over answers.max_bytes) or ``busy`` (over
-    #: answers.max_held_mib)
+    #: why ``raw`` is None: ``too_large`` (over answers.max_bytes), ``busy`` (over
+    #: answers.max_held_mib) or ``cpu`` (the checker's share of a core spent: answers.cpu_share)
     unread: str = "too_large"
 
 
@@ -380,8 +381,11 @@ class AnswerChecker:
         queue_size: int = 256,
         interval: float = 0.05,
         held: HeldBytes | None = None,
+        credit: CpuCredit | None = None,
     ) -> None:
         self.sink = sink
+        #: the share of a core reading answers may take (answers.cpu_share); None: no limit
+        self.credit = credit
         #: answer bytes held at once, relaying and queued (answers.max_held_mib)
         self.held = held or HeldBytes(64 * 2**20)
         self.size = queue_size
@@ -393,6 +397,12 @@ class AnswerChecker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.validators = _Validators()
+
+    def reading(self) -> bool:
+        """Whether the next answer is read whole: the checker's CPU credit is not spent. Asked
+        before a stream's events are kept, so an answer past the share costs neither the
+        keeping nor the reading; it is counted by its stop reason (``cpu``)."""
+        return self.credit is None or self.credit.ok()
 
     def submit(self, job: Job) -> None:
         if len(self._jobs) >= self.size:
@@ -440,12 +450,16 @@ class AnswerChecker:
         return signals, job.output_tokens, job.reasoning_tokens
 
     def _one(self, job: Job) -> None:
+        cpu = time.thread_time() if self.credit is not None and job.raw is not None else None
         try:
             signals, out, reasoning = self.check(job)
         except Exception:  # a check must never take the thread down
             log.exception("answer check failed")
             self.sink.answer_skipped("error")
             return
+        finally:
+            if cpu is not None and self.credit is not None:
+                self.credit.spend(time.thread_time() - cpu)
         if job.raw is None:
             self.sink.answer_skipped(job.unread)
         self.sink.answer(job, signals, out, reasoning)

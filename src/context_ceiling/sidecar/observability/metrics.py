@@ -345,9 +345,10 @@ class Metrics:
         )
         self.answer_checks_skipped = Counter(
             "llm_context_answer_checks_skipped",
-            "Answers not read whole: too_large (over answers.max_bytes) and busy (over "
-            "answers.max_held_mib held at once): only the stop is counted; queue_full (the "
-            "checker was behind: not counted), error.",
+            "Answers not read whole: too_large (over answers.max_bytes), busy (over "
+            "answers.max_held_mib held at once) and cpu (the checker's answers.cpu_share of a "
+            "core spent): only the stop is counted; queue_full (the checker was behind: not "
+            "counted), error.",
             ["reason"],
             registry=r,
         )
