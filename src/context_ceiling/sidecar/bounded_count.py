@@ -62,9 +62,9 @@ class Sampler:
     Every ``every``-th such request is due, as long as the sampled counts have used no more than
     ``share`` of one core on average: a sampled count's seconds are spent from a
     :class:`CpuCredit` (at most ``BURST`` seconds' worth saved up, so a quiet pod still samples a
-    burst of long requests), and while it is spent no request is due. Why: a fixed 1-in-16 costs in proportion to the bodies'
-    length (long bodies at a high rate would take a large share of a core); the credit bounds
-    the cost whatever the sizes.
+    burst of long requests), and while it is spent no request is due. Why: a fixed 1-in-16
+    costs in proportion to the bodies' length (long bodies at a high rate would take a large
+    share of a core); the credit bounds the cost whatever the sizes.
     The sample is not biased by size: the first request due after the credit recovers is
     counted, whichever it is. Per process (each worker has its own).
 
