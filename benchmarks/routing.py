@@ -6,7 +6,7 @@ documents (1k to 500k tokens, log-uniform, seeded), all sent for the smallest of
 The upstream is a provider double that serves each model up to its *advertised* window and
 answers beyond it with OpenAI's ``context_length_exceeded`` error, as a provider does. Each model
 has a sweep curve (accuracy by fill: flat, then falling past its true drop) and a ceiling at that
-drop less the 10% margin, in a ceilings document.
+drop less a 10% margin, in a ceilings document.
 
 Policies: the sidecar's ``trim`` (the default), ``fallback`` and ``trim_then_fallback`` (at most a
 quarter of the input trimmed) with the fallback list ``mid, long``; LiteLLM's proxy with
@@ -59,7 +59,7 @@ class Model:
 
     @property
     def ceiling(self) -> int:
-        """Where the sweep puts the ceiling: the drop less the 10% margin."""
+        """A ceiling the sweep could put there: the drop less a 10% margin."""
         return math.floor(self.drop * 0.9 * self.window)
 
     def accuracy(self, tokens: int) -> float:
