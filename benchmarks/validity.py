@@ -48,6 +48,7 @@ from typing import Any
 from context_ceiling.core.prices import Price, lookup
 from context_ceiling.sweep import analysis, design, simulate
 from context_ceiling.sweep.analysis import Analysis, analyse_graded, item_means
+from context_ceiling.sweep.price import FORECAST_RUNS
 from context_ceiling.sweep.regression import compare_means, reduced_levels
 from context_ceiling.sweep.simulate import (
     SHAPES,
@@ -373,7 +374,9 @@ def forecasts(g: int) -> dict[str, float]:
                 group_size=g,
                 **over,
             )
-            memo[key] = forecast(functools.partial(with_truth, sim), runs=12)["input_tokens_median"]
+            memo[key] = forecast(functools.partial(with_truth, sim), runs=FORECAST_RUNS)[
+                "input_tokens_median"
+            ]
         out[name] = memo[key]
     return out
 

@@ -84,7 +84,7 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         max_inflight: int | None = 4,
     ) -> None:
-        self.every, self.share = every, share
+        self.every = every
         self.max_inflight = max_inflight
         #: samples whose count has not landed yet
         self.inflight = 0

@@ -18,7 +18,10 @@ from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.simulate import SimSweep, forecast, random_truth, with_truth
 from context_ceiling.sweep.statistics import tolerance_for
 
-__all__ = ["Pricing", "budget_lines", "cost_line"]
+__all__ = ["FORECAST_RUNS", "Pricing", "budget_lines", "cost_line"]
+
+FORECAST_RUNS = 12
+"""How many simulated curves the forecast of what a sweep spends replays (dry run and run)."""
 
 
 @dataclass
@@ -124,7 +127,7 @@ class Pricing:
         cap = max(1.0, self.target_items / drawn) if grow else 1.0
         budget = self.budget_tokens(calls, tokens)
         sim = self.simulated(budget)
-        f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=12)
+        f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=FORECAST_RUNS)
         # the prompt cache's share of the input (a shared haystack), as the simulation found it
         self.cache_shares = (f["cached_share"], f["written_share"])
         med = f["input_tokens_median"]

@@ -65,8 +65,8 @@ def refine_alphas(refined: Sequence[float]) -> list[float]:
     of the levels holding one share, only the lowest past the drop can pass wrongly. A midpoint
     added below the one before it (that one failed) gets half of what is not yet given out. The
     shares given out never exceed ``REFINE_ALPHA``; a bisection that keeps passing tests every
-    midpoint at half of it, where halving from one midpoint to the next would leave the third a
-    sixteenth of it."""
+    midpoint at half of it, where halving from one midpoint to the next would test the third at
+    an eighth of it."""
     out: list[float] = []
     left = REFINE_ALPHA
     for k, lv in enumerate(refined):
