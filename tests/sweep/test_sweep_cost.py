@@ -17,6 +17,7 @@ import pytest
 
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.calllog import CallLog, Row
+from context_ceiling.sweep.design import asked_few
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, forecast, random_truth
 from context_ceiling.sweep.solver import Endpoint, _result, request_of
@@ -179,14 +180,32 @@ def test_true_drop_points_of_every_shape() -> None:
 # -- the calls added after the opening are asked once -------------------------------------------
 
 
+def test_the_highest_grid_level_is_asked_once_when_levels_lie_below_it() -> None:
+    """The practical limit is asked once per item when two or more levels lie above the
+    reference (it decides only when every level below it passes); a level that is the only one
+    above the reference keeps its repeats; the simulation spends what the rule plans."""
+    assert asked_few([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.95]
+    assert asked_few([0.2, 0.5, 0.8], 0.2) == [0.8]
+    assert asked_few([0.1, 0.2, 0.5], 0.2) == []
+    t = Truth("cliff", base=0.9, knee=0.6)
+    sim = SimSweep(t, taskset=200, window=8192, adaptive=True, refine=False)
+    assert sim.few == [max(sim.levels)]
+    sim.run()
+    top = [r for r in sim.records if r["level"] == max(sim.levels)]
+    assert top and all(r["repeat"] == 0 for r in top)
+    assert sim.design().repeats_of("i0", max(sim.levels)) == 1
+    fixed = SimSweep(t, taskset=200, window=8192, items=40, adaptive=False, refine=False)
+    assert fixed.few == [] and fixed.design().level_repeats == {}
+
+
 @pytest.mark.e2e
 def test_calls_added_after_the_opening_are_asked_once(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The opening asks every item three times at every grid level; the items the adaptive
-    design adds and the refinement's and the scan's points are asked once per level (a call buys
-    more as a new item than as a repeat); the log has exactly the calls the plan says, so no
-    level is incomplete."""
+    """The opening asks every item three times at every grid level but the highest (asked once);
+    the items the adaptive design adds and the refinement's and the scan's points are asked once
+    per level (a call buys more as a new item than as a repeat); the log has exactly the calls
+    the plan says, so no level is incomplete."""
     d, url = model
     d.shoulder = (0.45, 0.86)  # a small drop before the knee: the design adds items there
     out = tmp_path / "once"
@@ -196,8 +215,9 @@ def test_calls_added_after_the_opening_are_asked_once(
     assert len(plan["batches"]) > 1, "items were added"
     assert plan["batch_repeats"][0] == 3 and set(plan["batch_repeats"][1:]) == {1}
     assert "asked 1 time(s) at each level" in capsys.readouterr().out
-    added = {*plan["refined"], *plan["scanned"]}
-    assert added, "the refinement or the scan added points"
+    assert plan["few_repeats"] == [0.8], "the highest grid level is asked once"
+    added = {*plan["refined"], *plan["scanned"], *plan["few_repeats"]}
+    assert added - {0.8}, "the refinement or the scan added points"
     summary = json.loads((out / "summary.json").read_text())["analysis"]
     assert all(s["missing_calls"] == 0 for s in summary["levels"])
     first = set(plan["item_ids"][: plan["batches"][0]])

@@ -1,7 +1,8 @@
 """Where the next calls go (the experimental design): refinement and adaptive allocation.
 
-A sweep starts with a grid (low-fill control, reference, 0.5, 0.8, the practical limit) on half
-the items its tolerance needs, then, one step at a time, until nothing is open or the budget or
+A sweep starts with a grid (low-fill control, reference, 0.5, 0.8, the practical limit) on a
+quarter of the items its tolerance needs (the practical limit asked once per item:
+:func:`asked_few`), then, one step at a time, until nothing is open or the budget or
 the task set runs out:
 
 1. while the level that decides the ceiling failed but not clearly (its paired interval still
@@ -99,6 +100,17 @@ def open_levels(a: Analysis) -> list[float]:
     decision: its bounds still straddle ``-tolerance`` (it failed, but not clearly) and more
     items could still make it pass (``analysis.futile``)."""
     return [a.open_level] if a.open_level is not None else []
+
+
+def asked_few(levels: list[float], reference: float) -> list[float]:
+    """The grid levels an adaptive design asks as often as its added calls
+    (``ADDED_REPEATS``) from the opening on: the highest (the practical limit), when at least
+    two levels lie above the reference. It takes part in the decision only when every level
+    below it passes, and its repeats would buy the spread at the fill furthest from any ceiling
+    at the highest price per call (two repeats of it are a quarter of a default opening's
+    tokens)."""
+    above = sorted(lv for lv in levels if lv > reference)
+    return above[-1:] if len(above) >= 2 else []
 
 
 START_SHARE = 4

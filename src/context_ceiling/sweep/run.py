@@ -36,6 +36,7 @@ from context_ceiling.sweep.design import (
     Opening,
     Step,
     affordable,
+    asked_few,
     next_step,
     opening,
 )
@@ -285,6 +286,8 @@ def finished(
         deep=True,
     )
     out.reference = out.chain_reference
+    if not plan.item_ids and plan.adaptive and not plan.spec.items:  # a resumed plan keeps its own
+        out.few_repeats = asked_few(out.levels, out.reference)
     out.groups = group_count(out, n)
     return out
 

@@ -29,6 +29,7 @@ from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.design import (
     Opening,
     affordable,
+    asked_few,
     next_step,
     opening,
 )
@@ -266,6 +267,14 @@ class SimSweep:
         self._written: set[tuple[int, float, int]] = set()
         self.levels = levels_for(self.levels_spec, self.window, self.reservation, self.low_fill)
         self.reference = min(lv for lv in self.levels if lv != self.low_fill)
+        self.refined: list[float] = []
+        self.scanned: list[float] = []
+        self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
+        #: how often the design's added calls are asked (as run.py's plan: ``ADDED_REPEATS``)
+        self.added_reps = min(self.repeats, ADDED_REPEATS)
+        #: grid levels asked as often as the added calls (as run.py's plan: ``asked_few``)
+        adaptive = self.adaptive and self.items is None
+        self.few = asked_few(self.levels, self.reference) if adaptive else []
         self.open: Opening = opening(
             self.taskset,
             items_for(self.tolerance, self.repeats),
@@ -278,11 +287,6 @@ class SimSweep:
         self.n_at = {lv: self.drawn for lv in self.levels}
         self.n_control = self.drawn
         self.batches = [self.drawn]
-        self.refined: list[float] = []
-        self.scanned: list[float] = []
-        self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
-        #: how often the design's added calls are asked (as run.py's plan: ``ADDED_REPEATS``)
-        self.added_reps = min(self.repeats, ADDED_REPEATS)
 
     def _opening_fits(self, n: int) -> bool:
         assert self.budget_tokens is not None
@@ -290,16 +294,21 @@ class SimSweep:
 
     def _opening_tokens(self, n: int) -> int:
         return n * (
-            1 + self.repeats * sum(round(lv * self.window) for lv in self.levels)
+            1 + sum(self._reps(lv) * round(lv * self.window) for lv in self.levels)
         ) + n * round(0.002 * self.window)
+
+    def _reps(self, lv: float) -> int:
+        """How often an item is asked at ``lv``: the refinement's and the scan's points and the
+        grid levels asked few times as often as added calls are."""
+        few = lv in self.refined or lv in self.scanned or lv in self.few
+        return self.added_reps if few else self.repeats
 
     def _call_tokens(self, lv: float | None) -> int:
         return round((lv if lv is not None else 0.002) * self.window)
 
     def _measure(self, lv: float | None, ids: list[int]) -> None:
         tokens = self._call_tokens(lv)
-        # the refinement's and the scan's points are asked as often as added calls are
-        at = self.added_reps if lv in self.refined or lv in self.scanned else self.repeats
+        at = self.repeats if lv is None else self._reps(lv)
         for i in ids:
             outs = self.model.outcomes(i, lv, min(self.item_reps.get(i, self.repeats), at))
             for r, ok in enumerate(outs):
@@ -344,7 +353,7 @@ class SimSweep:
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
             level_repeats={
                 lv: self.added_reps
-                for lv in (*self.refined, *self.scanned)
+                for lv in (*self.refined, *self.scanned, *self.few)
                 if self.added_reps < self.repeats
             },
         )
@@ -384,7 +393,7 @@ class SimSweep:
             if step.kind == "extend":
                 [lv] = step.levels
                 hi = min(b for b in self.batches if b > self.n_at[lv])
-                cost = (hi - self.n_at[lv]) * self.repeats * self._call_tokens(lv)
+                cost = (hi - self.n_at[lv]) * self._reps(lv) * self._call_tokens(lv)
                 if not self._fits(cost):
                     break
                 self._measure(lv, self.order[self.n_at[lv] : hi])
