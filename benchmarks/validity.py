@@ -279,6 +279,7 @@ def regression(
         sim = SimSweep(truth_now, window=WINDOW, tolerance=TOL, seed=rng.randrange(2**31))
         sim.model = replace(base.model, truth=truth_now, rng=sim.rng)
         sim.order, sim.levels = base.order, levels
+        sim.few = []  # a reduced sweep asks every level its three repeats
         sim.n_at, sim.n_control = dict.fromkeys(levels, n), 0
         for lv in levels:
             sim._measure(lv, ids)

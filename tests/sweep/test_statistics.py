@@ -22,7 +22,6 @@ from context_ceiling.sweep.statistics import (
     mean_and_variance,
     refine_alphas,
     t95,
-    t975,
 )
 
 
@@ -99,7 +98,9 @@ def test_sample_size_plans_for_the_power_to_pass_a_flat_level() -> None:
     assert items_for(0.05, 3, sd=0.1) < n  # a measured spread below the planning value
 
 
-def test_the_regression_bound_takes_the_better_of_the_paired_and_the_direct_estimate() -> None:
+def test_the_regression_bound_takes_the_more_precise_of_the_paired_and_the_direct_estimate() -> (
+    None
+):
     then = [0.0, -1 / 3, 0.0, 1 / 3, 0.0, 0.0, -1 / 3, 0.0] * 50
     same = [0.0] * 100
     # answers repeated: the change is nil and the bound leans on the baseline's 400 items
@@ -110,11 +111,12 @@ def test_the_regression_bound_takes_the_better_of_the_paired_and_the_direct_esti
     noisy = [b - a for a, b in zip(then, now, strict=True)]
     m2, v2 = mean_and_variance(noisy)
     m1, v1 = mean_and_variance(then)
-    paired_alone = m1 + m2 - t975(399) * (v1 + v2) ** 0.5
+    paired_alone = m1 + m2 - t95(399) * (v1 + v2) ** 0.5
     assert drop_now_lower(then, noisy, now) > paired_alone
-    # each estimate at 97.5%: never tighter than the direct one-sided 95% bound of either
+    # the more precise estimate, chosen by its standard error, at one-sided 95%
     m3, v3 = mean_and_variance(now)
-    assert drop_now_lower(then, noisy, now) < m3 - t95(399) * v3**0.5
+    assert v3 < v1 + v2
+    assert drop_now_lower(then, noisy, now) == pytest.approx(m3 - t95(399) * v3**0.5, abs=1e-6)
 
 
 def test_the_tolerance_a_budget_buys_inverts_the_sample_size() -> None:
