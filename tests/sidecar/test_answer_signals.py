@@ -28,6 +28,9 @@ from context_ceiling.sidecar.cpu_credit import CpuCredit
 from context_ceiling.sidecar.observability.answers import (
     SIDES,
     SIGNALS,
+    AnswerChecker,
+    AnswerLabels,
+    Job,
     expectations,
     problems,
     read_answer,
@@ -532,6 +535,51 @@ def test_past_the_checkers_share_of_a_core_an_answer_counts_its_stop_only() -> N
             sig = "llm_context_answer_signals_total"
             assert sc.count(sig, **labels, signal="truncated") == 3
             assert sc.state.answers.held.held == 0
+
+
+def test_answers_not_read_are_tallied_by_label_set() -> None:
+    """An answer counted by its stop reason alone is queued as a tuple and counted once per
+    label set, stop and reason on the thread: the same totals as one count each."""
+    calls: list[tuple[Any, ...]] = []
+
+    class Recording:
+        def answer(
+            self,
+            job: Job | AnswerLabels,
+            signals: list[str],
+            output: int | None,
+            reasoning: int | None,
+            n: int = 1,
+        ) -> None:
+            assert isinstance(job, AnswerLabels)
+            calls.append(("answer", tuple(job), signals, output, reasoning, n))
+
+        def answer_skipped(self, reason: str, n: int = 1) -> None:
+            calls.append(("skipped", reason, n))
+
+    checker = AnswerChecker(Recording(), interval=0.01)
+    a = AnswerLabels("m", "default", "0.1-0.2", "below")
+    b = AnswerLabels("m", "default", "0.8-0.9", "above")
+    for _ in range(3):
+        checker.count_unread(a, "stop", 5, None, "cpu")
+    checker.count_unread(b, "length", 7, 2, "cpu")
+    checker.count_unread(b, "length", None, None, "too_large")
+    checker.start()
+    try:
+        checker.join()
+    finally:
+        checker.stop()
+    assert sorted(c for c in calls if c[0] == "skipped") == [
+        ("skipped", "cpu", 1),
+        ("skipped", "cpu", 3),
+        ("skipped", "too_large", 1),
+    ]
+    answered = sorted(c for c in calls if c[0] == "answer")
+    assert answered == [
+        ("answer", tuple(a), ["stop"], 15, 0, 3),
+        ("answer", tuple(b), ["truncated"], 0, 0, 1),
+        ("answer", tuple(b), ["truncated"], 7, 2, 1),
+    ]
 
 
 def test_a_cpu_credit_refills_at_its_share_and_saves_up_a_burst() -> None:

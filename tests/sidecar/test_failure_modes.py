@@ -385,6 +385,56 @@ def test_request_lines_skip_the_lookups_the_format_never_prints(
     assert (line["request_id"], line["input_tokens_estimated"], line["level"]) == ("r1", 42, "info")
 
 
+def test_request_lines_written_directly_are_the_formatters_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the JSON handler on stdout the only one on the way, a request line is written to
+    it directly (no log record), the same line the formatter writes; a handler added anywhere
+    (a test's capture, an embedding app's) gets the record through ``logging``."""
+    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, flag, getattr(logging, flag))
+    for name in ("", REQUEST_LOGGER, *OURS):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    made: list[logging.LogRecord] = []
+    factory = logging.getLogRecordFactory()
+
+    def counted(*a: Any, **k: Any) -> logging.LogRecord:
+        made.append(factory(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(logging, "_logRecordFactory", counted)
+    configure("info")
+    fields = {"request_id": "r1", "model": "m", "components": {"system": 3}, "cost": None}
+    log_request(fields)
+    direct = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert made == [], "no log record for a request line"
+    record = logging.makeLogRecord(
+        {"name": REQUEST_LOGGER, "msg": "request", "levelname": "INFO", "fields": fields}
+    )
+    formatted = json.loads(JsonFormatter().format(record))
+    assert list(direct) == list(formatted)
+    assert {k: v for k, v in direct.items() if k != "ts"} == {
+        k: v for k, v in formatted.items() if k != "ts"
+    }
+    seen: list[logging.LogRecord] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    extra = Seen()
+    logging.getLogger("ceiling").addHandler(extra)
+    try:
+        log_request(fields)
+    finally:
+        logging.getLogger("ceiling").removeHandler(extra)
+    assert [r.name for r in seen] == [REQUEST_LOGGER]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["request_id"] == "r1"
+
+
 @pytest.mark.e2e
 def test_client_strings_are_bounded_in_logs(
     sidecar: Sidecar, caplog: pytest.LogCaptureFixture

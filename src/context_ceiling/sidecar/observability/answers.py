@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 
@@ -37,6 +37,7 @@ __all__ = [
     "SIGNALS",
     "STOPS",
     "AnswerChecker",
+    "AnswerLabels",
     "Counted",
     "HeldBytes",
     "Job",
@@ -356,14 +357,32 @@ class Job:
     unread: str = "too_large"
 
 
+class AnswerLabels(NamedTuple):
+    """Where an answer counts: its model, workload, fill bucket and side of the ceiling."""
+
+    model: str
+    workload: str
+    fill: str
+    side: str
+
+
 class Counted(Protocol):
     """Where the checker counts (the sidecar's :class:`~context_ceiling.sidecar.observability.metrics.Metrics`)."""
 
     def answer(
-        self, job: Job, signals: list[str], output: int | None, reasoning: int | None
+        self,
+        job: Job | AnswerLabels,
+        signals: list[str],
+        output: int | None,
+        reasoning: int | None,
+        n: int = 1,
     ) -> None: ...
 
-    def answer_skipped(self, reason: str) -> None: ...
+    def answer_skipped(self, reason: str, n: int = 1) -> None: ...
+
+
+UNREAD_PER_JOB = 64
+"""Answers counted by their stop reason alone that may wait per queued job (a tuple each)."""
 
 
 class AnswerChecker:
@@ -373,7 +392,9 @@ class AnswerChecker:
     ``interval`` seconds and checks and counts what queued meanwhile. Waking once per interval
     rather than once per answer keeps the thread hand-off (a context switch and the interpreter
     lock changing hands, about as much CPU as a small request's whole check) off each request; the
-    counters lag by at most ``interval``. A full queue drops the check and counts it."""
+    counters lag by at most ``interval``. A full queue drops the check and counts it. An answer
+    not read (:meth:`count_unread`: most of them once the CPU share is spent) is queued as a
+    tuple and counted by label set, not one by one."""
 
     def __init__(
         self,
@@ -391,6 +412,8 @@ class AnswerChecker:
         self.size = queue_size
         self.interval = interval
         self._jobs: deque[Job] = deque()
+        #: answers counted by their stop reason alone, waiting to be tallied
+        self._unread: deque[tuple[AnswerLabels, str | None, int | None, int | None, str]] = deque()
         #: answers queued, and answers counted (each written by one thread only)
         self._submitted = 0
         self._done = 0
@@ -415,6 +438,23 @@ class AnswerChecker:
             else:  # too much held already: counted by its stop alone
                 job.raw, job.unread = None, "busy"
         self._jobs.append(job)
+        self._submitted += 1
+
+    def count_unread(
+        self,
+        labels: AnswerLabels,
+        finish: str | None,
+        output: int | None,
+        reasoning: int | None,
+        unread: str,
+    ) -> None:
+        """An answer that is not read (``unread``: ``cpu``, ``too_large`` or ``busy``), counted by
+        its stop reason ``finish`` and its tokens: one tuple appended here (on the event loop),
+        tallied by label set on the thread."""
+        if len(self._unread) >= self.size * UNREAD_PER_JOB:
+            self.sink.answer_skipped("queue_full")
+            return
+        self._unread.append((labels, finish, output, reasoning, unread))
         self._submitted += 1
 
     def start(self) -> None:
@@ -472,6 +512,21 @@ class AnswerChecker:
             finally:
                 self.held.give(job.size)
                 self._done += 1
+        tally: dict[tuple[AnswerLabels, str | None, str], list[int]] = {}
+        while self._unread:
+            labels, finish, output, reasoning, unread = self._unread.popleft()
+            t = tally.setdefault((labels, finish, unread), [0, 0, 0])
+            t[0] += 1
+            t[1] += output or 0
+            t[2] += reasoning or 0
+        for (labels, finish, unread), (n, output, reasoning) in tally.items():
+            try:
+                self.sink.answer_skipped(unread, n)
+                self.sink.answer(labels, [stop_of(Answer(finish=finish))], output, reasoning, n)
+            except Exception:  # counting must never take the thread down
+                log.exception("answer count failed")
+            finally:
+                self._done += n
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -67,7 +68,8 @@ def configure(level: str = "info") -> None:
     logging.logMultiprocessing = False
     if sys.version_info >= (3, 12):
         logging.logAsyncioTasks = False  # the current task's name
-    handler = logging.StreamHandler(sys.stdout)
+    global _handler
+    handler = _handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -80,7 +82,48 @@ def configure(level: str = "info") -> None:
     logging.captureWarnings(True)
 
 
+#: the stdout handler :func:`configure` installed (None: not configured)
+_handler: logging.StreamHandler[Any] | None = None
+_requests = logging.getLogger(REQUEST_LOGGER)
+
+
 def log_request(fields: dict[str, Any]) -> None:
-    logger = logging.getLogger(REQUEST_LOGGER)
-    if logger.isEnabledFor(logging.INFO):
+    """One request line. While the JSON handler on stdout is the only one the line reaches
+    (the configured process), it is written there directly, the same line the formatter
+    writes: a log record, its dispatch and its formatting cost a request more than its
+    metrics. Any other handler on the way (a test's capture, an embedding app's) gets the
+    record through ``logging``."""
+    logger = _requests
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    h = _handler
+    if h is None or not _sole(h, logger):
         logger.info("request", extra={"fields": fields})
+        return
+    out = {"ts": round(time.time(), 3), "level": "info", "logger": REQUEST_LOGGER}
+    out["message"] = "request"
+    out.update(fields)
+    line = orjson.dumps(out, default=str, option=orjson.OPT_APPEND_NEWLINE).decode()
+    h.acquire()
+    try:
+        h.stream.write(line)
+        h.stream.flush()
+    except Exception:  # as the handler would: reported on stderr, the request goes on
+        h.handleError(logging.makeLogRecord({"msg": "request", "name": REQUEST_LOGGER}))
+    finally:
+        h.release()
+
+
+def _sole(h: logging.Handler, logger: logging.Logger) -> bool:
+    """Whether ``h`` is the only handler (and nothing filters) between ``logger`` and the
+    root: what makes writing to it directly the same as logging."""
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.filters or node.disabled:
+            return False
+        if node is logging.root:
+            return node.handlers == [h] and not h.filters and h.level <= logging.INFO
+        if node.handlers or not node.propagate:
+            return False
+        node = node.parent
+    return False

@@ -586,20 +586,26 @@ class Metrics:
         return found
 
     def answer(
-        self, job: _AnswerJob, signals: list[str], output: int | None, reasoning: int | None
+        self,
+        job: _AnswerJob,
+        signals: list[str],
+        output: int | None,
+        reasoning: int | None,
+        n: int = 1,
     ) -> None:
-        """Count one checked answer and its signals (the answer checker's sink)."""
+        """Count ``n`` checked answers of one label set and their signals (the answer checker's
+        sink); ``output`` and ``reasoning``: their tokens, summed."""
         labels = {"model": job.model, "workload": job.workload, "fill": job.fill, "side": job.side}
-        self.child(self.answers, **labels).inc()
+        self.child(self.answers, **labels).inc(n)
         for s in signals:
-            self.child(self.answer_signals, **labels, signal=s).inc()
+            self.child(self.answer_signals, **labels, signal=s).inc(n)
         if output:
             self.child(self.answer_tokens, **labels, kind="output").inc(output)
         if reasoning:
             self.child(self.answer_tokens, **labels, kind="reasoning").inc(reasoning)
 
-    def answer_skipped(self, reason: str) -> None:
-        self.child(self.answer_checks_skipped, reason=reason).inc()
+    def answer_skipped(self, reason: str, n: int = 1) -> None:
+        self.child(self.answer_checks_skipped, reason=reason).inc(n)
 
     def observe_input(
         self,

@@ -16,7 +16,7 @@ from context_ceiling.sidecar.capture.writer import Capturer, Pending
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
-from context_ceiling.sidecar.observability.answers import AnswerChecker, Job
+from context_ceiling.sidecar.observability.answers import AnswerChecker, AnswerLabels, Job
 from context_ceiling.sidecar.observability.costs import InputCost, Pricing, input_cost
 from context_ceiling.sidecar.observability.logs import bounded, log_request
 from context_ceiling.sidecar.observability.metrics import Metrics
@@ -125,6 +125,13 @@ class Recorder:
             if entry is None or tokens is None
             else ("above" if tokens > entry.ceiling_tokens else "below")
         )
+        u = ex.usage
+        if ex.answer_raw is None:  # counted by its stop reason alone: no job to check
+            labels = AnswerLabels(ex.label, ex.workload, fill, side)
+            checker.count_unread(
+                labels, u.finish_reason, u.output_tokens, u.reasoning_tokens, ex.answer_unread
+            )
+            return
         checker.submit(
             Job(
                 model=ex.label,
@@ -135,10 +142,9 @@ class Recorder:
                 stream=ex.stream,
                 expect=ex.answer_expect,
                 raw=ex.answer_raw,
-                finish=ex.usage.finish_reason,
-                output_tokens=ex.usage.output_tokens,
-                reasoning_tokens=ex.usage.reasoning_tokens,
-                unread=ex.answer_unread,
+                finish=u.finish_reason,
+                output_tokens=u.output_tokens,
+                reasoning_tokens=u.reasoning_tokens,
             )
         )
 
