@@ -84,7 +84,7 @@ class Exchange:
     capture_body: dict[str, Any] | None = None
     capture_response: bytes | None = None
     #: checked for answer signals: what the request asked the answer to be, and the answer as
-    #: relayed (a body, or a stream's events; None past answers.max_bytes)
+    #: relayed (a body, or a stream's upstream reads; None past answers.max_bytes)
     answer_expect: Expect | None = None
     answer_raw: bytes | list[bytes] | None = None
     #: why ``answer_raw`` is None: too_large or busy (answers.max_held_mib)

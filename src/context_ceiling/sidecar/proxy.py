@@ -27,7 +27,7 @@ from context_ceiling.formats import APIS
 from context_ceiling.formats.base import Route, SigningRefused, Usage
 from context_ceiling.sidecar import routing, schedule
 from context_ceiling.sidecar.capture.redact import looks_like_credential
-from context_ceiling.sidecar.capture.writer import CollectingTap
+from context_ceiling.sidecar.capture.writer import Collector
 from context_ceiling.sidecar.ceilings.store import CeilingStore
 from context_ceiling.sidecar.config import Upstream
 from context_ceiling.sidecar.drain import Drain
@@ -543,7 +543,7 @@ class Proxy:
         self, plan: schedule.CountPlan, resp: httpx.Response, tap: Tap, deadline: float
     ) -> StreamRelay:
         ex = plan.ex
-        collecting: CollectingTap | None = None
+        collecting: Collector | None = None
         capture = ex.capture_body is not None and self.state.capture is not None
         limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
         checker = self.state.answers if ex.answer_expect is not None else None
@@ -553,7 +553,7 @@ class Proxy:
             limit = max(limit, self._answer_bytes)
         if limit:
             held = checker.held if checker is not None else None
-            tap = collecting = CollectingTap(tap, limit, held)
+            collecting = Collector(limit, held)
 
         def done(outcome: Outcome, usage: Usage) -> None:
             ex.outcome, ex.usage = outcome, usage
@@ -561,10 +561,10 @@ class Proxy:
                 if collecting.held is not None:  # the stream ended: what it kept is given back
                     collecting.held.give(collecting.size)
                 if capture:
-                    ex.capture_response = b"".join(collecting.events)
+                    ex.capture_response = b"".join(collecting.reads)
                 if checker is not None:
                     if not collecting.overflow and collecting.size <= self._answer_bytes:
-                        ex.answer_raw = collecting.events  # joined on the checker thread
+                        ex.answer_raw = collecting.reads  # joined on the checker thread
                     elif collecting.size < self._answer_bytes:
                         ex.answer_unread = "busy"  # other answers held the bytes
             ex.chunks = relay.chunks
@@ -584,6 +584,7 @@ class Proxy:
             drain=self.state.drain,
             on_first=first,
             framing=ex.route.format.framing,
+            keep=collecting.keep if collecting is not None else None,
         )
         return relay
 

@@ -1,7 +1,7 @@
 """Traffic capture: sample live requests into the capture store (``capture.enabled``).
 
 The request path only decides whether a request is sampled and keeps references to what it
-already holds (the parsed body, the response bytes or a stream's events); extraction, redaction
+already holds (the parsed body, the response bytes or a stream's reads); extraction, redaction
 and the SQLite write happen on one writer thread behind a bounded queue, so a slow disk never
 slows a request (a full queue drops the capture and counts it). What is written: the request's
 shape (system prompt, retrieved chunks in rank order, tool definitions, the latest user question)
@@ -31,7 +31,6 @@ from context_ceiling.sidecar.capture.redact import Redactor
 from context_ceiling.sidecar.config import Capture
 from context_ceiling.sidecar.observability.answers import HeldBytes
 from context_ceiling.sidecar.observability.metrics import Metrics
-from context_ceiling.sidecar.upstream.relay import Tap
 
 log = logging.getLogger(__name__)
 
@@ -43,38 +42,28 @@ def hostname_path(path: Path) -> Path:
     return Path(str(path).replace("{hostname}", socket.gethostname()))
 
 
-class CollectingTap:
-    """A stream tap that also keeps the events (up to ``limit`` bytes) of a stream that is
-    captured or checked for answer signals (references to the relayed bytes, no copies); every
-    other stream gets the bare tap. ``overflow``: the stream was longer than ``limit``."""
+class Collector:
+    """Keeps the upstream reads (up to ``limit`` bytes) of a stream that is captured or checked
+    for answer signals: references to the relayed bytes, no copies, one per read (joined, they
+    are the stream as the upstream sent it). ``overflow``: the stream was longer than ``limit``.
+    Every other stream keeps nothing."""
 
-    def __init__(self, inner: Tap, limit: int, held: HeldBytes | None = None) -> None:
-        self.inner = inner
+    def __init__(self, limit: int, held: HeldBytes | None = None) -> None:
         self.limit = limit
         #: the bytes every stream keeps at once, bounded (answers.max_held_mib); what this one
         #: kept is given back by its owner when the stream ends
         self.held = held
-        self.events: list[bytes] = []
+        self.reads: list[bytes] = []
         self._size = 0
         self.overflow = False
 
-    @property
-    def usage(self) -> Usage:
-        return self.inner.usage
-
-    @property
-    def complete(self) -> bool:
-        return self.inner.complete
-
-    @property
-    def upstream_error(self) -> bool:
-        return self.inner.upstream_error
-
-    def _keep(self, raw: bytes) -> None:
+    def keep(self, raw: bytes) -> None:
+        """Keep one upstream read, while the stream stays within ``limit`` and the held bytes
+        within theirs."""
         if self.overflow:
             return
         if self._size < self.limit and (self.held is None or self.held.take(len(raw))):
-            self.events.append(raw)
+            self.reads.append(raw)
             self._size += len(raw)
         else:
             self.overflow = True
@@ -82,19 +71,6 @@ class CollectingTap:
     @property
     def size(self) -> int:
         return self._size
-
-    def on_chunk(self, chunk: bytes) -> bytes | None:
-        out = self.inner.on_chunk(chunk)
-        if out is not None:  # else its events come through on_event
-            self._keep(chunk)
-        return out
-
-    def on_event(self, event: bytes) -> bytes | None:
-        self._keep(event)
-        return self.inner.on_event(event)
-
-    def error_event(self, message: str) -> bytes:
-        return self.inner.error_event(message)
 
 
 # -- the capturer -------------------------------------------------------------------------------

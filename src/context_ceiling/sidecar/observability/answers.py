@@ -343,7 +343,7 @@ class Job:
     shape: Format
     stream: bool
     expect: Expect
-    #: the response body, or a stream's events as they were relayed (joined in the thread);
+    #: the response body, or a stream's upstream reads as they arrived (joined in the thread);
     #: None: over the size cap, only what the stream tap read is known
     raw: bytes | list[bytes] | None
     #: what the relay's usage reader or tap read: the stop reason, output and reasoning tokens

@@ -91,8 +91,12 @@ class StreamRelay(Response):
         drain: Drain | None = None,
         on_first: Callable[[], None] | None = None,
         framing: Framing = SSE,
+        keep: Callable[[bytes], None] | None = None,
     ) -> None:
         self.on_first = on_first
+        #: what keeps each upstream read as it arrives (a captured or checked stream's
+        #: ``Collector``): one call per read, not per event
+        self.keep = keep
         #: the reads relayed with content (the conventions' time per output chunk: the
         #: stream's time after its first chunk over the chunks after it)
         self.chunks = 0
@@ -197,12 +201,15 @@ class StreamRelay(Response):
             }
         )
         splitter = self.framing.splitter(self.max_event_bytes)
+        keep = self.keep
         failure = ""
         try:
             async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
                 async for chunk in body_chunks(self.resp):
                     # the events that arrived together leave together: one send per upstream
                     # read, not per event (each send is a syscall and an ASGI round trip)
+                    if keep is not None:
+                        keep(chunk)
                     body = forward_read(splitter, tap, chunk)
                     if body and self.on_first is not None:
                         self.on_first()  # the time to the first token
