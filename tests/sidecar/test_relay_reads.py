@@ -107,6 +107,8 @@ def gemini_stream(draw: st.DrawFn) -> list[bytes]:
 class EventByEvent:
     """The same tap with the fast path off: every read is split into events."""
 
+    whole_reads = False
+
     def __init__(self, inner: Tap) -> None:
         self.inner = inner
 
@@ -191,3 +193,45 @@ def test_a_plain_delta_is_forwarded_without_being_split() -> None:
     spaced = b'data: {"choices": [{"delta": {"content": "a"}, "finish_reason": null}], "usage": null}\n\n'
     assert forward_read(EventSplitter(), tap, spaced) == spaced.replace(b', "usage": null', b"")
     assert seen == []  # spaced nulls are plain too
+
+
+def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
+    """A whole answer that arrived in one read (a fast upstream, or reads coalesced under load):
+    the read is halved at event boundaries until the tap passes each part whole, so only the
+    events it reads (the first, with the model; the usage; the end) and a few neighbours reach
+    ``on_event``; the bytes forwarded are the event-by-event ones."""
+    seen: list[bytes] = []
+
+    class Spy(OpenAIStreamTap):
+        def on_event(self, event: bytes) -> bytes | None:
+            seen.append(event)
+            return super().on_event(event)
+
+    first = _sse({"model": "gpt-4o", "choices": [{"delta": {"role": "assistant"}}], "usage": None})
+    delta = _sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}], "usage": None})
+    end = _sse({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": None})
+    usage = _sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 64}})
+    events = [first, *[delta] * 64, end, usage, b"data: [DONE]\n\n"]
+    read = b"".join(events)
+    tap, slow = Spy(injected=True), OpenAIStreamTap(injected=True)
+    assert forward_read(EventSplitter(), tap, read) == _relay(EventByEvent(slow), [read])
+    assert (tap.usage, tap.complete) == (slow.usage, slow.complete) and tap.complete
+    assert tap.usage.input_tokens == 5
+    assert first in seen and b"data: [DONE]\n\n" in seen
+    assert len(seen) <= 16, f"{len(seen)} of {len(events)} events split off"
+
+
+def test_a_splitters_middle_is_an_event_boundary() -> None:
+    """Both framings cut a read of whole events at a boundary near its middle, and a single
+    event not at all."""
+    from context_ceiling.formats.eventstream import EventStreamSplitter, encode
+
+    sse = b"".join(_sse({"n": k}) for k in range(5))
+    cut = EventSplitter.middle(sse)
+    assert 0 < cut < len(sse) and sse[:cut].endswith(b"\n\n")
+    assert EventSplitter.middle(_sse({"n": 1})) == 0
+    frames = [encode({":event-type": "chunk"}, b'{"k": %d}' % k) for k in range(5)]
+    binary = b"".join(frames)
+    cut = EventStreamSplitter.middle(binary)
+    assert cut in {sum(map(len, frames[:k])) for k in range(1, 5)}
+    assert EventStreamSplitter.middle(frames[0]) == 0

@@ -451,6 +451,8 @@ class MessagesStreamTap(StreamTap):
         err = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
 
+    whole_reads = True
+
     def on_chunk(self, chunk: bytes) -> bytes | None:
         if b"message_" in chunk or b"error" in chunk:  # message_start/_delta/_stop, error
             return None

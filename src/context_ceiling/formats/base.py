@@ -19,7 +19,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import orjson
 
@@ -151,6 +151,10 @@ class StreamTap(ABC):
     otherwise (OpenAI chat hides the usage chunk the sidecar asked for)."""
 
     __slots__ = ("complete", "upstream_error", "usage")
+
+    #: whether :meth:`on_chunk` passes reads of plain events as one (the relay then halves a
+    #: read it refuses, so the few events it reads are the only ones split off)
+    whole_reads: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.usage = Usage()

@@ -422,6 +422,8 @@ class _FrameTap(StreamTap):
     def error_event(message: str) -> bytes:
         return _exception(message)
 
+    whole_reads = True
+
     def on_chunk(self, chunk: bytes) -> bytes | None:
         return None if any(m in chunk for m in self.marks) else chunk
 
@@ -493,6 +495,8 @@ class InvokeStreamTap(_FrameTap):
         self.inner.on_event(b"event: " + name + b"\ndata: " + orjson.dumps(obj) + b"\n\n")
         self.complete = self.inner.complete
         self.upstream_error = self.upstream_error or self.inner.upstream_error
+
+    whole_reads = False
 
     def on_chunk(self, chunk: bytes) -> bytes | None:
         return None  # every content delta is a chunk: each is read

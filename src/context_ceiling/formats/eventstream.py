@@ -128,6 +128,18 @@ class EventStreamSplitter:
     def idle(self) -> bool:
         return not self._buf
 
+    @staticmethod
+    def middle(chunk: bytes) -> int:
+        pos = last = 0
+        while pos + 4 <= len(chunk) and pos < len(chunk) // 2:
+            (total,) = struct.unpack_from(">I", chunk, pos)
+            if total < _MIN:
+                return 0
+            last, pos = pos, pos + total
+        if 0 < pos < len(chunk):
+            return pos
+        return last
+
     def whole(self, chunk: bytes) -> bool:
         pos = 0
         while pos + 4 <= len(chunk):

@@ -47,6 +47,11 @@ class Splitter(Protocol):
         whole events and a tap may forward it without splitting it)."""
         ...
 
+    def middle(self, chunk: bytes) -> int:
+        """An event boundary near the middle of ``chunk`` (whole events: :meth:`whole`), as the
+        offset just past it; 0 when it is one event."""
+        ...
+
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         """The events ``chunk`` completes, as the bytes that arrived."""
         ...
@@ -87,6 +92,16 @@ class EventSplitter:
     @staticmethod
     def whole(chunk: bytes) -> bool:
         return chunk.endswith(b"\n\n")
+
+    @staticmethod
+    def middle(chunk: bytes) -> int:
+        # a data line cannot hold a raw newline (JSON escapes it): a blank line ends an event
+        half = len(chunk) // 2
+        at = chunk.find(b"\n\n", half)
+        if 0 <= at < len(chunk) - 2:
+            return at + 2
+        at = chunk.rfind(b"\n\n", 0, half)
+        return at + 2 if at >= 0 else 0
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._parts:

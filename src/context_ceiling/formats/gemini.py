@@ -246,6 +246,8 @@ class GenerateStreamTap(StreamTap):
         err = {"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}}
         return b"data: " + orjson.dumps(err) + b"\n\n"
 
+    whole_reads = True
+
     def on_chunk(self, chunk: bytes) -> bytes | None:
         if b"usageMetadata" in chunk or b"finishReason" in chunk or b'"error"' in chunk:
             return None

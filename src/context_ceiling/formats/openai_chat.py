@@ -353,6 +353,8 @@ class ChatStreamTap(StreamTap):
             )
         return False
 
+    whole_reads = True
+
     def on_chunk(self, chunk: bytes) -> bytes | None:
         # plain: the model is known, and no usage or finish_reason in it is anything but null,
         # no end, no error (one regex scan of the read)

@@ -38,6 +38,11 @@ class Tap(Protocol):
         """The upstream reported its own failure in the stream."""
         ...
 
+    @property
+    def whole_reads(self) -> bool:
+        """Whether :meth:`on_chunk` passes a read of plain events as one."""
+        ...
+
     def on_chunk(self, chunk: bytes) -> bytes | None:
         """The bytes to forward for a read of whole events when none of them needs
         :meth:`on_event` (None: split it and pass each event there)."""
@@ -51,9 +56,28 @@ class Tap(Protocol):
 def forward_read(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     """What one upstream read becomes for the client: its complete events as the tap forwards
     them (an incomplete tail is held back in ``splitter``). A read of whole events that the tap
-    passes as one (``on_chunk``: most reads are one plain content delta) is not split at all."""
-    if splitter.idle and splitter.whole(chunk) and (out := tap.on_chunk(chunk)) is not None:
+    passes as one (``on_chunk``: most reads are one plain content delta) is not split at all;
+    one it refuses (several events arrived together, one of them carrying the model, the usage
+    or the end) is halved at an event boundary until it does, so only the events it reads go
+    through ``on_event``, in order."""
+    if splitter.idle and splitter.whole(chunk):
+        if tap.whole_reads:
+            return _halved(splitter, tap, chunk)
+        if (out := tap.on_chunk(chunk)) is not None:
+            return out
+    return _events(splitter, tap, chunk)
+
+
+def _halved(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
+    if (out := tap.on_chunk(chunk)) is not None:
         return out
+    cut = splitter.middle(chunk)
+    if not cut:
+        return _events(splitter, tap, chunk)
+    return _halved(splitter, tap, chunk[:cut]) + _halved(splitter, tap, chunk[cut:])
+
+
+def _events(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     outs = [out for event in splitter.feed(chunk) if (out := tap.on_event(event))]
     return outs[0] if len(outs) == 1 else b"".join(outs)
 
