@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from context_ceiling.core.prices import Price, lookup
-from context_ceiling.sweep import analysis, design, simulate
-from context_ceiling.sweep.analysis import Analysis, analyse_graded, item_means
+from context_ceiling.sweep import analysis, curve, decision, design, simulate
+from context_ceiling.sweep.analysis import analyse_graded, item_means
+from context_ceiling.sweep.curve import Analysis
 from context_ceiling.sweep.price import FORECAST_RUNS
 from context_ceiling.sweep.regression import compare_means, reduced_levels
 from context_ceiling.sweep.simulate import (
@@ -154,13 +155,13 @@ def legacy() -> Iterator[None]:
     planned items, every item asked ``repeats`` times."""
     patches: list[tuple[object, str, object]] = [
         (analysis, "difference_bounds", _legacy_bounds),
-        (analysis, "futile", lambda *_: False),
+        (decision, "futile", lambda *_: False),
         # its resolution rule: any decided level settles the ceiling (at the reference too),
         # and the low-fill control only refuses a drop shown before the reference
-        (analysis, "decided_by", lambda *a: "drop" if _legacy_decided(*a) else None),
-        (analysis, "reference_shown_good", lambda *_: True),
-        (analysis, "GRID_ALPHA", 0.05),
-        (analysis, "refine_alphas", lambda r: [0.05] * len(r)),
+        (decision, "decided_by", lambda *a: "drop" if _legacy_decided(*a) else None),
+        (decision, "reference_shown_good", lambda *_: True),
+        (curve, "GRID_ALPHA", 0.05),
+        (curve, "refine_alphas", lambda r: [0.05] * len(r)),
         (simulate, "items_for", _legacy_items),
         (simulate, "ADDED_REPEATS", 3),
         (design, "START_SHARE", 2),

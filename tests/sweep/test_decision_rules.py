@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded
+from context_ceiling.sweep.analysis import analyse_graded
 from context_ceiling.sweep.calllog import Row
+from context_ceiling.sweep.curve import Analysis, Design
 from context_ceiling.sweep.design import next_step
 
 #: outcome of item ``i`` at ``level``: 1 correct, 0 wrong

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from context_ceiling.ceilings.document import load_document
-from context_ceiling.sweep.analysis import Design, analyse_graded
+from context_ceiling.sweep.analysis import analyse_graded
 from context_ceiling.sweep.calllog import Row
+from context_ceiling.sweep.curve import Design
 from context_ceiling.sweep.design import START_SHARE
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.scorer import grade

@@ -23,8 +23,9 @@ from context_ceiling.ceilings.document import (
 )
 from context_ceiling.core.errors import CeilingError, UserError
 from context_ceiling.core.vocabulary import Mode
-from context_ceiling.sweep.analysis import Analysis, analysis_of
+from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import Row
+from context_ceiling.sweep.curve import Analysis
 from context_ceiling.sweep.plan import Plan
 
 

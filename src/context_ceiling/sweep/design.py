@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from context_ceiling.sweep.analysis import Analysis, LevelStats
+from context_ceiling.sweep.curve import Analysis, LevelStats
 from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 
 
@@ -71,7 +71,7 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     recovers would go unseen: points evenly spaced between each such pair, no two further apart
     than the resolution (a dip that wide cannot fall between them), measured once on the
     opening's items. A scanned level that looks low then takes part in the fixed sequence
-    (``analysis.scan_gates``): a dip there lowers the ceiling below it; one that holds up costs
+    (``decision.scan_gates``): a dip there lowers the ceiling below it; one that holds up costs
     the pass test nothing. Only the grid's own pairs are
     scanned (not refined or scanned levels): one pass, at a bounded cost."""
     if a.ceiling_level is None or a.reference_level is None:
@@ -98,7 +98,7 @@ def scans(a: Analysis, resolution: float) -> list[float]:
 def open_levels(a: Analysis) -> list[float]:
     """The deciding level at the asked tolerance while more items could still change its
     decision: its bounds still straddle ``-tolerance`` (it failed, but not clearly) and more
-    items could still make it pass (``analysis.futile``)."""
+    items could still make it pass (``decision.futile``)."""
     return [a.open_level] if a.open_level is not None else []
 
 

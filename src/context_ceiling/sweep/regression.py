@@ -31,8 +31,9 @@ from typing import Any
 
 from rich.console import Console
 
-from context_ceiling.sweep.analysis import Analysis, analysis_of, graded, item_means, mean
+from context_ceiling.sweep.analysis import analysis_of, graded, item_means
 from context_ceiling.sweep.calllog import Row
+from context_ceiling.sweep.curve import Analysis, mean
 from context_ceiling.sweep.statistics import difference_interval, drop_now_lower
 from context_ceiling.sweep.taskset import Item
 

@@ -16,8 +16,9 @@ from rich.table import Table
 from context_ceiling.core.prices import lookup
 from context_ceiling.core.utilization import fill_bucket
 from context_ceiling.sweep import replay
-from context_ceiling.sweep.analysis import Analysis, RunAnalysis, analysis_of
+from context_ceiling.sweep.analysis import RunAnalysis, analysis_of
 from context_ceiling.sweep.calllog import Row
+from context_ceiling.sweep.curve import Analysis
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from context_ceiling.core.prices import Price
-from context_ceiling.sweep.analysis import Analysis, Design, analyse_graded
+from context_ceiling.sweep.analysis import analyse_graded
 from context_ceiling.sweep.calllog import Row
+from context_ceiling.sweep.curve import Analysis, Design
 from context_ceiling.sweep.design import (
     Opening,
     affordable,
