@@ -4,12 +4,16 @@ Task set, endpoint, levels, repeats, window, counter, seed and shard are fixed h
 or sharded run measures exactly what was planned, and the analysis judges the log against the
 plan (a planned call that is missing fails its level) rather than against whatever the log holds.
 The adaptive parts (items drawn, the batches they came in, items per level, refined levels) are
-updated in place and saved before the calls they add are made.
+updated in place and saved before the calls they add are made. :func:`finished` readies a plan
+for its first call against what the run measured (:class:`Material`); :func:`opened_on` cuts
+its opening to what a budget affords.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from context_ceiling.core.prices import known_window
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
 from context_ceiling.core.vocabulary import SweepApi
+from context_ceiling.sweep.design import Opening, asked_few
 from context_ceiling.sweep.spec import Spec
 from context_ceiling.sweep.statistics import ADDED_REPEATS
 from context_ceiling.sweep.taskset import Item
@@ -202,6 +207,83 @@ def window_of(arg: str, base_url: str, model: str | None = None) -> int:
             "--window auto needs a llama.cpp server (/props) or a model the price data set "
             f"lists with its window ({model!r} is not); pass --window N"
         ) from exc
+
+
+@dataclass(frozen=True)
+class Material:
+    """What a plan is finished against, measured once before the first call: the window, the
+    levels in fill, the task set's items in their drawn order and its fingerprints, the counter,
+    the prompt skeleton's and the mean document's tokens."""
+
+    window: int
+    levels: list[float]
+    order: list[str]
+    counter: str
+    taskset: TaskSetRef
+    system_tokens: int
+    mean_doc_tokens: float
+
+
+#: how many haystack groups the first n items of a plan make (the task set's documents decide)
+GroupCount = Callable[[Plan, int], int]
+
+
+def finished(
+    plan: Plan, m: Material, start: Opening, planned: int, group_count: GroupCount
+) -> Plan:
+    """The plan ready for its first call, a new object (``plan`` is left as it is): the levels
+    in fill, the opening's items (a resumed plan keeps its own, less any the task set no longer
+    has), one batch, each level's and the control's item counts, the references to the
+    endpoint, the task set and the counter, the reference level, the sample-size plan and the
+    horizon the pass test's bets are tuned for."""
+    known = set(m.order)
+    ids = [i for i in plan.item_ids if i in known] if plan.item_ids else m.order[: start.start]
+    n = len(ids)
+    out = plan.model_copy(
+        update={
+            "levels": sorted(m.levels),
+            "item_ids": ids,
+            "batches": plan.batches or [n],
+            "n_at": plan.n_at or {level_key(lv): n for lv in m.levels},
+            "n_control": (n if plan.spec.control else 0)
+            if plan.n_control is None
+            else plan.n_control,
+            "window": m.window,
+            "counter": m.counter,
+            "endpoint": EndpointRef(
+                base_url=plan.spec.base_url, api=plan.spec.api, model=plan.spec.model
+            ),
+            "taskset": m.taskset,
+            "system_tokens": m.system_tokens,
+            "mean_doc_tokens": m.mean_doc_tokens,
+            "planned_items": planned,
+            "item_cap": start.target,
+            "horizon": plan.horizon or start.horizon,
+        },
+        deep=True,
+    )
+    out.reference = out.chain_reference
+    if not plan.item_ids and plan.adaptive and not plan.spec.items:  # a resumed plan keeps its own
+        out.few_repeats = asked_few(out.levels, out.reference)
+    out.groups = group_count(out, n)
+    return out
+
+
+def opened_on(plan: Plan, n: int, group_count: GroupCount) -> Plan:
+    """``plan`` opened on its first ``n`` items only (fixed-budget planning), a new object:
+    one batch, every level's and the control's counts, and the pass test's bets tuned to ``n``."""
+    out = plan.model_copy(
+        update={
+            "item_ids": plan.item_ids[:n],
+            "batches": [n],
+            "n_at": {k: n for k in plan.n_at},
+            "n_control": n if plan.spec.control else 0,
+            "horizon": n,
+        },
+        deep=True,
+    )
+    out.groups = group_count(out, n)
+    return out
 
 
 def levels_for(spec: str, window: int, reservation: int, low_fill: float = 0.0) -> list[float]:

@@ -14,8 +14,7 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -33,23 +32,23 @@ from context_ceiling.sweep.analysis import analysis_of
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.design import (
-    Opening,
     Step,
     affordable,
-    asked_few,
     next_step,
     opening,
 )
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import (
     SPEC,
-    EndpointRef,
+    Material,
     Plan,
     TaskSetRef,
     engine_root,
+    finished,
     item_order,
     level_key,
     levels_for,
+    opened_on,
     parse_shard,
     window_of,
 )
@@ -230,83 +229,6 @@ def _planned(opts: RunOptions) -> tuple[Path, Plan]:
             }
         )
     return out, plan
-
-
-@dataclass(frozen=True)
-class Material:
-    """What a plan is finished against, measured once before the first call: the window, the
-    levels in fill, the task set's items in their drawn order and its fingerprints, the counter,
-    the prompt skeleton's and the mean document's tokens."""
-
-    window: int
-    levels: list[float]
-    order: list[str]
-    counter: str
-    taskset: TaskSetRef
-    system_tokens: int
-    mean_doc_tokens: float
-
-
-#: how many haystack groups the first n items of a plan make (the task set's documents decide)
-GroupCount = Callable[[Plan, int], int]
-
-
-def finished(
-    plan: Plan, m: Material, start: Opening, planned: int, group_count: GroupCount
-) -> Plan:
-    """The plan ready for its first call, a new object (``plan`` is left as it is): the levels
-    in fill, the opening's items (a resumed plan keeps its own, less any the task set no longer
-    has), one batch, each level's and the control's item counts, the references to the
-    endpoint, the task set and the counter, the reference level, the sample-size plan and the
-    horizon the pass test's bets are tuned for."""
-    known = set(m.order)
-    ids = [i for i in plan.item_ids if i in known] if plan.item_ids else m.order[: start.start]
-    n = len(ids)
-    out = plan.model_copy(
-        update={
-            "levels": sorted(m.levels),
-            "item_ids": ids,
-            "batches": plan.batches or [n],
-            "n_at": plan.n_at or {level_key(lv): n for lv in m.levels},
-            "n_control": (n if plan.spec.control else 0)
-            if plan.n_control is None
-            else plan.n_control,
-            "window": m.window,
-            "counter": m.counter,
-            "endpoint": EndpointRef(
-                base_url=plan.spec.base_url, api=plan.spec.api, model=plan.spec.model
-            ),
-            "taskset": m.taskset,
-            "system_tokens": m.system_tokens,
-            "mean_doc_tokens": m.mean_doc_tokens,
-            "planned_items": planned,
-            "item_cap": start.target,
-            "horizon": plan.horizon or start.horizon,
-        },
-        deep=True,
-    )
-    out.reference = out.chain_reference
-    if not plan.item_ids and plan.adaptive and not plan.spec.items:  # a resumed plan keeps its own
-        out.few_repeats = asked_few(out.levels, out.reference)
-    out.groups = group_count(out, n)
-    return out
-
-
-def opened_on(plan: Plan, n: int, group_count: GroupCount) -> Plan:
-    """``plan`` opened on its first ``n`` items only (fixed-budget planning), a new object:
-    one batch, every level's and the control's counts, and the pass test's bets tuned to ``n``."""
-    out = plan.model_copy(
-        update={
-            "item_ids": plan.item_ids[:n],
-            "batches": [n],
-            "n_at": {k: n for k in plan.n_at},
-            "n_control": n if plan.spec.control else 0,
-            "horizon": n,
-        },
-        deep=True,
-    )
-    out.groups = group_count(out, n)
-    return out
 
 
 class _Sweep:
