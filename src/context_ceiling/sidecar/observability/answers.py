@@ -512,6 +512,9 @@ class AnswerChecker:
             finally:
                 self.held.give(job.size)
                 self._done += 1
+            # hand the interpreter lock back between answers: a request waiting on it waits
+            # one answer's read, not the interpreter's whole switch interval
+            time.sleep(0)
         tally: dict[tuple[AnswerLabels, str | None, str], list[int]] = {}
         while self._unread:
             labels, finish, output, reasoning, unread = self._unread.popleft()
