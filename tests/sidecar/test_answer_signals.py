@@ -30,7 +30,6 @@ from context_ceiling.sidecar.observability.answers import (
     SIGNALS,
     AnswerChecker,
     AnswerLabels,
-    Job,
     expectations,
     problems,
     read_answer,
@@ -545,14 +544,13 @@ def test_answers_not_read_are_tallied_by_label_set() -> None:
     class Recording:
         def answer(
             self,
-            job: Job | AnswerLabels,
+            where: AnswerLabels,
             signals: list[str],
             output: int | None,
             reasoning: int | None,
             n: int = 1,
         ) -> None:
-            assert isinstance(job, AnswerLabels)
-            calls.append(("answer", tuple(job), signals, output, reasoning, n))
+            calls.append(("answer", tuple(where), signals, output, reasoning, n))
 
         def answer_skipped(self, reason: str, n: int = 1) -> None:
             calls.append(("skipped", reason, n))

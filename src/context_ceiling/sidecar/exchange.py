@@ -87,7 +87,8 @@ class Exchange:
     #: relayed (a body, or a stream's upstream reads; None past answers.max_bytes)
     answer_expect: Expect | None = None
     answer_raw: bytes | list[bytes] | None = None
-    #: why ``answer_raw`` is None: too_large or busy (answers.max_held_mib)
+    #: why ``answer_raw`` is None: ``too_large`` (over answers.max_bytes), ``busy`` (over
+    #: answers.max_held_mib) or ``cpu`` (the checker's share of a core spent: answers.cpu_share)
     answer_unread: str = "too_large"
     #: the request body's size
     body_bytes: int = 0

@@ -331,32 +331,6 @@ class HeldBytes:
             self.held -= n
 
 
-@dataclass(slots=True)
-class Job:
-    """One relayed answer to check: where it counts (labels), and what to read."""
-
-    model: str
-    workload: str
-    fill: str
-    side: str
-    #: the route's format (its framing splits a stream)
-    shape: Format
-    stream: bool
-    expect: Expect
-    #: the response body, or a stream's upstream reads as they arrived (joined in the thread);
-    #: None: over the size cap, only what the stream tap read is known
-    raw: bytes | list[bytes] | None
-    #: what the relay's usage reader or tap read: the stop reason, output and reasoning tokens
-    finish: str | None = None
-    output_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    #: the bytes of ``raw`` held against :class:`HeldBytes` while it waits (set by submit)
-    size: int = 0
-    #: why ``raw`` is None: ``too_large`` (over answers.max_bytes), ``busy`` (over
-    #: answers.max_held_mib) or ``cpu`` (the checker's share of a core spent: answers.cpu_share)
-    unread: str = "too_large"
-
-
 class AnswerLabels(NamedTuple):
     """Where an answer counts: its model, workload, fill bucket and side of the ceiling."""
 
@@ -366,12 +340,32 @@ class AnswerLabels(NamedTuple):
     side: str
 
 
+@dataclass(slots=True)
+class Job:
+    """One relayed answer to read: where it counts, and what to read. An answer that is not
+    read is no job: :meth:`AnswerChecker.count_unread`."""
+
+    labels: AnswerLabels
+    #: the route's format (its framing splits a stream)
+    shape: Format
+    stream: bool
+    expect: Expect
+    #: the response body, or a stream's upstream reads as they arrived (joined in the thread)
+    raw: bytes | list[bytes]
+    #: what the relay's usage reader or tap read: the stop reason, output and reasoning tokens
+    finish: str | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    #: the bytes of ``raw`` held against :class:`HeldBytes` while it waits (set by submit)
+    size: int = 0
+
+
 class Counted(Protocol):
     """Where the checker counts (the sidecar's :class:`~context_ceiling.sidecar.observability.metrics.Metrics`)."""
 
     def answer(
         self,
-        job: Job | AnswerLabels,
+        where: AnswerLabels,
         signals: list[str],
         output: int | None,
         reasoning: int | None,
@@ -431,12 +425,13 @@ class AnswerChecker:
         if len(self._jobs) >= self.size:
             self.sink.answer_skipped("queue_full")
             return
-        if job.raw is not None:
-            size = len(job.raw) if isinstance(job.raw, bytes) else sum(map(len, job.raw))
-            if self.held.take(size):
-                job.size = size
-            else:  # too much held already: counted by its stop alone
-                job.raw, job.unread = None, "busy"
+        size = len(job.raw) if isinstance(job.raw, bytes) else sum(map(len, job.raw))
+        if not self.held.take(size):  # too much held already: counted by its stop alone
+            self.count_unread(
+                job.labels, job.finish, job.output_tokens, job.reasoning_tokens, "busy"
+            )
+            return
+        job.size = size
         self._jobs.append(job)
         self._submitted += 1
 
@@ -479,9 +474,6 @@ class AnswerChecker:
     def check(self, job: Job) -> tuple[list[str], int | None, int | None]:
         """(the answer's signals: its stop, then its problems; output tokens; reasoning
         tokens)."""
-        if job.raw is None:
-            a = Answer(finish=job.finish)
-            return [stop_of(a)], job.output_tokens, job.reasoning_tokens
         raw = job.raw if isinstance(job.raw, bytes) else b"".join(job.raw)
         a = read_answer(job.shape, raw, job.stream)
         if a.finish is None:
@@ -490,7 +482,7 @@ class AnswerChecker:
         return signals, job.output_tokens, job.reasoning_tokens
 
     def _one(self, job: Job) -> None:
-        cpu = time.thread_time() if self.credit is not None and job.raw is not None else None
+        cpu = time.thread_time() if self.credit is not None else None
         try:
             signals, out, reasoning = self.check(job)
         except Exception:  # a check must never take the thread down
@@ -500,9 +492,7 @@ class AnswerChecker:
         finally:
             if cpu is not None and self.credit is not None:
                 self.credit.spend(time.thread_time() - cpu)
-        if job.raw is None:
-            self.sink.answer_skipped(job.unread)
-        self.sink.answer(job, signals, out, reasoning)
+        self.sink.answer(job.labels, signals, out, reasoning)
 
     def _drain(self) -> None:
         while self._jobs:

@@ -140,8 +140,8 @@ CEILING_RATIO_BUCKETS = (
 )
 
 
-class _AnswerJob(Protocol):
-    """The labels of a checked answer (``answers.Job``)."""
+class _AnswerLabels(Protocol):
+    """Where a checked answer counts (``answers.AnswerLabels``)."""
 
     @property
     def model(self) -> str: ...
@@ -587,7 +587,7 @@ class Metrics:
 
     def answer(
         self,
-        job: _AnswerJob,
+        where: _AnswerLabels,
         signals: list[str],
         output: int | None,
         reasoning: int | None,
@@ -595,7 +595,12 @@ class Metrics:
     ) -> None:
         """Count ``n`` checked answers of one label set and their signals (the answer checker's
         sink); ``output`` and ``reasoning``: their tokens, summed."""
-        labels = {"model": job.model, "workload": job.workload, "fill": job.fill, "side": job.side}
+        labels = {
+            "model": where.model,
+            "workload": where.workload,
+            "fill": where.fill,
+            "side": where.side,
+        }
         self.child(self.answers, **labels).inc(n)
         for s in signals:
             self.child(self.answer_signals, **labels, signal=s).inc(n)

@@ -125,19 +125,15 @@ class Recorder:
             if entry is None or tokens is None
             else ("above" if tokens > entry.ceiling_tokens else "below")
         )
-        u = ex.usage
-        if ex.answer_raw is None:  # counted by its stop reason alone: no job to check
-            labels = AnswerLabels(ex.label, ex.workload, fill, side)
+        u, labels = ex.usage, AnswerLabels(ex.label, ex.workload, fill, side)
+        if ex.answer_raw is None:  # counted by its stop reason alone: no job to read
             checker.count_unread(
                 labels, u.finish_reason, u.output_tokens, u.reasoning_tokens, ex.answer_unread
             )
             return
         checker.submit(
             Job(
-                model=ex.label,
-                workload=ex.workload,
-                fill=fill,
-                side=side,
+                labels=labels,
                 shape=ex.route.format,
                 stream=ex.stream,
                 expect=ex.answer_expect,
