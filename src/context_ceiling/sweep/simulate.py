@@ -280,7 +280,7 @@ class SimSweep:
             self.taskset,
             items_for(self.tolerance, self.repeats),
             self.items,
-            self.adaptive and self.items is None,
+            adaptive,
         )
         self.drawn = self.open.start
         if self.budget_tokens is not None:
