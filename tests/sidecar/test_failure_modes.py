@@ -359,18 +359,24 @@ def test_hop_by_hop_headers_do_not_cross() -> None:
     assert back == {"x-request-id": "r"}
 
 
+def _restored_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``logs.configure`` sets (the logging module's lookup switches, our loggers' handlers
+    and levels, the warnings hook), restored when the test ends."""
+    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, flag, getattr(logging, flag))
+    for name in ("", REQUEST_LOGGER, *OURS):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+
+
 def test_request_lines_skip_the_lookups_the_format_never_prints(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``logs.configure`` turns off the caller, thread and process lookups (the logging HOWTO's
     optimization switches), and the request line it writes is still the whole JSON line."""
-    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, flag, getattr(logging, flag))  # restored afterwards
-    for name in ("", REQUEST_LOGGER, *OURS):  # what configure sets, restored afterwards
-        logger = logging.getLogger(name)
-        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
-        monkeypatch.setattr(logger, "level", logger.level)
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    _restored_after(monkeypatch)
     req = logging.getLogger(REQUEST_LOGGER)
     seen: list[logging.LogRecord] = []
     monkeypatch.setattr(req, "filters", [lambda r: seen.append(r) or True])  # type: ignore[func-returns-value]
@@ -391,13 +397,7 @@ def test_request_lines_written_directly_are_the_formatters_lines(
     """With the JSON handler on stdout the only one on the way, a request line is written to
     it directly (no log record), the same line the formatter writes; a handler added anywhere
     (a test's capture, an embedding app's) gets the record through ``logging``."""
-    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, flag, getattr(logging, flag))
-    for name in ("", REQUEST_LOGGER, *OURS):
-        logger = logging.getLogger(name)
-        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
-        monkeypatch.setattr(logger, "level", logger.level)
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    _restored_after(monkeypatch)
     made: list[logging.LogRecord] = []
     factory = logging.getLogRecordFactory()
 
