@@ -606,3 +606,68 @@ def test_a_credential_in_the_url_is_never_echoed(sidecar: Sidecar) -> None:
     from context_ceiling.sidecar.errors import scrub
 
     assert key not in scrub(f"model {key!r} and ?key={key}&alt=sse")
+
+
+@pytest.mark.e2e
+def test_at_shutdown_a_request_still_arriving_is_answered_and_idle_connections_close() -> None:
+    """uvicorn's shutdown closes every connection with no response under way: a request sent
+    on a connection accepted a moment earlier, or half of whose head is in, would be dropped.
+    Those are answered (and closed after); a connection idle between requests is closed at once,
+    and one that never sends a byte does not hold the shutdown past a second."""
+    import threading
+
+    import uvicorn
+
+    from testkit.doubles.hosted_provider import HostedProviderDouble
+
+    body = json.dumps({"model": "gpt-4o", "messages": MSG}).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer sk-test\r\ncontent-length: %d\r\n\r\n" % len(body)
+    )
+    with serve(HostedProviderDouble().app()) as durl:
+        settings = Settings(upstreams={"openai": {"base_url": durl + "/v1"}}, models=MODELS)
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=0,
+            lifespan="on",
+            **uvicorn_options(settings),
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        fresh, half, idle, silent = (
+            socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)
+        )
+        half.sendall(head[:20])
+        idle.sendall(head + body)
+        first = idle.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 "), first[:80]
+        time.sleep(0.2)  # every connection accepted and its bytes read
+
+        began = time.monotonic()
+        server.should_exit = True
+        time.sleep(0.4)  # the shutdown has begun: the listener is closed
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+        assert idle.recv(65536) == b"", "an idle keep-alive connection is closed at once"
+
+        for conn, rest in ((fresh, head + body), (half, head[20:] + body)):
+            conn.sendall(rest)
+            got = b""
+            while chunk := conn.recv(65536):
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 200 "), got[:80]
+            assert b"connection: close" in got.lower() and b'"choices"' in got
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+        assert silent.recv(65536) == b"", "a silent connection is closed"
+        assert time.monotonic() - began < 3.0, "a silent connection does not hold the shutdown"
+        for s in (fresh, half, idle, silent):
+            s.close()

@@ -9,6 +9,11 @@ as the request line and headers pass ``limits.max_header_bytes``, counted as the
 before the parser holds them. The body has its own deadline in the proxy
 (``limits.body_read_timeout``, a 408). The protocol's own answers (a malformed request, the
 connection limit) are JSON in the OpenAI error shape, as every other error the sidecar sends.
+
+On shutdown uvicorn closes every connection with no response in progress, which drops a
+request the client has already sent on a connection accepted a moment before, or half of whose
+head has arrived. :meth:`HeaderDeadline.shutdown` closes only connections idle between requests;
+a request still arriving is read and answered, and its connection closed after it.
 """
 
 from __future__ import annotations
@@ -54,8 +59,13 @@ class HeaderDeadline(HttpToolsProtocol):
     header_timeout = 10.0
     max_head_bytes = 65536
     max_header_count = 100
+    #: at shutdown, how long a connection that has sent nothing yet may take to send its first
+    #: byte: a client that connected just before the listener closed is already sending
+    first_byte_on_shutdown = 1.0
     _timer: asyncio.TimerHandle | None = None
+    _last: asyncio.TimerHandle | None = None
     _in_head = True
+    _draining = False
     _head_bytes = 0
     _head_lines = 0
     _tail = b""
@@ -129,8 +139,10 @@ class HeaderDeadline(HttpToolsProtocol):
                 super().on_headers_complete()
             finally:
                 self.app, self.limit_concurrency = app, limit
-            return
-        super().on_headers_complete()
+        else:
+            super().on_headers_complete()
+        if self._draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered, then closed: the server is stopping
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -138,7 +150,28 @@ class HeaderDeadline(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._last is not None:
+            self._last.cancel()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """Close the connection if it is idle between requests; else answer the request under
+        way (a response being written, or a request being read: the connection accepted but
+        nothing read yet, or part of the head in) and close after it."""
+        between = self.cycle is not None and self.cycle.response_complete
+        if (self.cycle is not None and not between) or (between and self._head_bytes == 0):
+            super().shutdown()
+            return
+        self._draining = True
+        if self._head_bytes == 0 and self.cycle is None:
+            self._last = self.loop.call_later(
+                min(self.first_byte_on_shutdown, self.header_timeout), self._if_silent
+            )
+
+    def _if_silent(self) -> None:
+        self._last = None
+        if self._head_bytes == 0 and self.cycle is None:
+            self._expire()
 
 
 def sockets_for(config: Any, admin_port: int | None) -> list[Any]:
