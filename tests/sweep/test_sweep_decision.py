@@ -317,3 +317,39 @@ def test_validity_benchmark_runs_the_real_code() -> None:
     forecast, within = row.strip(" |").split(" | ")[-2:]
     assert forecast.endswith("M") and within.endswith("%")
     assert "zero accuracy refused | yes" in r.stdout
+
+
+def test_a_regression_check_holds_a_ceiling_to_the_tolerance_it_was_written_at() -> None:
+    """A baseline that could resolve its ceiling only at a wider tolerance than asked (12%, not
+    5%) promised that wider one: an unchanged 8-point drop at the stored level holds at 12%, is
+    not shown within 5% (inconclusive), and a drop past 12% now is never "holds"."""
+    from dataclasses import replace
+
+    from context_ceiling.sweep.curve import Analysis, LevelStats
+    from context_ceiling.sweep.regression import compare_means, stated
+
+    def stats(lv: float) -> LevelStats:
+        return LevelStats(lv, lv, 600, 600, 0.9, (0.88, 0.92), 0.9, 0.9, {})
+
+    ids = [f"i{k}" for k in range(600)]
+
+    def means(drop_share: float) -> dict[float, dict[str, float]]:
+        lost = round(drop_share * len(ids))
+        return {
+            0.2: dict.fromkeys(ids, 1.0),
+            0.5: {k: 0.0 if j < lost else 1.0 for j, k in enumerate(ids)},
+            0.8: dict.fromkeys(ids, 0.0),
+        }
+
+    levels = [stats(0.2), stats(0.5), stats(0.8)]
+    asked = Analysis(levels, 0.05, 0.05, 1000, 0.5, 0.5, 500, [], 0, [], reference_level=0.2)
+    wide = replace(asked, stated_tolerance=0.12)
+    assert stated(asked) == 0.05 and stated(wide) == 0.12
+    then = means(0.08)
+    held = compare_means(wide, wide, then, means(0.08))
+    assert held.outcome == "holds" and held.tolerance == 0.12 and "12%" in held.text
+    assert compare_means(asked, asked, then, means(0.08)).outcome == "inconclusive"
+    # an explicit tolerance is the one checked
+    assert compare_means(wide, wide, then, means(0.08), tolerance=0.05).outcome != "holds"
+    # the drop now past the stated tolerance: moved, never holds
+    assert compare_means(wide, wide, then, means(0.3)).outcome == "moved"

@@ -8,7 +8,8 @@ weaker model) moves no ceiling, and one that steepens the drop does, even where 
 accuracy at a level barely moved.
 
 The burden of proof is on "holds": the verdict is ``holds`` only when the stored ceiling level
-is shown within the tolerance *now*: its drop from the reference now has a one-sided 95% lower
+is shown within its tolerance *now* (the one the ceiling was written at: the asked one, or the
+wider one a baseline that could not resolve it stated, :func:`stated`): its drop from the reference now has a one-sided 95% lower
 bound above ``-tolerance`` (if the ceiling has really become unsafe, that happens in at most 5%
 of checks). Two estimates of that drop, and the more precise one (the smaller standard error)
 is bounded (:func:`~context_ceiling.sweep.statistics.drop_now_lower`): the drop the baseline measured on
@@ -88,9 +89,9 @@ class Verdict:
     def text(self) -> str:
         if self.outcome == "holds":
             return (
-                f"ceiling holds: at the stored ceiling level ({self.baseline_ceiling_level}) and "
-                f"above it, the drop from the reference changed by less than the tolerance "
-                f"({self.tolerance:.0%}), with 95% confidence"
+                f"ceiling holds: at the stored ceiling level ({self.baseline_ceiling_level}) the "
+                f"drop from the reference is within the ceiling's tolerance "
+                f"({self.tolerance:.0%}) now, with 95% confidence"
             )
         if self.outcome == "moved":
             what = "; ".join(
@@ -120,6 +121,13 @@ def compare(
     return compare_means(baseline, reduced, then, now, tolerance)
 
 
+def stated(baseline: Analysis) -> float:
+    """The tolerance a check holds the stored ceiling to: the one it was written at. A ceiling
+    the baseline could resolve only at a wider tolerance than asked (a small task set, a
+    budget) promised that wider one; held to the narrower, it could never be shown to hold."""
+    return max(baseline.tolerance, baseline.stated_tolerance or 0.0)
+
+
 def compare_means(
     baseline: Analysis,
     reduced: Analysis,
@@ -128,7 +136,7 @@ def compare_means(
     tolerance: float | None = None,
 ) -> Verdict:
     """The verdict from per-item mean correctness by level, then and now."""
-    tol = baseline.tolerance if tolerance is None else tolerance
+    tol = tolerance if tolerance is not None else stated(baseline)
     ref = baseline.reference_level if baseline.reference_level is not None else min(now, default=0)
     evidence = []
     for lv in sorted(now):
