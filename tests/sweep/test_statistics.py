@@ -13,15 +13,20 @@ from context_ceiling.sweep.statistics import (
     MIN_ITEMS,
     POWER,
     REFINE_ALPHA,
+    REFINE_POWER,
     accuracy_interval,
     betting_lower,
     difference_bounds,
     drop_now_lower,
+    fixed_bounds,
     flat_pass_chance,
     items_for,
     mean_and_variance,
     refine_alphas,
+    refined_bounds,
+    refined_items,
     t95,
+    t_quantile,
 )
 
 
@@ -142,3 +147,48 @@ def test_a_midpoint_above_a_passed_one_keeps_its_share_and_one_below_gets_half_t
     past = refine_alphas([0.5 + k / 100 * (-1) ** k for k in range(MAX_REFINEMENTS + 2)])
     assert past[MAX_REFINEMENTS:] == [0.0, 0.0]
     assert sum(set(past)) <= REFINE_ALPHA + 1e-12
+
+
+def test_a_refined_level_is_tested_once_on_items_fixed_before_it_is_measured() -> None:
+    """A refined level cannot pass before it has the items of its one test; after, it is tested
+    on exactly those (the first ones drawn) with Student's t, whatever else was measured."""
+    assert t_quantile(0.95, 30) == pytest.approx(t95(30), abs=2e-3)
+    assert t_quantile(0.99, 1000) == pytest.approx(2.330, abs=2e-3)
+    flat = [0.0, 1 / 3, -1 / 3, 0.0, -2 / 3, 2 / 3, 0.0, 0.0] * 60
+    low, high = refined_bounds(flat[:100], flat[:100], 0.01, done=False)
+    assert low == -1.0 and high < 1.0  # it may fail early, never pass
+    assert refined_bounds(flat, flat[:400], 0.01, done=True) == fixed_bounds(flat[:400], 0.01)
+    # clearly dropped: the early upper bound already lies past the tolerance
+    assert refined_bounds([-1.0, -2 / 3, -1.0] * 40, [], 0.01, done=False)[1] < -0.05
+    # the items planned: more for a smaller error, never past the cap, never under MIN_ITEMS
+    n1, n2 = refined_items(0.05, 3, 1, 0.01, 10**6), refined_items(0.05, 3, 1, 0.0025, 10**6)
+    assert MIN_ITEMS <= n1 < n2 and refined_items(0.05, 3, 1, 0.0025, 300) == 300
+    assert refined_items(0.5, 3, 1, 0.01, 10**6) == MIN_ITEMS
+    # a level with no drop, one call per item against three at the reference (the planning
+    # spread), passes its test at about REFINE_POWER on those items
+    rng = random.Random(2)
+    runs, passed = 300, 0
+    for _ in range(runs):
+        d = []
+        for _ in range(n1):
+            ref = sum(rng.random() < 0.8 for _ in range(3)) / 3
+            d.append(int(rng.random() < 0.8) - ref)
+        passed += fixed_bounds(d, 0.01)[0] > -0.05
+    assert passed / runs >= REFINE_POWER - 0.08
+
+
+def test_a_refined_level_past_the_tolerance_passes_its_one_test_in_about_alpha() -> None:
+    """A drop of exactly the tolerance at a refined level (one call per item against the
+    reference's mean of three): its fixed-sample test passes in about its error, at 60 items
+    and at 900, at 80% accuracy and at 97%."""
+    rng = random.Random(13)
+    alpha, runs = 0.01, 1000
+    for n, acc in ((60, 0.8), (900, 0.8), (900, 0.97)):
+        passed = 0
+        for _ in range(runs):
+            d = []
+            for _ in range(n):
+                ref = sum(rng.random() < acc for _ in range(3)) / 3
+                d.append(int(rng.random() < acc - 0.05) - ref)
+            passed += fixed_bounds(d, alpha)[0] > -0.05
+        assert passed / runs <= alpha + 0.012, (n, acc, passed / runs)

@@ -37,6 +37,8 @@ from context_ceiling.sweep.statistics import (
     accuracy_interval,
     difference_bounds,
     difference_interval,
+    refined_bounds,
+    refined_items,
 )
 from context_ceiling.sweep.taskset import Item, TaskSet
 
@@ -176,6 +178,20 @@ def analyse_graded(
             s.role = "scan" if scan_gates(s, tolerance) else "scanned"
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
+            s.diff_lower = s.diff_ci[0]
+        elif s.level in design.refined:
+            s.alpha = design.alpha_at(s.level)
+            s.final = refined_items(
+                tolerance,
+                design.repeats,
+                design.level_repeats.get(s.level, design.repeats),
+                s.alpha,
+                design.cap or len(order),
+            )
+            first = [
+                d for k, d in zip(common, diffs, strict=True) if order.get(k, s.final) < s.final
+            ]
+            s.diff_ci = refined_bounds(diffs, first, s.alpha, not s.waiting)
             s.diff_lower = s.diff_ci[0]
         else:
             s.alpha = design.alpha_at(s.level)

@@ -106,6 +106,14 @@ class LevelStats:
     half_width: float = 0.0
     n_design: int = 0  # items the design measures at this level
     diff_sd: float = 0.0  # the SD of the paired differences (what more items would face)
+    #: a refined level's pass is tested once, on this many items fixed before it is measured
+    #: (``statistics.refined_items``); 0 for the other levels (anytime-valid bounds)
+    final: int = 0
+
+    @property
+    def waiting(self) -> bool:
+        """A refined level still short of the items its one test is run on."""
+        return bool(self.final) and self.n_design < self.final
 
     @property
     def complete(self) -> bool:

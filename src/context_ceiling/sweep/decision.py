@@ -24,7 +24,12 @@ from collections import defaultdict
 
 from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.curve import UNRESOLVED, Analysis, LevelStats, fill_of, mean
-from context_ceiling.sweep.statistics import MIN_ITEMS, bound_width, difference_interval
+from context_ceiling.sweep.statistics import (
+    MIN_ITEMS,
+    bound_width,
+    difference_interval,
+    fixed_width,
+)
 
 __all__ = [
     "FUTILITY_SE",
@@ -78,7 +83,11 @@ def decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     steps = max(0, math.ceil(round((a.max_tolerance - tolerance) / TOLERANCE_STEP, 6)))
     _chain(a, ref, tolerance)
     d = a.level(a.deciding_level)
-    if (
+    if d is not None and d.final:
+        # a refined level goes on to the items of its one test unless decided before them
+        undecided = decided_by(d, tolerance, a.cap) is None
+        a.open_level = d.level if d.complete and d.waiting and undecided else None
+    elif (
         d is not None
         and d.role in ("level", "scan")
         and d.complete
@@ -147,6 +156,11 @@ def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     d = a.level(a.deciding_level)
     few = any(s.n_items < MIN_ITEMS for s in a.chain if d is None or s.level <= d.level)
     a.decided_by = decided_by(d, tolerance, a.cap) if d is not None else None
+    if d is not None and d.waiting and a.decided_by is None:
+        # a refinement left short of its items (a budget ran out) refines nothing: the level
+        # above it that failed decides, as before the midpoint was added
+        later = next((s for s in above[1:] if not s.waiting), None)
+        a.decided_by = decided_by(later, tolerance, a.cap) if later is not None else None
     a.at_reference = bool(passing) and ref is not None and a.ceiling_level == ref.level
     # at the reference, only a measured drop decides (shown, or measured past the tolerance with
     # no more items to add): a level that merely missed the bound with its margin of error as
@@ -178,10 +192,14 @@ def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
     """Even at ``cap`` items (every item the design may measure there), a level whose difference
     is ``FUTILITY_SE`` standard errors better than measured would not pass: more items only
     spend, and the ceiling stays at the level below, on the safe side (futility stopping)."""
+    if s.final and not s.waiting:  # a refined level's one test is done
+        return s.diff_lower <= -tolerance
     if cap is None or s.n_items < MIN_ITEMS or s.diff_sd <= 0:
         return False
     sd = max(s.diff_sd, 0.05)
     hopeful = s.diff + FUTILITY_SE * sd / math.sqrt(s.n_items)
+    if s.final:  # its test: the fixed-sample one, on its final items
+        return hopeful - fixed_width(s.final, sd, s.alpha) <= -tolerance
     return hopeful - bound_width(max(cap, s.n_items), round(sd, 4), s.alpha) <= -tolerance
 
 
