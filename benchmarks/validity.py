@@ -60,16 +60,21 @@ from context_ceiling.sweep.simulate import (
     with_truth,
 )
 from context_ceiling.sweep.statistics import (
+    FIXED_SHARE,
     GRID_ALPHA,
     Z95,
     accuracy_interval,
     betting_lower,
+    fixed_bounds,
     interval,
     items_for,
+    refine_alphas,
 )
 
 TOL = 0.05
 WINDOW = 131_072
+#: the largest share of the error a refined midpoint is tested at (``refine_alphas``)
+REFINE_FIRST = refine_alphas([0.5])[0]
 PRICED = ("gpt-4.1", "claude-sonnet-4-5")
 #: a fixed budget of input tokens for the fixed-budget regime (about 200 items' opening grid)
 BUDGET_TOKENS = 150_000_000
@@ -155,6 +160,7 @@ def legacy() -> Iterator[None]:
     planned items, every item asked ``repeats`` times."""
     patches: list[tuple[object, str, object]] = [
         (analysis, "difference_bounds", _legacy_bounds),
+        (analysis, "_final", lambda *_: 0),  # refined levels tested as every other level
         (decision, "futile", lambda *_: False),
         # its resolution rule: any decided level settles the ceiling (at the reference too),
         # and the low-fill control only refuses a drop shown before the reference
@@ -307,13 +313,15 @@ def regression(
 
 
 def coverage(rng: random.Random, sets: int) -> list[dict[str, Any]]:
-    """Per items, accuracy and repeats: how often the accuracy interval covers the truth, and how
-    often the pass test's lower bound (at the grid's error) lies above the true difference."""
+    """Per items, accuracy and repeats: how often the accuracy interval covers the truth, how
+    often the pass test's lower bound (at the grid's error) lies above the true difference, and
+    how often a refined midpoint's one fixed-sample test does (at its largest share, 1%, as the
+    sweep runs it; one call per item at the level against ``reps`` at the reference)."""
     out = []
-    for n in (20, 60, 200):
+    for n in (20, 60, 300, 900):
         for acc in (0.6, 0.8, 0.95, 0.99):
             for reps in (1, 3):
-                cov = above = 0
+                cov = above = fixed_above = 0
                 for _ in range(sets):
                     eff = [rng.gauss(0, 0.5) for _ in range(n)]
                     drop = TOL  # the level exactly at the tolerance: the hardest case
@@ -326,6 +334,9 @@ def coverage(rng: random.Random, sets: int) -> list[dict[str, Any]]:
                     cov += lo <= truth0 <= hi
                     d = [b - x for x, b in zip(m0, m1, strict=True)]
                     above += betting_lower(d, -1.0, 1.0, GRID_ALPHA) > -(sum(p0) - sum(p1)) / n
+                    once = [int(rng.random() < p) - x for x, p in zip(m0, p1, strict=True)]
+                    lower = fixed_bounds(once, REFINE_FIRST * FIXED_SHARE)[0]
+                    fixed_above += lower > -(sum(p0) - sum(p1)) / n
                 out.append(
                     {
                         "items": n,
@@ -333,6 +344,7 @@ def coverage(rng: random.Random, sets: int) -> list[dict[str, Any]]:
                         "repeats": reps,
                         "covers": cov / sets,
                         "lower_above_truth": above / sets,
+                        "refined_above_truth": fixed_above / sets,
                     }
                 )
     return out
@@ -480,13 +492,13 @@ def table(res: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| items | accuracy | repeats | accuracy CI covers | pass-test bound above the truth (at a drop of exactly the tolerance) |",
-        "|---|---|---|---|---|",
+        "| items | accuracy | repeats | accuracy CI covers | pass-test bound above the truth (at a drop of exactly the tolerance) | refined midpoint's test (1%) above the truth |",
+        "|---|---|---|---|---|---|",
     ]
     for c in res["coverage"]:
         lines.append(
             f"| {c['items']} | {c['accuracy']:.2f} | {c['repeats']} | {c['covers']:.1%} | "
-            f"{c['lower_above_truth']:.1%} |"
+            f"{c['lower_above_truth']:.1%} | {c.get('refined_above_truth', 0.0):.1%} |"
         )
     regs = [r["regression"] for r in res["runs"] if r.get("regression")]
     same = [r[0] for r in regs]

@@ -34,6 +34,7 @@ from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 from context_ceiling.sweep.statistics import (
+    FIXED_MIN_ITEMS,
     accuracy_interval,
     difference_bounds,
     difference_interval,
@@ -179,18 +180,10 @@ def analyse_graded(
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
             s.diff_lower = s.diff_ci[0]
-        elif s.level in design.refined:
-            s.alpha = design.alpha_at(s.level)
-            s.final = refined_items(
-                tolerance,
-                design.repeats,
-                design.level_repeats.get(s.level, design.repeats),
-                s.alpha,
-                design.cap or len(order),
-            )
-            first = [
-                d for k, d in zip(common, diffs, strict=True) if order.get(k, s.final) < s.final
-            ]
+        elif s.level in design.refined and (final := _final(design, s.level, tolerance)):
+            # tested once, on items fixed before it was measured (statistics.refined_bounds)
+            s.alpha, s.final = design.alpha_at(s.level), final
+            first = [d for k, d in zip(common, diffs, strict=True) if order.get(k, final) < final]
             s.diff_ci = refined_bounds(diffs, first, s.alpha, not s.waiting)
             s.diff_lower = s.diff_ci[0]
         else:
@@ -226,6 +219,20 @@ def analyse_graded(
     judge(a, ref, rows, controls, tolerance)
     a.outcome = outcome_of(a)
     return a
+
+
+def _final(design: Design, level: float, tolerance: float) -> int:
+    """The items a refined level's one test is run on, or 0 when too few are planned for the
+    fixed-sample test to hold its error (``FIXED_MIN_ITEMS``): that level is tested with the
+    anytime-valid bound at every look, as a grid level is."""
+    n = refined_items(
+        tolerance,
+        design.repeats,
+        design.level_repeats.get(level, design.repeats),
+        design.alpha_at(level),
+        design.cap or len(design.levels.get(design.reference, [])),
+    )
+    return n if n >= FIXED_MIN_ITEMS else 0
 
 
 def _level(

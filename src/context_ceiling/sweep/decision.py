@@ -25,6 +25,7 @@ from collections import defaultdict
 from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.curve import UNRESOLVED, Analysis, LevelStats, fill_of, mean
 from context_ceiling.sweep.statistics import (
+    FIXED_SHARE,
     MIN_ITEMS,
     bound_width,
     difference_interval,
@@ -199,7 +200,7 @@ def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
     sd = max(s.diff_sd, 0.05)
     hopeful = s.diff + FUTILITY_SE * sd / math.sqrt(s.n_items)
     if s.final:  # its test: the fixed-sample one, on its final items
-        return hopeful - fixed_width(s.final, sd, s.alpha) <= -tolerance
+        return hopeful - fixed_width(s.final, sd, s.alpha * FIXED_SHARE) <= -tolerance
     return hopeful - bound_width(max(cap, s.n_items), round(sd, 4), s.alpha) <= -tolerance
 
 
