@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -353,3 +354,58 @@ def test_a_regression_check_holds_a_ceiling_to_the_tolerance_it_was_written_at()
     assert compare_means(wide, wide, then, means(0.08), tolerance=0.05).outcome != "holds"
     # the drop now past the stated tolerance: moved, never holds
     assert compare_means(wide, wide, then, means(0.3)).outcome == "moved"
+
+
+def test_a_refined_level_passes_only_on_the_items_of_its_one_test() -> None:
+    """A midpoint measured on a quarter of the items planned for its test cannot pass yet: it is
+    the open level (the design extends it), and the clear drop above it decides meanwhile. With
+    all of them, it is tested once and passes; a grid level never waits."""
+    from context_ceiling.sweep.curve import Design
+
+    ids = [f"i{k:03d}" for k in range(400)]
+
+    def rows(measured: int) -> list[Row]:
+        out: list[Row] = []
+        for lv, reps, items in ((0.2, 3, ids), (0.35, 1, ids[:measured]), (0.5, 3, ids)):
+            for j, item in enumerate(items):
+                for rep in range(reps):
+                    ok = lv < 0.5 and j % 5 != 0  # 80% right up to the cliff at 0.5
+                    out.append(
+                        {
+                            "key": f"{item}@{lv:.4f}#{rep}",
+                            "item": item,
+                            "level": lv,
+                            "repeat": rep,
+                            "control": False,
+                            "correct": ok,
+                            "bucket": "correct" if ok else "missed",
+                            "utilization": lv,
+                            "prompt_tokens": 100,
+                            "status": "ok",
+                        }
+                    )
+        return out
+
+    def analysed(measured: int) -> Any:
+        design = Design(
+            {0.2: ids, 0.35: ids[:measured], 0.5: ids},
+            3,
+            [],
+            0.2,
+            refined=(0.35,),
+            horizon=100,
+            cap=400,
+            level_repeats={0.35: 1},
+        )
+        r = rows(measured)
+        return analyse_graded(r, r, 1000, 0.05, 0.05, design=design)
+
+    early = analysed(100)
+    mid = early.level(0.35)
+    assert mid is not None and mid.final == 400 and mid.waiting and mid.diff_lower == -1.0
+    assert early.ceiling_level == 0.2 and early.open_level == 0.35
+    assert early.decided_by == "drop"  # the cliff at 0.5 decides while 0.35 waits
+    assert early.level(0.5) is not None and not early.level(0.5).final  # a grid level: anytime
+    done = analysed(400)
+    assert done.ceiling_level == 0.35 and done.open_level is None
+    assert done.level(0.35) is not None and not done.level(0.35).waiting

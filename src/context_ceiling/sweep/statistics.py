@@ -26,6 +26,10 @@ the refinement's midpoints, chosen by the data, at ``REFINE_ALPHA`` given out in
 most ``MAX_REFINEMENTS`` of them (:func:`refine_alphas`: a midpoint above a passed one keeps its
 share, one below a failed one gets half of what is left; a union bound over the shares): the
 chance that any level past the true drop passes is at most ``GRID_ALPHA + REFINE_ALPHA`` = 5%.
+A refined midpoint is the exception to "every look": its items are fixed before it is measured
+(:func:`refined_items`) and it can pass only once it has them all, on one fixed-sample test
+(:func:`refined_bounds`, :func:`fixed_bounds`: Student's t corrected for skewness), which at the
+same error lies closer to the mean; before that it can only fail, which never adds a pass.
 
 **Reported intervals**: a level's accuracy has a Wilson score interval over items (valid near 0%
 and 100%, where the normal one collapses; conservative when repeats agree); the closed-book
