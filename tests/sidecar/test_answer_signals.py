@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import string
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +75,23 @@ class Sidecar:
         return self.state.metrics.registry.get_sample_value(name, labels) or 0.0
 
     def settle(self) -> None:
+        """Until every exchange so far is recorded and its answer counted. A request whose
+        count a bound let through is recorded once its sampled count lands, which can be after
+        the client has its answer (under load, well after): wait for those counts first."""
         assert self.state.answers is not None
+        deadline = time.monotonic() + 10
+        while self.state.sampler.inflight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.005)  # the record runs just after the count's landing, on the loop
         self.state.answers.join()
+
+    def settled(self, metric: str, before: float, **labels: str) -> None:
+        """:meth:`settle`, until ``metric`` with ``labels`` has moved past ``before``."""
+        deadline = time.monotonic() + 10
+        self.settle()
+        while self.count(metric, **labels) <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self.settle()
 
 
 def _settings(durl: str, **over: Any) -> Settings:
@@ -279,7 +295,14 @@ def test_every_signal_is_read_from_every_api(sidecar: Sidecar, api: str, stream:
             side="above",
         )
         call(sc, api, stream, ask)
-        sc.settle()
+        sc.settled(
+            "llm_context_answers_total",
+            answers,
+            model=LABEL[api],
+            workload="default",
+            fill="0.1-0.2",
+            side="above",
+        )
         after = _signals(sc, api, "0.1-0.2", "above")
         got = {s for s in SIGNALS if after[s] > before[s]}
         assert got == want, (name, got)
