@@ -158,9 +158,9 @@ class HeaderDeadline(HttpToolsProtocol):
         """Close the connection if it is idle between requests; else answer the request under
         way (a response being written, or a request being read: the connection accepted but
         nothing read yet, or part of the head in) and close after it."""
-        between = self.cycle is not None and self.cycle.response_complete
-        if (self.cycle is not None and not between) or (between and self._head_bytes == 0):
-            super().shutdown()
+        c = self.cycle
+        if c is not None and (not c.response_complete or self._head_bytes == 0):
+            super().shutdown()  # a response under way, or idle between requests
             return
         self._draining = True
         if self._head_bytes == 0 and self.cycle is None:
