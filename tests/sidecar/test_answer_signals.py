@@ -22,6 +22,7 @@ from google.genai import types
 
 from context_ceiling.core.prices import lookup
 from context_ceiling.core.utilization import FILL_BUCKETS
+from context_ceiling.formats import format_of
 from context_ceiling.formats.base import Answer, Expect
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
@@ -31,6 +32,7 @@ from context_ceiling.sidecar.observability.answers import (
     SIGNALS,
     AnswerChecker,
     AnswerLabels,
+    Job,
     expectations,
     problems,
     read_answer,
@@ -601,6 +603,53 @@ def test_answers_not_read_are_tallied_by_label_set() -> None:
         ("answer", tuple(b), ["truncated"], 0, 0, 1),
         ("answer", tuple(b), ["truncated"], 7, 2, 1),
     ]
+
+
+def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
+    """answers.cpu_share bounds what the checker's thread costs: everything it does around an
+    answer (the counting here) is spent from the credit, not only the reading, which alone was a
+    fraction of the thread's CPU under load."""
+    burn = 0.05  # seconds of the thread's CPU each count takes
+
+    class Slow:
+        def answer(
+            self,
+            where: AnswerLabels,
+            signals: list[str],
+            output: int | None,
+            reasoning: int | None,
+            n: int = 1,
+        ) -> None:
+            end = time.thread_time() + burn
+            while time.thread_time() < end:
+                pass
+
+        def answer_skipped(self, reason: str, n: int = 1) -> None:
+            pass
+
+    spent: list[float] = []
+
+    class Recorded(CpuCredit):
+        def spend(self, seconds: float) -> None:
+            spent.append(seconds)
+            super().spend(seconds)
+
+    checker = AnswerChecker(Slow(), interval=0.01, credit=Recorded(0.02, burst=1.0))
+    body = json.dumps(
+        {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+    ).encode()
+    labels = AnswerLabels("m", "default", "0.1-0.2", "below")
+    for _ in range(3):
+        checker.submit(Job(labels, format_of("openai"), False, Expect(), body, "stop", 1))
+    checker.start()
+    try:
+        checker.join()
+    finally:
+        checker.stop()
+    assert sum(spent) >= 3 * burn
+    # 0.15 s spent against 0.02 saved up: no answer is read until the share has paid it back
+    assert checker.credit is not None and not checker.credit.ok()
+    assert not checker.reading()
 
 
 def test_a_cpu_credit_refills_at_its_share_and_saves_up_a_burst() -> None:

@@ -416,8 +416,8 @@ class Answers(_Section):
     #: it an answer is counted by its stop reason only (``busy``): memory stays bounded however
     #: many long answers stream at once
     max_held_mib: float = Field(default=64, gt=0)
-    #: the share of one core reading answers may take, averaged over 10 s (per worker): past it
-    #: an answer is counted by its stop reason only
+    #: the share of one core the checker's thread may take (reading answers, counting them),
+    #: averaged over 10 s (per worker): past it an answer is counted by its stop reason only
     #: (``llm_context_answer_checks_skipped_total{reason="cpu"}``), so at the rates a pod serves
     #: with CPU to spare every answer is read, and under load the checker's cost stops at this
     #: share instead of growing with the traffic; 1: no limit

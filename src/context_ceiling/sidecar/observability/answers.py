@@ -399,7 +399,7 @@ class AnswerChecker:
         credit: CpuCredit | None = None,
     ) -> None:
         self.sink = sink
-        #: the share of a core reading answers may take (answers.cpu_share); None: no limit
+        #: the share of a core the thread may take (answers.cpu_share); None: no limit
         self.credit = credit
         #: answer bytes held at once, relaying and queued (answers.max_held_mib)
         self.held = held or HeldBytes(64 * 2**20)
@@ -482,19 +482,28 @@ class AnswerChecker:
         return signals, job.output_tokens, job.reasoning_tokens
 
     def _one(self, job: Job) -> None:
-        cpu = time.thread_time() if self.credit is not None else None
         try:
             signals, out, reasoning = self.check(job)
         except Exception:  # a check must never take the thread down
             log.exception("answer check failed")
             self.sink.answer_skipped("error")
             return
-        finally:
-            if cpu is not None and self.credit is not None:
-                self.credit.spend(time.thread_time() - cpu)
         self.sink.answer(job.labels, signals, out, reasoning)
 
+    def _charge(self, since: float) -> float:
+        """Spend the thread's CPU since ``since`` (its :func:`time.thread_time`) from the
+        credit; the new mark."""
+        if self.credit is None:
+            return since
+        now = time.thread_time()
+        self.credit.spend(now - since)
+        return now
+
     def _drain(self) -> None:
+        # the credit pays for all the thread's CPU while it drains, not only the reading: the
+        # counting and the interpreter lock changing hands around each answer cost as much as
+        # the reading again, and a share that left them out bounded a fraction of the cost
+        mark = time.thread_time()
         while self._jobs:
             job = self._jobs.popleft()
             try:
@@ -502,6 +511,7 @@ class AnswerChecker:
             finally:
                 self.held.give(job.size)
                 self._done += 1
+                mark = self._charge(mark)
             # hand the interpreter lock back between answers: a request waiting on it waits
             # one answer's read, not the interpreter's whole switch interval
             time.sleep(0)
@@ -520,6 +530,7 @@ class AnswerChecker:
                 log.exception("answer count failed")
             finally:
                 self._done += n
+        self._charge(mark)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
