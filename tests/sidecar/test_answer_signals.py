@@ -561,26 +561,32 @@ def test_past_the_checkers_share_of_a_core_an_answer_counts_its_stop_only() -> N
             assert sc.state.answers.held.held == 0
 
 
+class Recording:
+    """The answer checker's sink, as a list of what it was told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def answer(
+        self,
+        where: AnswerLabels,
+        signals: list[str],
+        output: int | None,
+        reasoning: int | None,
+        n: int = 1,
+    ) -> None:
+        self.calls.append(("answer", tuple(where), signals, output, reasoning, n))
+
+    def answer_skipped(self, reason: str, n: int = 1) -> None:
+        self.calls.append(("skipped", reason, n))
+
+
 def test_answers_not_read_are_tallied_by_label_set() -> None:
     """An answer counted by its stop reason alone is queued as a tuple and counted once per
     label set, stop and reason on the thread: the same totals as one count each."""
-    calls: list[tuple[Any, ...]] = []
-
-    class Recording:
-        def answer(
-            self,
-            where: AnswerLabels,
-            signals: list[str],
-            output: int | None,
-            reasoning: int | None,
-            n: int = 1,
-        ) -> None:
-            calls.append(("answer", tuple(where), signals, output, reasoning, n))
-
-        def answer_skipped(self, reason: str, n: int = 1) -> None:
-            calls.append(("skipped", reason, n))
-
-    checker = AnswerChecker(Recording(), interval=0.01)
+    sink = Recording()
+    calls = sink.calls
+    checker = AnswerChecker(sink, interval=0.01)
     a = AnswerLabels("m", "default", "0.1-0.2", "below")
     b = AnswerLabels("m", "default", "0.8-0.9", "above")
     for _ in range(3):
@@ -611,21 +617,12 @@ def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
     fraction of the thread's CPU under load."""
     burn = 0.05  # seconds of the thread's CPU each count takes
 
-    class Slow:
-        def answer(
-            self,
-            where: AnswerLabels,
-            signals: list[str],
-            output: int | None,
-            reasoning: int | None,
-            n: int = 1,
-        ) -> None:
+    class Slow(Recording):
+        def answer(self, *args: Any, **kwargs: Any) -> None:
             end = time.thread_time() + burn
             while time.thread_time() < end:
                 pass
-
-        def answer_skipped(self, reason: str, n: int = 1) -> None:
-            pass
+            super().answer(*args, **kwargs)
 
     spent: list[float] = []
 
@@ -634,7 +631,8 @@ def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
             spent.append(seconds)
             super().spend(seconds)
 
-    checker = AnswerChecker(Slow(), interval=0.01, credit=Recorded(0.02, burst=1.0))
+    sink = Slow()
+    checker = AnswerChecker(sink, interval=0.01, credit=Recorded(0.02, burst=1.0))
     body = json.dumps(
         {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
     ).encode()
@@ -646,6 +644,7 @@ def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
         checker.join()
     finally:
         checker.stop()
+    assert [c[0] for c in sink.calls] == ["answer"] * 3
     assert sum(spent) >= 3 * burn
     # 0.15 s spent against 0.02 saved up: no answer is read until the share has paid it back
     assert checker.credit is not None and not checker.credit.ok()

@@ -500,6 +500,8 @@ class AnswerChecker:
         return now
 
     def _drain(self) -> None:
+        if not self._jobs and not self._unread:
+            return  # a wake with nothing queued costs nothing worth charging
         # the credit pays for all the thread's CPU while it drains, not only the reading: the
         # counting and the interpreter lock changing hands around each answer cost as much as
         # the reading again, and a share that left them out bounded a fraction of the cost
