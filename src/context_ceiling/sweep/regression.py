@@ -11,8 +11,9 @@ The burden of proof is on "holds": the verdict is ``holds`` only when the stored
 is shown within its tolerance *now* (the one the ceiling was written at: the asked one, or the
 wider one a baseline that could not resolve it stated, :func:`stated`): its drop from the
 reference now has a one-sided 95% lower bound above ``-tolerance`` (if the ceiling has really
-become unsafe, that happens in at most 5% of checks). Two estimates of that drop, and the more precise one (the smaller standard error)
-is bounded (:func:`~context_ceiling.sweep.statistics.drop_now_lower`): the drop the baseline measured on
+become unsafe, that happens in at most 5% of checks). Two estimates of that drop, and the more
+precise one (the smaller standard error) is bounded
+(:func:`~context_ceiling.sweep.statistics.drop_now_lower`): the drop the baseline measured on
 all its items plus the change measured on the items paired since (the baseline's own calls are
 the pairing's control: an endpoint that answers the same calls the same way shows almost no
 change, and the check is then nearly as sure as the baseline was, on a fraction of its calls),
