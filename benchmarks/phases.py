@@ -65,7 +65,7 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
         ("prometheus_client", "observability/metrics", "observability/record", "staleness"),
     ),
     ("tracing", ("opentelemetry", "observability/tracing", "observability/semconv")),
-    ("answers", ("observability/answers", "jsonschema", "sidecar/capture")),
+    ("answers", ("observability/answer", "jsonschema", "sidecar/capture")),
     (
         "relay",
         (

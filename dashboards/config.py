@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from context_ceiling.formats import GENERATION_APIS
-from context_ceiling.sidecar.observability.answers import SIGNALS
+from context_ceiling.sidecar.observability.answer_signals import SIGNALS
 
 RUNBOOK = "https://github.com/context-ceiling/context-ceiling/blob/main/dashboards/runbook.md"
 

@@ -27,18 +27,15 @@ from context_ceiling.formats.base import Answer, Expect
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.cpu_credit import CpuCredit
-from context_ceiling.sidecar.observability.answers import (
-    SIDES,
+from context_ceiling.sidecar.observability.answer_signals import (
     SIGNALS,
-    AnswerChecker,
-    AnswerLabels,
-    Job,
     expectations,
     problems,
     read_answer,
     repetition,
     stop_of,
 )
+from context_ceiling.sidecar.observability.answers import SIDES, AnswerChecker, AnswerLabels, Job
 from context_ceiling.sidecar.state import SidecarState
 from testkit.doubles.answer_provider import AnswerProviderDouble, Script
 from testkit.serving import serve, upstreams_at

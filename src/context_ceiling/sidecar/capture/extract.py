@@ -14,7 +14,7 @@ from typing import Any
 from context_ceiling.core.vocabulary import Shape
 from context_ceiling.formats import format_of
 from context_ceiling.formats.base import Format
-from context_ceiling.sidecar.observability.answers import read_answer
+from context_ceiling.sidecar.observability.answer_signals import read_answer
 
 _DOC_ID = re.compile(r"""<document\b[^>]*\bid=["']([^"']+)["']""")
 _DOC_BODY = re.compile(r"^<document\b[^>]*>(.*)</document>$", re.S)
