@@ -86,7 +86,9 @@ def _check(resp: httpx.Response, what: str) -> dict[str, Any]:
 
 
 def _jsonl(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    # split on newlines only: str.splitlines() also splits on U+2028 and U+0085, which JSON
+    # writers leave unescaped inside strings (a model's answer can hold them)
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 class _OpenAI:
@@ -226,7 +228,7 @@ class Ledger:
         if not self.path.exists():
             return []
         sent: dict[str, Pending] = {}
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text().split("\n"):  # newlines only, as in _jsonl
             if not line.strip():
                 continue
             row = json.loads(line)

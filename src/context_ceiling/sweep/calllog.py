@@ -11,8 +11,10 @@ so a log from another version or a hand-edited line is an error that names the l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypedDict, cast
 
@@ -105,6 +107,30 @@ class CallRecord(Strict):
         return cast(Row, self.model_dump())
 
 
+_PARSED_FILES = 8
+"""Logs whose parsed records are kept (a run's own, and the shards a merge reads)."""
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """What was parsed of one log file: its identity, how far, and the records (frozen models,
+    shared by every read)."""
+
+    ident: tuple[int, int]
+    offset: int = 0
+    lines: int = 0
+    #: a digest of the bytes parsed, to tell a log appended to from one rewritten in place
+    digest: bytes = b""
+    records: dict[str, CallRecord] = field(default_factory=dict)
+
+
+_PARSED: dict[Path, _Parsed] = {}
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 class CallLog:
     """``calls.jsonl``: append-only, one JSON record per completed call."""
 
@@ -122,23 +148,48 @@ class CallLog:
                 f.truncate(data.rfind(b"\n") + 1)
 
     def records(self) -> dict[str, CallRecord]:
-        """The last record of every key."""
-        out: dict[str, CallRecord] = {}
-        if self.path.exists():
-            for n, line in enumerate(self.path.read_text().splitlines(), 1):
-                if line.strip():
-                    try:
-                        rec = CallRecord.model_validate(json.loads(line))
-                    except ValidationError as exc:
-                        err = exc.errors()[0]
-                        where = ".".join(str(p) for p in err["loc"]) or "(record)"
-                        raise UserError(
-                            f"{self.path}:{n}: not a call record: {where}: {err['msg']}"
-                        ) from exc
-                    except ValueError as exc:
-                        raise UserError(f"{self.path}:{n}: not JSON ({exc})") from exc
-                    out[rec.key] = rec
-        return out
+        """The last record of every key. The log is only ever appended to, so a read parses only
+        the lines added since the last read of the same file (a run reads its log after every
+        batch and its analysis again; parsing every record each time grew with the square of the
+        calls); a file that shrank, was replaced or whose read part changed is parsed again."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        ident = (st.st_dev, st.st_ino)
+        seen = _PARSED.get(self.path)
+        if seen is None or seen.ident != ident or st.st_size < seen.offset:
+            seen = _Parsed(ident)
+        content = self.path.read_bytes()
+        if seen.offset and _digest(content[: seen.offset]) != seen.digest:
+            seen = _Parsed(ident)  # rewritten in place: parsed again
+        data = content[seen.offset :]
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        out = dict(seen.records)
+        n = seen.lines
+        for raw in whole.split(b"\n")[:-1]:  # newlines only: U+2028 may sit inside a string
+            n += 1
+            line = raw.decode()
+            if line.strip():
+                try:
+                    rec = CallRecord.model_validate(json.loads(line))
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    where = ".".join(str(p) for p in err["loc"]) or "(record)"
+                    raise UserError(
+                        f"{self.path}:{n}: not a call record: {where}: {err['msg']}"
+                    ) from exc
+                except ValueError as exc:
+                    raise UserError(f"{self.path}:{n}: not JSON ({exc})") from exc
+                out[rec.key] = rec
+        if whole:
+            end = seen.offset + len(whole)
+            seen = _Parsed(ident, end, n, _digest(content[:end]), out)
+        _PARSED.pop(self.path, None)
+        _PARSED[self.path] = seen
+        while len(_PARSED) > _PARSED_FILES:
+            _PARSED.pop(next(iter(_PARSED)))
+        return dict(out)
 
     def done(self) -> set[str]:
         return {k for k, r in self.records().items() if r.status == "ok"}

@@ -102,6 +102,10 @@ class ContextBuilder:
         self._sep = self.meter.text("\n")
         self._base: dict[str, int] = {}
         self._haystacks: dict[Any, tuple[list[str], dict[str, Doc], dict[str, float]]] = {}
+        self._rankings: dict[tuple[str, ...], list[str]] = {}
+        #: orders kept: every item's, where they fit in about 2M document references (16 MB),
+        #: since the calls go level by level and each item is asked at every level
+        self._rankings_kept = max(64, 2_000_000 // max(1, len(self.doc_ids)))
 
     def doc_tokens(self, doc_id: str) -> int:
         t = self._doc_tokens.get(doc_id)
@@ -126,19 +130,26 @@ class ContextBuilder:
         return best
 
     def ranked(self, questions: Sequence[str], exclude: set[str]) -> list[str]:
-        """Corpus documents by similarity to the questions, most similar first (ties seeded)."""
-        qwords = set()
-        for q in questions:
-            qwords |= set(_WORD.findall(q.lower()))
-        rng = _seeded(self.seed, "rank", *questions)
-        jitter = {d: rng.random() for d in self.doc_ids}
-        scored = [
-            (-sum(self._idf.get(w, 0.0) for w in qwords & self._words[d]), jitter[d], d)
-            for d in self.doc_ids
-            if d not in exclude
-        ]
-        scored.sort()
-        return [d for _, _, d in scored]
+        """Corpus documents by similarity to the questions, most similar first (ties seeded).
+        The order depends on the questions alone, so it is scored once per set of questions
+        (a group's haystack is built at every level and repeat from the same order)."""
+        key = tuple(questions)
+        order = self._rankings.get(key)
+        if order is None:
+            qwords = set()
+            for q in questions:
+                qwords |= set(_WORD.findall(q.lower()))
+            rng = _seeded(self.seed, "rank", *questions)
+            jitter = {d: rng.random() for d in self.doc_ids}
+            scored = [
+                (-sum(self._idf.get(w, 0.0) for w in qwords & self._words[d]), jitter[d], d)
+                for d in self.doc_ids
+            ]
+            scored.sort()
+            order = self._rankings[key] = [d for _, _, d in scored]
+            if len(self._rankings) > self._rankings_kept:
+                self._rankings.pop(next(iter(self._rankings)))
+        return [d for d in order if d not in exclude]
 
     def base_tokens(self, question: str) -> int:
         t = self._base.get(question)

@@ -115,6 +115,16 @@ def _equal(answer: Any, value: str) -> bool:
     return _norm(answer) == _norm(value)
 
 
+@lru_cache(maxsize=256)
+def _validator(schema: str) -> Any:
+    """The validator of one JSON schema (serialized), checked once: every answer of a sweep is
+    graded again at each analysis, and checking the schema took most of the grading."""
+    as_dict = json.loads(schema)
+    cls = jsonschema.validators.validator_for(as_dict)
+    cls.check_schema(as_dict)
+    return cls(as_dict)
+
+
 def is_correct(item: Item, answer: Any) -> bool:
     a = item.answer
     if answer is None:
@@ -138,9 +148,7 @@ def is_correct(item: Item, answer: Any) -> bool:
                 return False
         if not isinstance(answer, dict):
             return False
-        try:
-            jsonschema.validate(answer, a.schema_)
-        except jsonschema.ValidationError:
+        if not _validator(json.dumps(a.schema_, sort_keys=True)).is_valid(answer):
             return False
         return all(_norm(answer.get(k)) == _norm(v) for k, v in a.value.items())
     return False

@@ -168,7 +168,9 @@ def read_jsonl(path: Path, error: type[UserError] = UserError) -> list[tuple[int
     """Each non-empty line's number and JSON value; a line that is not JSON raises ``error``
     naming the file and the line."""
     try:
-        lines = path.read_text().splitlines()
+        # newlines only: str.splitlines() also splits on U+2028 and U+0085, which JSON writers
+        # leave unescaped inside strings
+        lines = path.read_text().split("\n")
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc
     out = []
