@@ -154,6 +154,10 @@ async def _send(client: httpx.AsyncClient, body: bytes, target: str) -> None:
         raise RuntimeError(f"{target}: {r.status_code} {r.text[:200]}")
 
 
+#: the sidecar configs this benchmark profiles (:func:`sidecar_settings`)
+SIDECAR_TARGETS = ("sidecar", "bounded")
+
+
 def sidecar_settings(name: str) -> Settings:
     """The sidecar as ``targets.py`` starts it for ``name`` (``sidecar`` or ``bounded``)."""
     return Settings(
@@ -285,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
             handler.setStream(devnull)
     sizes = [int(s) for s in args.sizes.split(",")]
     names = [n for n in args.targets.split(",") if n]
+    unknown = [n for n in names if n not in SIDECAR_TARGETS]
+    if unknown or not names:
+        # direct and bare are measured in every run, as the baselines; a sidecar config
+        # under one of their names would replace the baseline it is compared with
+        p.error(
+            f"--targets takes sidecar configs ({', '.join(SIDECAR_TARGETS)}), not "
+            f"{', '.join(unknown) or 'nothing'}; direct and bare are always measured"
+        )
     result = asyncio.run(
         measure(names, sizes, args.requests, args.warmup, args.stream, args.rounds)
     )

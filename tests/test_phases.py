@@ -58,3 +58,12 @@ def test_the_profile_attributes_each_proxys_cpu(
     assert phases["sidecar"]["count"] > 0 and phases["bare"]["count"] == 0
     table = capsys.readouterr().out
     assert "| count |" in table and "vs bare pass-through" in table
+
+
+def test_a_baseline_named_as_a_target_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bare`` and ``direct`` are the baselines every run measures: naming one as a sidecar
+    config would profile a sidecar under the baseline's name and compare it with itself."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--targets", "bare,bounded"])
+    assert exc.value.code == 2
+    assert "--targets takes sidecar configs (sidecar, bounded), not bare" in capsys.readouterr().err
