@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import Any, Protocol
 
 import httpx
@@ -44,6 +43,7 @@ from context_ceiling.formats.azure import AZURE, deployment
 from context_ceiling.formats.base import ApiInfo, SigningRefused
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
+from context_ceiling.sidecar.exchange import request_id
 from context_ceiling.sidecar.observability.logs import log_request
 from context_ceiling.sidecar.observability.metrics import OTHER_ROUTE, Metrics
 from context_ceiling.sidecar.outcomes import Outcome, failure_of, outcome_of
@@ -197,7 +197,7 @@ class Passthrough:
                     f"the request body did not arrive within {limits.body_read_timeout:g} s",
                 )
         picked = pick_upstream(st.upstreams, st.registry, request, body_model(peeked))
-        rid = uuid.uuid4().hex
+        rid = request_id(None)
         target = st.upstreams.route(*picked) if picked else None
         owner = owner_of(request.headers, request.url.path)
         if owner is not None and (
