@@ -228,10 +228,7 @@ class Ledger:
         if not self.path.exists():
             return []
         sent: dict[str, Pending] = {}
-        for line in self.path.read_text().split("\n"):  # newlines only, as in _jsonl
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        for row in _jsonl(self.path.read_text()):
             if row.get("done"):
                 sent.pop(row["id"], None)
             else:

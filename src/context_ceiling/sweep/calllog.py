@@ -113,10 +113,9 @@ _PARSED_FILES = 8
 
 @dataclass(frozen=True)
 class _Parsed:
-    """What was parsed of one log file: its identity, how far, and the records (frozen models,
-    shared by every read)."""
+    """What was parsed of one log file: how far, and the records (frozen models, shared by
+    every read)."""
 
-    ident: tuple[int, int]
     offset: int = 0
     lines: int = 0
     #: a digest of the bytes parsed, to tell a log appended to from one rewritten in place
@@ -151,18 +150,15 @@ class CallLog:
         """The last record of every key. The log is only ever appended to, so a read parses only
         the lines added since the last read of the same file (a run reads its log after every
         batch and its analysis again; parsing every record each time grew with the square of the
-        calls); a file that shrank, was replaced or whose read part changed is parsed again."""
+        calls); a file whose part read before changed (cut back, rewritten or replaced) is parsed
+        again."""
         try:
-            st = self.path.stat()
+            content = self.path.read_bytes()
         except FileNotFoundError:
             return {}
-        ident = (st.st_dev, st.st_ino)
-        seen = _PARSED.get(self.path)
-        if seen is None or seen.ident != ident or st.st_size < seen.offset:
-            seen = _Parsed(ident)
-        content = self.path.read_bytes()
+        seen = _PARSED.get(self.path) or _Parsed()
         if seen.offset and _digest(content[: seen.offset]) != seen.digest:
-            seen = _Parsed(ident)  # rewritten in place: parsed again
+            seen = _Parsed()
         data = content[seen.offset :]
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits
         out = dict(seen.records)
@@ -184,7 +180,7 @@ class CallLog:
                 out[rec.key] = rec
         if whole:
             end = seen.offset + len(whole)
-            seen = _Parsed(ident, end, n, _digest(content[:end]), out)
+            seen = _Parsed(end, n, _digest(content[:end]), out)
         _PARSED.pop(self.path, None)
         _PARSED[self.path] = seen
         while len(_PARSED) > _PARSED_FILES:
