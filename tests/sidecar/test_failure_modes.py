@@ -671,3 +671,69 @@ def test_at_shutdown_a_request_still_arriving_is_answered_and_idle_connections_c
         assert time.monotonic() - began < 3.0, "a silent connection does not hold the shutdown"
         for s in (fresh, half, idle, silent):
             s.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("server_class", ["sidecar", "uvicorn"])
+def test_at_shutdown_connections_queued_in_the_kernel_are_answered(server_class: str) -> None:
+    """Connections the kernel completed into the listener's accept queue before the event loop
+    accepted them are taken at the shutdown and answered, not reset when the listener closes
+    (uvicorn's own server resets them: the second case shows the test can fail)."""
+    import asyncio
+
+    import uvicorn
+
+    from context_ceiling.sidecar.server import SidecarServer
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        headers = [(b"content-length", b"8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"answered"})
+
+    settings = Settings(upstreams={"openai": {"base_url": "http://127.0.0.1:9/v1"}})
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+
+    def read_all(conn: socket.socket) -> bytes:
+        conn.settimeout(10)
+        out = b""
+        try:
+            while chunk := conn.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            out += b"<reset>"
+        return out
+
+    async def run() -> list[bytes]:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, lifespan="on", **uvicorn_options(settings)
+        )
+        config.load()
+        kind = SidecarServer if server_class == "sidecar" else uvicorn.Server
+        server = kind(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup()
+        port = server.servers[0].sockets[0].getsockname()[1]
+        # the event loop does not run between these connects and the shutdown's first step:
+        # the kernel completes every handshake and holds the connections in the accept queue
+        clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+        for c in clients:
+            c.sendall(request)
+        loop = asyncio.get_running_loop()
+        reads = [loop.run_in_executor(None, read_all, c) for c in clients]
+        await server.shutdown()
+        answers = list(await asyncio.gather(*reads))
+        for c in clients:
+            c.close()
+        return answers
+
+    answers = asyncio.run(run())
+    answered = [a.startswith(b"HTTP/1.1 200 ") and a.endswith(b"answered") for a in answers]
+    if server_class == "sidecar":
+        assert all(answered), answers
+    else:
+        assert not any(answered), answers

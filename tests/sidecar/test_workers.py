@@ -368,3 +368,39 @@ def test_after_sigterm_a_connection_is_answered_or_refused_never_left_hanging(po
     assert before > 0 and refused, (before, refused)
     assert not dropped, dropped
     assert max(refused) < 1.0, "a refused connection is refused at once"
+
+
+def test_the_supervisor_builds_every_worker_with_the_sidecar_server(tmp_path: Path) -> None:
+    """uvicorn's supervisor builds workers from its module's ``Process`` (at start, on SIGHUP,
+    SIGTTIN and when one dies): while the sidecar's supervisor runs that is its ``Worker``,
+    whose server takes queued connections at shutdown; afterwards uvicorn's own again."""
+    from uvicorn import Config
+    from uvicorn.supervisors import multiprocess
+
+    from context_ceiling.sidecar.server import SidecarServer
+    from context_ceiling.sidecar.workers.supervisor import Supervisor, Worker
+
+    seen: list[object] = []
+
+    class Probe(Supervisor):
+        def init_processes(self) -> None:
+            seen.append(multiprocess.Process)
+            self.should_exit.set()
+
+        def terminate_all(self) -> None:
+            pass
+
+        def join_all(self) -> None:
+            pass
+
+    handlers = {s: signal.getsignal(s) for s in multiprocess.SIGNALS}
+    before = multiprocess.Process
+    try:
+        config = Config("tests:app", workers=2)
+        Probe(config, [], tmp_path).run()
+        assert seen == [Worker]
+        assert multiprocess.Process is before
+        assert type(Worker(config, []).server) is SidecarServer
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)

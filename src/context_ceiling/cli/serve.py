@@ -46,7 +46,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from context_ceiling.sidecar.app import create_app
     from context_ceiling.sidecar.config import load_settings
     from context_ceiling.sidecar.observability.logs import configure
-    from context_ceiling.sidecar.server import uvicorn_options
+    from context_ceiling.sidecar.server import SidecarServer, uvicorn_options
 
     settings = load_settings(args.config)
     if args.host:
@@ -77,7 +77,7 @@ def serve_command(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         **uvicorn_options(settings),
     )
-    server = uvicorn.Server(config)
+    server = SidecarServer(config)
     if settings.listen.admin_port is None:
         server.run()
     else:  # traffic and admin on their own sockets, one server

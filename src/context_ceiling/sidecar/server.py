@@ -14,14 +14,21 @@ On shutdown uvicorn closes every connection with no response in progress, which 
 request the client has already sent on a connection accepted a moment before, or half of whose
 head has arrived. :meth:`HeaderDeadline.shutdown` closes only connections idle between requests;
 a request still arriving is read and answered, and its connection closed after it.
+:class:`SidecarServer` first takes the connections the kernel has already completed into a
+listener's accept queue: closing the last copy of a listening socket resets them, so a client
+whose connection was established a moment before the shutdown would see a reset instead of an
+answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Any
 
 import orjson
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from context_ceiling.sidecar.config import Settings
@@ -172,6 +179,65 @@ class HeaderDeadline(HttpToolsProtocol):
         self._last = None
         if self._head_bytes == 0 and self.cycle is None:
             self._expire()
+
+
+def _queued(listener: Any, most: int) -> list[socket.socket]:
+    """The connections waiting in ``listener``'s accept queue (at most ``most``), accepted
+    without blocking through a duplicate of its descriptor (the event loop's own socket object
+    has no ``accept``; asyncio's and uvloop's differ)."""
+    taken: list[socket.socket] = []
+    with socket.socket(fileno=socket.dup(listener.fileno())) as dup:
+        dup.setblocking(False)
+        while len(taken) < most:
+            try:
+                conn, _ = dup.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionAbortedError:  # the client gave up while queued
+                continue
+            except OSError:  # out of descriptors, a socket that is not a listener
+                break
+            conn.setblocking(False)
+            taken.append(conn)
+    return taken
+
+
+class SidecarServer(uvicorn.Server):
+    """uvicorn's server, shut down without resetting a connection the kernel has accepted.
+
+    uvicorn's shutdown closes the listening sockets; connections that completed their handshake
+    since the event loop last accepted are still in the kernel's queue, and closing the last
+    copy of the socket resets them. Here they are taken first, in the same step as the close (no
+    await between: nothing can join the queue that is not taken or refused), and served like
+    every connection open at the shutdown: a request already sent, or arriving within the
+    protocol's first-byte wait, is answered, and the connection closed after it."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        taken: list[socket.socket] = []
+        for server in getattr(self, "servers", []):
+            for listener in server.sockets:
+                taken += _queued(listener, self.config.backlog)
+            server.close()
+        if taken:
+            config, state = self.config, self.server_state
+            app_state = self.lifespan.state
+
+            def protocol() -> asyncio.Protocol:
+                made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=state, app_state=app_state
+                )
+                return made
+
+            loop = asyncio.get_running_loop()
+            opened = await asyncio.gather(
+                *(loop.connect_accepted_socket(protocol, conn) for conn in taken),
+                return_exceptions=True,
+            )
+            for conn, result in zip(taken, opened, strict=True):
+                if isinstance(result, BaseException):  # reset by its client meanwhile
+                    with contextlib.suppress(OSError):
+                        conn.close()
+        await super().shutdown(sockets)
 
 
 def sockets_for(config: Any, admin_port: int | None) -> list[Any]:

@@ -18,14 +18,16 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from uvicorn import Config
-from uvicorn.supervisors.multiprocess import Multiprocess
+from uvicorn import Config, Server
+from uvicorn.supervisors import multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from context_ceiling.sidecar.config import Settings
-from context_ceiling.sidecar.server import HeaderDeadline, uvicorn_options
+from context_ceiling.sidecar.server import HeaderDeadline, SidecarServer, uvicorn_options
 
 #: prometheus_client reads it when it is imported: set before the workers start
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -61,8 +63,27 @@ def shared_dir() -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix="context-ceiling-workers-")), True
 
 
+class Worker(Process):
+    """uvicorn's worker process, serving with :class:`SidecarServer` (a shutdown that takes
+    the connections queued on the shared listener instead of resetting them)."""
+
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = SidecarServer(config=self.config)
+        return self._server
+
+
 class Supervisor(Multiprocess):
-    """uvicorn's supervisor, with the sidecar's SIGHUP and metric cleanup."""
+    """uvicorn's supervisor, with the sidecar's SIGHUP and metric cleanup, and workers that
+    are :class:`Worker`."""
+
+    def run(self) -> None:
+        # uvicorn's supervisor builds every worker (at start, on SIGHUP, SIGTTIN and when one
+        # dies) from its module's ``Process``; this process exists only to supervise, so the
+        # name points at ours while it runs
+        with _replaced(multiprocess, "Process", Worker):
+            super().run()
 
     def __init__(self, config: Config, sockets: list[Any], directory: Path) -> None:
         super().__init__(config, sockets)
@@ -101,6 +122,16 @@ class Supervisor(Multiprocess):
 
         multiprocess.mark_process_dead(pid, str(self.directory))  # type: ignore[no-untyped-call]
         (self.directory / f"worker-{pid}.json").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, before)
 
 
 def serve_workers(settings: Settings, loop: str) -> int:
