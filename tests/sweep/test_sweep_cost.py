@@ -162,6 +162,25 @@ def test_the_simulation_runs_the_sweeps_own_design() -> None:
     assert f["calls_p10"] <= f["calls_median"] <= f["calls_p90"]
 
 
+def test_a_refined_midpoint_past_a_cliff_fails_on_the_openings_items() -> None:
+    """A refined midpoint is measured on the opening's items first: one past the cliff has
+    clearly dropped there and is measured no further; one before it goes on to every item of
+    its one test, and the ceiling lands between the grid level below the cliff and the cliff."""
+    t = Truth("cliff", base=0.9, knee=0.6)
+    sim = SimSweep(t, seed=3)
+    a = sim.run()
+    opening = sim.batches[0]
+    past = [lv for lv in sim.refined if t.p(lv) < t.p(0.2) - 0.3]
+    flat = [lv for lv in sim.refined if t.p(lv) > t.p(0.2) - 0.01]
+    assert past and flat, sim.refined
+    assert all(sim.n_at[lv] == opening for lv in past)
+    for lv in flat:
+        s = a.level(lv)
+        assert s is not None and s.final and sim.n_at[lv] >= s.final > opening
+    assert a.ceiling_level is not None
+    assert 0.5 < a.ceiling_level <= t.drop_point(0.2, 0.95, 0.05)
+
+
 def test_true_drop_points_of_every_shape() -> None:
     import random
 

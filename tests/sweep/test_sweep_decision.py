@@ -409,3 +409,54 @@ def test_a_refined_level_passes_only_on_the_items_of_its_one_test() -> None:
     done = analysed(400)
     assert done.ceiling_level == 0.35 and done.open_level is None
     assert done.level(0.35) is not None and not done.level(0.35).waiting
+
+
+def test_a_waiting_midpoint_stays_open_at_the_tolerance_the_data_resolve() -> None:
+    """A midpoint that misses the asked tolerance by a hair and passes a wider one leaves the
+    next midpoint above it deciding while it is still short of its items: it is the open level
+    (extended to its items), never refined below before its one test."""
+    ids = [f"i{k:03d}" for k in range(400)]
+
+    def analysed(lost: int) -> Any:
+        out: list[Row] = []
+        plan = ((0.2, 3, ids), (0.3, 1, ids), (0.4, 1, ids[:100]), (0.5, 3, ids))
+        for lv, reps, items in plan:
+            for j, item in enumerate(items):
+                for rep in range(reps):
+                    right = j % 5 != 0  # 80% at the reference
+                    ok = lv < 0.5 and right and not (lv == 0.3 and j < lost * 5 // 4)
+                    out.append(
+                        {
+                            "key": f"{item}@{lv:.4f}#{rep}",
+                            "item": item,
+                            "level": lv,
+                            "repeat": rep,
+                            "control": False,
+                            "correct": ok,
+                            "bucket": "correct" if ok else "missed",
+                            "utilization": lv,
+                            "prompt_tokens": 100,
+                            "status": "ok",
+                        }
+                    )
+        design = Design(
+            {0.2: ids, 0.3: ids, 0.4: ids[:100], 0.5: ids},
+            3,
+            [],
+            0.2,
+            refined=(0.3, 0.4),
+            horizon=100,
+            cap=400,
+            level_repeats={0.3: 1, 0.4: 1},
+        )
+        return analyse_graded(out, out, 1000, 0.05, 0.05, design=design)
+
+    widened = [
+        a
+        for a in map(analysed, range(0, 80, 2))
+        if a.ceiling_level == 0.3 and (a.stated_tolerance or 0) > 0.05
+    ]
+    assert widened, "some drop at 0.3 fails the asked tolerance and passes a wider one"
+    a = widened[0]
+    assert a.deciding_level == 0.4 and a.level(0.4).waiting
+    assert a.open_level == 0.4

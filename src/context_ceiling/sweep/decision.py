@@ -103,12 +103,28 @@ def decide(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
         _chain(a, ref, tol)
         if a.resolved and reference_shown_good(a, tol):
             a.stated_tolerance = tol
+            _open_refined(a, tol)
             return
     _chain(a, ref, tolerance)
     a.resolved = False
     d = a.level(a.deciding_level)
     if d is not None and d.diff_sd > 0:
         a.items_to_resolve = items_to_resolve(d, tolerance)
+
+
+def _open_refined(a: Analysis, tolerance: float) -> None:
+    """At the tolerance the data resolve, the level that decides may be a refined one still
+    short of the items of its one test (the asked tolerance's chain stopped below it): it goes on
+    to them, as at the asked tolerance, before anything is refined past it."""
+    d = a.level(a.deciding_level)
+    if (
+        d is not None
+        and d.final
+        and d.complete
+        and d.waiting
+        and decided_by(d, tolerance, a.cap) is None
+    ):
+        a.open_level = d.level
 
 
 def reference_shown_good(a: Analysis, tolerance: float) -> bool:

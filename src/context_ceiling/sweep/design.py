@@ -13,7 +13,9 @@ the task set runs out:
    scanned level that looks low joins the fixed sequence, and a dip there lowers the ceiling;
 3. measure the geometric midpoint of the deciding bracket (the highest passing level and the
    first failing one) while the bracket is wider than the resolution, at most
-   ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error).
+   ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error), first on the
+   opening's items: a midpoint that has clearly dropped (past a cliff) fails there, and one that
+   has not goes on, batch by batch as an open level does, to the items of its one test.
 
 Every look is covered by the pass test's confidence sequence (``statistics``), so adding items
 until a level passes does not inflate the chance of passing one that dropped.
@@ -37,8 +39,8 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
     batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
-    reference's items (kind ``levels``: the refinement's midpoints), or the dip scan's points
-    on the opening's items (kind ``scan``)."""
+    opening's items (kind ``levels``: the refinement's midpoints; kind ``scan``: the dip scan's
+    points)."""
 
     kind: str
     levels: tuple[float, ...]

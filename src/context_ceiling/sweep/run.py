@@ -530,9 +530,10 @@ class _Sweep:
         else:
             self.console.print(f"refining: measuring {where} where accuracy drops")
         ref_n = plan.items_at(plan.chain_reference)
-        if step.kind == "scan" and plan.batches:
-            # a scan is cheap: the opening's items; a point that looks low is extended to the
-            # rest of the items drawn, as any open level is
+        if plan.batches:
+            # the opening's items first: a scanned point that looks low, and a refined midpoint
+            # that has not clearly dropped, are extended to the rest batch by batch, as any open
+            # level is (a midpoint past a cliff fails on these and costs no more)
             ref_n = min(ref_n, plan.batches[0])
         plan.n_at = plan.n_at | {level_key(lv): ref_n for lv in step.levels}
         plan.levels = sorted(set(plan.levels) | set(step.levels))

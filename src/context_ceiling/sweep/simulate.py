@@ -419,7 +419,7 @@ class SimSweep:
                     self.n_at[lv] = self.drawn
             else:
                 n = self.n_at[self.reference]
-                if step.kind == "scan" and self.batches:  # as run.py: the opening's items
+                if self.batches:  # as run.py: the opening's items first, then batch by batch
                     n = min(n, self.batches[0])
                 cost = n * self.added_reps * sum(self._call_tokens(lv) for lv in step.levels)
                 if not self._fits(cost):
