@@ -160,7 +160,9 @@ def legacy() -> Iterator[None]:
     planned items, every item asked ``repeats`` times."""
     patches: list[tuple[object, str, object]] = [
         (analysis, "difference_bounds", _legacy_bounds),
-        (analysis, "_final", lambda *_: 0),  # refined levels tested as every other level
+        # refined levels tested as every other level, measured on every item at once
+        (analysis, "final_items", lambda *_: 0),
+        (simulate, "final_items", lambda *_: 0),
         (decision, "futile", lambda *_: False),
         # its resolution rule: any decided level settles the ceiling (at the reference too),
         # and the low-fill control only refuses a drop shown before the reference

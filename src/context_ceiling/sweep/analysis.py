@@ -180,7 +180,7 @@ def analyse_graded(
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
             s.diff_lower = s.diff_ci[0]
-        elif s.level in design.refined and (final := _final(design, s.level, tolerance)):
+        elif s.level in design.refined and (final := final_items(design, s.level, tolerance)):
             # tested once, on items fixed before it was measured (statistics.refined_bounds)
             s.alpha, s.final = design.alpha_at(s.level), final
             first = [d for k, d in zip(common, diffs, strict=True) if order.get(k, final) < final]
@@ -221,7 +221,7 @@ def analyse_graded(
     return a
 
 
-def _final(design: Design, level: float, tolerance: float) -> int:
+def final_items(design: Design, level: float, tolerance: float) -> int:
     """The items a refined level's one test is run on, or 0 when too few are planned for the
     fixed-sample test to hold its error (``FIXED_MIN_ITEMS``): that level is tested with the
     anytime-valid bound at every look, as a grid level is."""

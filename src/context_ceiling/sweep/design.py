@@ -97,6 +97,17 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     return out
 
 
+def first_items(kind: str, final: int, reference_items: int, opening_items: int | None) -> int:
+    """The items a level the design adds is first measured on. A scanned point (kind ``scan``)
+    and a refined midpoint with a one-time test (kind ``levels``, its test on ``final`` items):
+    the opening's, extended batch by batch while it stays open (a midpoint past a cliff fails
+    there and costs no more). A midpoint tested at every look (too few items for the one-time
+    test: ``final`` 0): every item the reference has, at once."""
+    if opening_items is None or (kind == "levels" and not final):
+        return reference_items
+    return min(reference_items, opening_items)
+
+
 def open_levels(a: Analysis) -> list[float]:
     """The deciding level at the asked tolerance while more items could still change its
     decision: its bounds still straddle ``-tolerance`` (it failed, but not clearly) and more

@@ -28,12 +28,13 @@ from context_ceiling.core.options import Option
 from context_ceiling.core.prices import lookup, parse_price
 from context_ceiling.core.tokenizers import TiktokenCounter
 from context_ceiling.formats import APIS
-from context_ceiling.sweep.analysis import analysis_of
+from context_ceiling.sweep.analysis import analysis_of, design_of, final_items
 from context_ceiling.sweep.calllog import CallLog
 from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.design import (
     Step,
     affordable,
+    first_items,
     next_step,
     opening,
 )
@@ -529,18 +530,20 @@ class _Sweep:
             self.console.print(f"scanning {where} for a dip between passing levels")
         else:
             self.console.print(f"refining: measuring {where} where accuracy drops")
-        ref_n = plan.items_at(plan.chain_reference)
-        if plan.batches:
-            # the opening's items first: a scanned point that looks low, and a refined midpoint
-            # that has not clearly dropped, are extended to the rest batch by batch, as any open
-            # level is (a midpoint past a cliff fails on these and costs no more)
-            ref_n = min(ref_n, plan.batches[0])
-        plan.n_at = plan.n_at | {level_key(lv): ref_n for lv in step.levels}
-        plan.levels = sorted(set(plan.levels) | set(step.levels))
         if step.kind == "scan":
             plan.scanned = [*plan.scanned, *(lv for lv in step.levels if lv not in plan.scanned)]
         else:
             plan.refined = [*plan.refined, *(lv for lv in step.levels if lv not in plan.refined)]
+        # the opening's items first where the level stays open only while it has not clearly
+        # dropped (design.first_items); the share of the error a midpoint's test gets follows
+        # its place among the refined levels, so the design is read after it joins them
+        design = design_of(plan)
+        ref_n = plan.items_at(plan.chain_reference)
+        opening_n = plan.batches[0] if plan.batches else None
+        for lv in step.levels:
+            final = final_items(design, lv, plan.spec.tolerance) if step.kind == "levels" else 0
+            plan.n_at = plan.n_at | {level_key(lv): first_items(step.kind, final, ref_n, opening_n)}
+        plan.levels = sorted(set(plan.levels) | set(step.levels))
         return self.samples_for(list(step.levels))
 
 

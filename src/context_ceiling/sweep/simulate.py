@@ -24,13 +24,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from context_ceiling.core.prices import Price
-from context_ceiling.sweep.analysis import analyse_graded
+from context_ceiling.sweep.analysis import analyse_graded, final_items
 from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.curve import Analysis, Design
 from context_ceiling.sweep.design import (
     Opening,
     affordable,
     asked_few,
+    first_items,
     next_step,
     opening,
 )
@@ -418,14 +419,24 @@ class SimSweep:
                     self._measure(lv, self.order[self.n_at[lv] : self.drawn])
                     self.n_at[lv] = self.drawn
             else:
-                n = self.n_at[self.reference]
-                if self.batches:  # as run.py: the opening's items first, then batch by batch
-                    n = min(n, self.batches[0])
-                cost = n * self.added_reps * sum(self._call_tokens(lv) for lv in step.levels)
+                added = self.scanned if step.kind == "scan" else self.refined
+                added.extend(step.levels)  # a midpoint's share of the error follows its place
+                first = {
+                    lv: first_items(
+                        step.kind,
+                        final_items(self.design(), lv, self.tolerance)
+                        if step.kind == "levels"
+                        else 0,
+                        self.n_at[self.reference],
+                        self.batches[0] if self.batches else None,
+                    )
+                    for lv in step.levels
+                }
+                cost = sum(n * self.added_reps * self._call_tokens(lv) for lv, n in first.items())
                 if not self._fits(cost):
+                    del added[-len(step.levels) :]
                     break
-                for lv in step.levels:
-                    (self.scanned if step.kind == "scan" else self.refined).append(lv)
+                for lv, n in first.items():
                     self.n_at[lv] = n
                     self._measure(lv, self.order[:n])
                     self.levels = sorted({*self.levels, lv})
