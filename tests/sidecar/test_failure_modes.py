@@ -674,11 +674,15 @@ def test_at_shutdown_a_request_still_arriving_is_answered_and_idle_connections_c
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("server_class", ["sidecar", "uvicorn"])
-def test_at_shutdown_connections_queued_in_the_kernel_are_answered(server_class: str) -> None:
+def test_at_shutdown_connections_queued_in_the_kernel_are_answered(
+    server_class: str, loop: str
+) -> None:
     """Connections the kernel completed into the listener's accept queue before the event loop
     accepted them are taken at the shutdown and answered, not reset when the listener closes
-    (uvicorn's own server resets them: the second case shows the test can fail)."""
+    (uvicorn's own server resets them: the second case shows the test can fail), on asyncio's
+    loop and on uvloop's (``ceiling serve`` runs on uvloop)."""
     import asyncio
 
     import uvicorn
@@ -731,7 +735,12 @@ def test_at_shutdown_connections_queued_in_the_kernel_are_answered(server_class:
             c.close()
         return answers
 
-    answers = asyncio.run(run())
+    if loop == "uvloop":
+        import uvloop
+
+        answers = uvloop.run(run())
+    else:
+        answers = asyncio.run(run())
     answered = [a.startswith(b"HTTP/1.1 200 ") and a.endswith(b"answered") for a in answers]
     if server_class == "sidecar":
         assert all(answered), answers
