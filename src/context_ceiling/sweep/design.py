@@ -13,9 +13,10 @@ the task set runs out:
    scanned level that looks low joins the fixed sequence, and a dip there lowers the ceiling;
 3. measure the geometric midpoint of the deciding bracket (the highest passing level and the
    first failing one) while the bracket is wider than the resolution, at most
-   ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error), first on the
-   opening's items: a midpoint that has clearly dropped (past a cliff) fails there, and one that
-   has not goes on, batch by batch as an open level does, to the items of its one test.
+   ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error); a midpoint
+   with a one-time test is measured first on the opening's items: one that has clearly dropped
+   (past a cliff) fails there, and one that has not goes on, batch by batch as an open level
+   does, to the items of its test.
 
 Every look is covered by the pass test's confidence sequence (``statistics``), so adding items
 until a level passes does not inflate the chance of passing one that dropped.
@@ -39,8 +40,8 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
     batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
-    opening's items (kind ``levels``: the refinement's midpoints; kind ``scan``: the dip scan's
-    points)."""
+    items :func:`first_items` gives (kind ``levels``: the refinement's midpoints; kind
+    ``scan``: the dip scan's points)."""
 
     kind: str
     levels: tuple[float, ...]
