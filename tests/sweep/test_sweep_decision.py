@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +356,33 @@ def test_a_regression_check_holds_a_ceiling_to_the_tolerance_it_was_written_at()
     assert compare_means(wide, wide, then, means(0.3)).outcome == "moved"
 
 
+def _graded(
+    plan: tuple[tuple[float, int, list[str]], ...], right: Callable[[float, int], bool]
+) -> list[Row]:
+    """Graded calls: for each (level, repeats, items) of ``plan``, every repeat of the ``j``-th
+    item right when ``right(level, j)``."""
+    out: list[Row] = []
+    for lv, reps, items in plan:
+        for j, item in enumerate(items):
+            ok = right(lv, j)
+            for rep in range(reps):
+                out.append(
+                    {
+                        "key": f"{item}@{lv:.4f}#{rep}",
+                        "item": item,
+                        "level": lv,
+                        "repeat": rep,
+                        "control": False,
+                        "correct": ok,
+                        "bucket": "correct" if ok else "missed",
+                        "utilization": lv,
+                        "prompt_tokens": 100,
+                        "status": "ok",
+                    }
+                )
+    return out
+
+
 def test_a_refined_level_passes_only_on_the_items_of_its_one_test() -> None:
     """A midpoint measured on a quarter of the items planned for its test cannot pass yet: it is
     the open level (the design extends it), and the clear drop above it decides meanwhile. With
@@ -365,26 +392,9 @@ def test_a_refined_level_passes_only_on_the_items_of_its_one_test() -> None:
     ids = [f"i{k:03d}" for k in range(400)]
 
     def rows(measured: int) -> list[Row]:
-        out: list[Row] = []
-        for lv, reps, items in ((0.2, 3, ids), (0.35, 1, ids[:measured]), (0.5, 3, ids)):
-            for j, item in enumerate(items):
-                for rep in range(reps):
-                    ok = lv < 0.5 and j % 5 != 0  # 80% right up to the cliff at 0.5
-                    out.append(
-                        {
-                            "key": f"{item}@{lv:.4f}#{rep}",
-                            "item": item,
-                            "level": lv,
-                            "repeat": rep,
-                            "control": False,
-                            "correct": ok,
-                            "bucket": "correct" if ok else "missed",
-                            "utilization": lv,
-                            "prompt_tokens": 100,
-                            "status": "ok",
-                        }
-                    )
-        return out
+        plan = ((0.2, 3, ids), (0.35, 1, ids[:measured]), (0.5, 3, ids))
+        # 80% right up to the cliff at 0.5
+        return _graded(plan, lambda lv, j: lv < 0.5 and j % 5 != 0)
 
     def analysed(measured: int) -> Any:
         design = Design(
@@ -418,27 +428,11 @@ def test_a_waiting_midpoint_stays_open_at_the_tolerance_the_data_resolve() -> No
     ids = [f"i{k:03d}" for k in range(400)]
 
     def analysed(lost: int) -> Any:
-        out: list[Row] = []
         plan = ((0.2, 3, ids), (0.3, 1, ids), (0.4, 1, ids[:100]), (0.5, 3, ids))
-        for lv, reps, items in plan:
-            for j, item in enumerate(items):
-                for rep in range(reps):
-                    right = j % 5 != 0  # 80% at the reference
-                    ok = lv < 0.5 and right and not (lv == 0.3 and j < lost * 5 // 4)
-                    out.append(
-                        {
-                            "key": f"{item}@{lv:.4f}#{rep}",
-                            "item": item,
-                            "level": lv,
-                            "repeat": rep,
-                            "control": False,
-                            "correct": ok,
-                            "bucket": "correct" if ok else "missed",
-                            "utilization": lv,
-                            "prompt_tokens": 100,
-                            "status": "ok",
-                        }
-                    )
+        # 80% at the reference; ``lost`` of those items wrong at 0.3; the cliff at 0.5
+        out = _graded(
+            plan, lambda lv, j: lv < 0.5 and j % 5 != 0 and not (lv == 0.3 and j < lost * 5 // 4)
+        )
         design = Design(
             {0.2: ids, 0.3: ids, 0.4: ids[:100], 0.5: ids},
             3,
