@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN, prior_of
 from context_ceiling.core.tokenizers import RequestMemo, TiktokenCounter
-from context_ceiling.core.trim import PLACEHOLDER, Policy
+from context_ceiling.core.trim import Policy
+from context_ceiling.core.trim_rules import PLACEHOLDER
 from context_ceiling.formats import fit
 from context_ceiling.formats.anthropic import count as count_anthropic
 from context_ceiling.formats.openai_chat import count as count_openai

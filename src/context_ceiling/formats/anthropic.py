@@ -33,7 +33,8 @@ from context_ceiling.core.shape_checks import (
     require_type,
 )
 from context_ceiling.core.tokenizers import CountCache, TextCounter
-from context_ceiling.core.trim import Policy, ToolUse, TrimRules, block_texts
+from context_ceiling.core.trim import Policy
+from context_ceiling.core.trim_rules import ToolUse, TrimRules, block_texts
 from context_ceiling.core.utilization import Component
 from context_ceiling.formats.base import (
     Answer,

@@ -27,7 +27,8 @@ from context_ceiling.core.counting import Prior, RequestCount
 from context_ceiling.core.errors import CeilingError
 from context_ceiling.core.models import ChatFormat
 from context_ceiling.core.tokenizers import CountCache, TextCounter
-from context_ceiling.core.trim import Policy, TrimRules
+from context_ceiling.core.trim import Policy
+from context_ceiling.core.trim_rules import TrimRules
 from context_ceiling.core.vocabulary import Api, Shape
 from context_ceiling.formats.framing import SSE, Framing, json_events
 

@@ -51,7 +51,7 @@ from context_ceiling.core.shape_checks import (
     require_type,
 )
 from context_ceiling.core.tokenizers import CountCache, TextCounter
-from context_ceiling.core.trim import PLACEHOLDER, ToolUse, TrimRules
+from context_ceiling.core.trim_rules import PLACEHOLDER, ToolUse, TrimRules
 from context_ceiling.core.utilization import Component
 from context_ceiling.formats import anthropic
 from context_ceiling.formats.base import (
