@@ -208,13 +208,14 @@ class SidecarServer(uvicorn.Server):
     uvicorn's shutdown closes the listening sockets; connections that completed their handshake
     since the event loop last accepted are still in the kernel's queue, and closing the last
     copy of the socket resets them. Here they are taken first, in the same step as the close (no
-    await between: nothing can join the queue that is not taken or refused), and served like
+    await between, so only a handshake completed in the instant between the last accept and the
+    close can still be reset, where before it was any since the loop last accepted), and served like
     every connection open at the shutdown: a request already sent, or arriving within the
     protocol's first-byte wait, is answered, and the connection closed after it."""
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         taken: list[socket.socket] = []
-        for server in getattr(self, "servers", []):
+        for server in self.servers:  # set by startup; shutdown runs only once it has started
             for listener in server.sockets:
                 taken += _queued(listener, self.config.backlog)
             server.close()

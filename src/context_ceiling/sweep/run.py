@@ -537,11 +537,11 @@ class _Sweep:
         # the opening's items first where the level stays open only while it has not clearly
         # dropped (design.first_items); the share of the error a midpoint's test gets follows
         # its place among the refined levels, so the design is read after it joins them
-        design = design_of(plan)
+        design = design_of(plan) if step.kind == "levels" else None
         ref_n = plan.items_at(plan.chain_reference)
         opening_n = plan.batches[0] if plan.batches else None
         for lv in step.levels:
-            final = final_items(design, lv, plan.spec.tolerance) if step.kind == "levels" else 0
+            final = final_items(design, lv, plan.spec.tolerance) if design is not None else 0
             plan.n_at = plan.n_at | {level_key(lv): first_items(step.kind, final, ref_n, opening_n)}
         plan.levels = sorted(set(plan.levels) | set(step.levels))
         return self.samples_for(list(step.levels))
