@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context_ceiling.formats.anthropic import MessagesStreamTap as AnthropicStreamTap
-from context_ceiling.formats.framing import EventSplitter
+from context_ceiling.formats.framing import EventSplitter, Splitter
 from context_ceiling.formats.gemini import GenerateStreamTap as GeminiStreamTap
 from context_ceiling.formats.openai_chat import ChatStreamTap as OpenAIStreamTap
 from context_ceiling.formats.responses import ResponsesStreamTap
@@ -119,8 +119,8 @@ class EventByEvent:
         return self.inner.on_event(event)
 
 
-def _relay(tap: Any, reads: list[bytes]) -> bytes:
-    splitter = EventSplitter()
+def _relay(tap: Any, reads: list[bytes], splitter: Splitter | None = None) -> bytes:
+    splitter = splitter or EventSplitter()
     return b"".join(forward_read(splitter, tap, r) for r in reads)
 
 
@@ -174,6 +174,27 @@ def test_gemini_reads_forwarded_whole_match_event_by_event(data: st.DataObject) 
     _check(GeminiStreamTap, data.draw(gemini_stream()), data.draw)  # type: ignore[arg-type]
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.integers(1, 12), st.sampled_from(["events", "one", "cuts"]))
+def test_bedrock_reads_forwarded_whole_match_frame_by_frame(
+    data: st.DataObject, deltas: int, how: str
+) -> None:
+    """The same property on the AWS event stream's binary frames (Converse)."""
+    from context_ceiling.formats.bedrock import ConverseStreamTap
+    from context_ceiling.formats.eventstream import EventStreamSplitter
+    from testkit.doubles.bedrock_provider import BedrockProviderDouble
+
+    frames = BedrockProviderDouble(text=" ".join(["w"] * deltas)).converse_events()
+    joined = b"".join(frames)
+    reads = (
+        frames if how == "events" else [joined] if how == "one" else _cuts(joined, data.draw)  # type: ignore[arg-type]
+    )
+    fast, slow = ConverseStreamTap(), ConverseStreamTap()
+    out = _relay(fast, reads, EventStreamSplitter())
+    assert out == _relay(EventByEvent(slow), reads, EventStreamSplitter()) == joined
+    assert (fast.usage, fast.complete) == (slow.usage, slow.complete) and fast.complete
+
+
 def test_a_plain_delta_is_forwarded_without_being_split() -> None:
     """The fast path is taken (not only equivalent): a read of plain deltas never reaches
     ``on_event``, and the injected ``"usage":null`` is still removed."""
@@ -197,15 +218,21 @@ def test_a_plain_delta_is_forwarded_without_being_split() -> None:
 
 def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
     """A whole answer that arrived in one read (a fast upstream, or reads coalesced under load):
-    the read is halved at event boundaries until the tap passes each part whole, so only the
-    events it reads (the first, with the model; the usage; the end) and a few neighbours reach
-    ``on_event``; the bytes forwarded are the event-by-event ones."""
+    the read loses its first event and the events at its end until the tap passes the rest
+    whole, so only the events it reads (the first, with the model; the finish, the usage, the
+    end) reach ``on_event``, the middle is scanned a handful of times (not once per halving),
+    and the bytes forwarded are the event-by-event ones."""
     seen: list[bytes] = []
+    scans: list[int] = []
 
     class Spy(OpenAIStreamTap):
         def on_event(self, event: bytes) -> bytes | None:
             seen.append(event)
             return super().on_event(event)
+
+        def on_chunk(self, chunk: bytes) -> bytes | None:
+            scans.append(len(chunk))
+            return super().on_chunk(chunk)
 
     first = _sse({"model": "gpt-4o", "choices": [{"delta": {"role": "assistant"}}], "usage": None})
     delta = _sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}], "usage": None})
@@ -217,8 +244,38 @@ def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
     assert forward_read(EventSplitter(), tap, read) == _relay(EventByEvent(slow), [read])
     assert (tap.usage, tap.complete) == (slow.usage, slow.complete) and tap.complete
     assert tap.usage.input_tokens == 5
-    assert first in seen and b"data: [DONE]\n\n" in seen
-    assert len(seen) <= 16, f"{len(seen)} of {len(events)} events split off"
+    assert seen == [first, end, usage, b"data: [DONE]\n\n"]
+    assert len(scans) <= 5, f"{len(scans)} scans of the read's parts"
+
+
+def test_a_special_event_mid_read_is_still_split_off() -> None:
+    """A read whose middle holds an event the tap reads (an upstream error between deltas) is
+    halved once the ends are taken off: the error is seen, the bytes are the event-by-event
+    ones."""
+    first = _sse({"model": "gpt-4o", "choices": [{"delta": {"role": "assistant"}}]})
+    delta = _sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}]})
+    error = _sse({"error": {"message": "overloaded", "type": "server_error"}})
+    read = b"".join([first, *[delta] * 20, error, *[delta] * 20])
+    tap, slow = OpenAIStreamTap(False), OpenAIStreamTap(False)
+    assert forward_read(EventSplitter(), tap, read) == _relay(EventByEvent(slow), [read])
+    assert tap.upstream_error and slow.upstream_error
+
+
+def test_a_splitters_first_and_last_are_event_boundaries() -> None:
+    """Both framings find where a read of whole events' first event ends and its last
+    begins, and a single event has neither."""
+    from context_ceiling.formats.eventstream import EventStreamSplitter, encode
+
+    events = [_sse({"n": k}) for k in range(5)]
+    sse = b"".join(events)
+    assert EventSplitter.first(sse) == len(events[0])
+    assert EventSplitter.last(sse) == len(sse) - len(events[-1])
+    assert EventSplitter.first(events[0]) == EventSplitter.last(events[0]) == 0
+    frames = [encode({":event-type": "chunk"}, b'{"k": %d}' % k) for k in range(5)]
+    binary = b"".join(frames)
+    assert EventStreamSplitter.first(binary) == len(frames[0])
+    assert EventStreamSplitter.last(binary) == len(binary) - len(frames[-1])
+    assert EventStreamSplitter.first(frames[0]) == EventStreamSplitter.last(frames[0]) == 0
 
 
 def test_a_splitters_middle_is_an_event_boundary() -> None:

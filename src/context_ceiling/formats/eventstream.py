@@ -140,6 +140,21 @@ class EventStreamSplitter:
             return pos
         return last
 
+    @staticmethod
+    def first(chunk: bytes) -> int:
+        (total,) = struct.unpack_from(">I", chunk, 0)
+        return total if _MIN <= total < len(chunk) else 0
+
+    @staticmethod
+    def last(chunk: bytes) -> int:
+        pos = last = 0
+        while pos + 4 <= len(chunk):
+            (total,) = struct.unpack_from(">I", chunk, pos)
+            if total < _MIN:
+                return 0
+            last, pos = pos, pos + total
+        return last if pos == len(chunk) else 0
+
     def whole(self, chunk: bytes) -> bool:
         pos = 0
         while pos + 4 <= len(chunk):

@@ -52,6 +52,16 @@ class Splitter(Protocol):
         offset just past it; 0 when it is one event."""
         ...
 
+    def first(self, chunk: bytes) -> int:
+        """The offset just past the first event of ``chunk`` (whole events: :meth:`whole`);
+        0 when it is one event."""
+        ...
+
+    def last(self, chunk: bytes) -> int:
+        """The offset where the last event of ``chunk`` (whole events) begins; 0 when it is
+        one event."""
+        ...
+
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         """The events ``chunk`` completes, as the bytes that arrived."""
         ...
@@ -101,6 +111,16 @@ class EventSplitter:
         if 0 <= at < len(chunk) - 2:
             return at + 2
         at = chunk.rfind(b"\n\n", 0, half)
+        return at + 2 if at >= 0 else 0
+
+    @staticmethod
+    def first(chunk: bytes) -> int:
+        at = chunk.find(b"\n\n")
+        return at + 2 if 0 <= at < len(chunk) - 2 else 0
+
+    @staticmethod
+    def last(chunk: bytes) -> int:
+        at = chunk.rfind(b"\n\n", 0, len(chunk) - 2)
         return at + 2 if at >= 0 else 0
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:

@@ -58,14 +58,47 @@ def forward_read(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     them (an incomplete tail is held back in ``splitter``). A read of whole events that the tap
     passes as one (``on_chunk``: most reads are one plain content delta) is not split at all;
     one it refuses (several events arrived together, one of them carrying the model, the usage
-    or the end) is halved at an event boundary until it does, so only the events it reads go
-    through ``on_event``, in order."""
+    or the end) is taken apart at event boundaries until it does (:func:`_parted`), so only the
+    events it reads go through ``on_event``, in order."""
     if splitter.idle and splitter.whole(chunk):
         if tap.whole_reads:
-            return _halved(splitter, tap, chunk)
+            return _parted(splitter, tap, chunk)
         if (out := tap.on_chunk(chunk)) is not None:
             return out
     return _events(splitter, tap, chunk)
+
+
+#: events split off the end of a refused read, one by one, before it is halved instead
+PEEL = 4
+
+
+def _parted(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
+    """A read of whole events, forwarded in as few parts as the tap takes whole. The events a
+    tap reads sit at the ends of a stream (the first carries the model; the finish, the usage
+    and the end marker close it), so a read it refuses loses its first event, then up to
+    ``PEEL`` events from its end, before the rest is halved (:func:`_halved`): a whole answer
+    in one read costs a handful of ``on_chunk`` scans, not one per halving."""
+    if (out := tap.on_chunk(chunk)) is not None:
+        return out
+    cut = splitter.first(chunk)
+    if not cut:
+        return _events(splitter, tap, chunk)
+    head = _events(splitter, tap, chunk[:cut])  # the model, where it is not known yet
+    rest = chunk[cut:]
+    tail: list[bytes] = []
+    for _ in range(PEEL):
+        if (out := tap.on_chunk(rest)) is not None:
+            break
+        cut = splitter.last(rest)
+        if not cut:
+            out = _events(splitter, tap, rest)
+            break
+        rest, last = rest[:cut], rest[cut:]
+        tail.append(last)
+    else:
+        out = _halved(splitter, tap, rest)
+    parts = [head, out, *(_events(splitter, tap, t) for t in reversed(tail))]
+    return b"".join(parts)
 
 
 def _halved(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
