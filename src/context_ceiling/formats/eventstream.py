@@ -129,16 +129,24 @@ class EventStreamSplitter:
         return not self._buf
 
     @staticmethod
-    def middle(chunk: bytes) -> int:
+    def _walk(chunk: bytes, until: int) -> tuple[int, int] | None:
+        """Message by message from each prelude's length, up to ``until``: (where the last
+        message reached begins, where it ends); None at a prelude shorter than a message."""
         pos = last = 0
-        while pos + 4 <= len(chunk) and pos < len(chunk) // 2:
+        while pos + 4 <= len(chunk) and pos < until:
             (total,) = struct.unpack_from(">I", chunk, pos)
             if total < _MIN:
-                return 0
+                return None
             last, pos = pos, pos + total
-        if 0 < pos < len(chunk):
-            return pos
-        return last
+        return last, pos
+
+    @staticmethod
+    def middle(chunk: bytes) -> int:
+        walked = EventStreamSplitter._walk(chunk, len(chunk) // 2)
+        if walked is None:
+            return 0
+        last, pos = walked
+        return pos if 0 < pos < len(chunk) else last
 
     @staticmethod
     def first(chunk: bytes) -> int:
@@ -147,22 +155,12 @@ class EventStreamSplitter:
 
     @staticmethod
     def last(chunk: bytes) -> int:
-        pos = last = 0
-        while pos + 4 <= len(chunk):
-            (total,) = struct.unpack_from(">I", chunk, pos)
-            if total < _MIN:
-                return 0
-            last, pos = pos, pos + total
-        return last if pos == len(chunk) else 0
+        walked = EventStreamSplitter._walk(chunk, len(chunk))
+        return walked[0] if walked is not None and walked[1] == len(chunk) else 0
 
     def whole(self, chunk: bytes) -> bool:
-        pos = 0
-        while pos + 4 <= len(chunk):
-            (total,) = struct.unpack_from(">I", chunk, pos)
-            if total < _MIN:
-                return False
-            pos += total
-        return pos == len(chunk)
+        walked = self._walk(chunk, len(chunk))
+        return walked is not None and walked[1] == len(chunk)
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         buf = self._buf + chunk if self._buf else chunk
