@@ -421,12 +421,11 @@ class SimSweep:
             else:
                 added = self.scanned if step.kind == "scan" else self.refined
                 added.extend(step.levels)  # a midpoint's share of the error follows its place
+                design = self.design() if step.kind == "levels" else None  # as run.py
                 first = {
                     lv: first_items(
                         step.kind,
-                        final_items(self.design(), lv, self.tolerance)
-                        if step.kind == "levels"
-                        else 0,
+                        final_items(design, lv, self.tolerance) if design is not None else 0,
                         self.n_at[self.reference],
                         self.batches[0] if self.batches else None,
                     )
