@@ -87,6 +87,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
+def fair_threads() -> int:
+    """The server's threads: every core, or its share of them where the test suite runs other
+    workers beside it (pytest-xdist's ``PYTEST_XDIST_WORKER_COUNT``). llama.cpp's threads meet at a
+    barrier after every operation of every layer: with a core taken by other work, each barrier
+    waits for a descheduled sibling, and a cached question took many times as long on two
+    threads as on one (``-t 1`` does not slow down beside a busy core; ``--poll 0`` does not
+    help)."""
+    cores = os.cpu_count() or 2
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, cores // max(1, workers))
+
+
 @contextlib.contextmanager
 def llama_server(
     ctx_size: int,
@@ -99,7 +111,7 @@ def llama_server(
     priority: int = 0,
 ) -> Iterator[RunningServer]:
     """Start llama-server with ``ctx_size`` tokens of context on a free loopback port.
-    ``priority``: a niceness to run it at (negative: ahead of other work on the machine, where
+    ``threads``: its compute threads (default :func:`fair_threads`); ``priority``: a niceness to run it at (negative: ahead of other work on the machine, where
     this process may raise it; else as it is)."""
     local = local or ensure_local_model()
     port = free_port()
@@ -116,7 +128,7 @@ def llama_server(
         "-np",
         "1",
         "-t",
-        str(threads or os.cpu_count() or 2),
+        str(threads or fair_threads()),
         "--no-webui",
         "--alias",
         alias,
