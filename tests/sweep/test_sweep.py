@@ -657,7 +657,15 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     fixed = dry("--price", "2,8", "--items", "30", "--no-adaptive")["cost_usd"]
     assert fixed["min"] == fixed["expected"] == fixed["max"] > 0
     assert dry("--price", "0")["cost_usd"]["max"] == 0
-    assert dry()["cost_usd"] is None  # "scripted" has no list price, and none is guessed
+    unpriced = dry()
+    assert unpriced["cost_usd"] is None  # "scripted" has no list price, and none is guessed
+    # no price, and still the forecast: what the adaptive design is expected to spend
+    assert unpriced["expected_input_tokens"] == cost["expected_input_tokens"]
+    assert unpriced["expected_calls"] > unpriced["calls"] and unpriced["budget_tolerance"] is None
+    low = dry("--max-input-tokens", str(cost["expected_input_tokens"] // 4))
+    assert low["cost_usd"] is None
+    assert low["expected_input_tokens"] <= cost["expected_input_tokens"] // 4
+    assert low["budget_tolerance"] > unpriced["tolerance"]
     # the forecast honours every budget, and says what tolerance the budget buys
     usd = round(cost["expected"] / 4, 2)
     tight = dry("--price", "2,8", "--budget-usd", str(usd))["cost_usd"]

@@ -18,7 +18,7 @@ from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.simulate import SimSweep, forecast, random_truth, with_truth
 from context_ceiling.sweep.statistics import tolerance_for
 
-__all__ = ["FORECAST_RUNS", "Pricing", "budget_lines", "cost_line"]
+__all__ = ["FORECAST_RUNS", "Pricing", "bought", "budget_lines", "cost_line"]
 
 FORECAST_RUNS = 12
 """How many simulated curves the forecast of what a sweep spends replays (dry run and run)."""
@@ -111,12 +111,38 @@ class Pricing:
             budget_tokens=budget_tokens,
         )
 
-    def costs(self, calls: int, tokens: int) -> dict[str, Any] | None:
+    def spend(self, calls: int, tokens: int) -> dict[str, Any]:
+        """What the design is expected to spend, priced or not: the median calls and input
+        tokens of the adaptive design over a range of simulated curves
+        (:func:`context_ceiling.sweep.simulate.forecast`, ``calls``, ``tokens``: the opening's,
+        which sets the tokens per call), the prompt cache's read share of them, every budget as
+        the input tokens it affords (None: no budget) and the tolerance the items it buys
+        resolve. Keeps the cache's shares for :meth:`costs`."""
+        plan = self.plan
+        budget = self.budget_tokens(calls, tokens)
+        sim = self.simulated(budget)
+        f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=FORECAST_RUNS)
+        # the prompt cache's share of the input (a shared haystack), as the simulation found it
+        self.cache_shares = (f["cached_share"], f["written_share"])
+        return {
+            "expected_calls": round(f["calls_median"]),
+            "expected_input_tokens": round(f["input_tokens_median"]),
+            "expected_cached_share": round(f["cached_share"], 3),
+            "budget_input_tokens": budget,
+            "budget_tolerance": (
+                tolerance_for(round(f["items_median"]), plan.spec.repeats)
+                if budget is not None
+                else None
+            ),
+        }
+
+    def costs(
+        self, calls: int, tokens: int, spend: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``: it
-        is certain to run), ``expected`` the median of what the adaptive design spends over a
-        range of simulated curves (:func:`context_ceiling.sweep.simulate.forecast`, the prompt
-        cache's share of a shared haystack included), ``max`` every item the adaptive design may
-        add at every level, uncached; every call's whole output reservation counted. None: no
+        is certain to run), ``expected`` what :meth:`spend` forecasts (``spend``: already
+        forecast), ``max`` every item the adaptive design may add at every level, uncached;
+        every call's whole output reservation counted; with the forecast's own fields. None: no
         price."""
         if self.price is None:
             return None
@@ -125,31 +151,17 @@ class Pricing:
         grow = plan.adaptive and not plan.spec.items
         inp = max(0, tokens - calls * plan.spec.max_tokens)  # the estimate holds the reservation
         cap = max(1.0, self.target_items / drawn) if grow else 1.0
-        budget = self.budget_tokens(calls, tokens)
-        sim = self.simulated(budget)
-        f = forecast(lambda truth, seed: with_truth(sim, truth, seed), runs=FORECAST_RUNS)
-        # the prompt cache's share of the input (a shared haystack), as the simulation found it
-        self.cache_shares = (f["cached_share"], f["written_share"])
-        med = f["input_tokens_median"]
+        f = spend if spend is not None else self.spend(calls, tokens)
         got: dict[str, Any] = {
             "min": round(self._usd(inp, calls * out), 2),
-            "expected": round(self._usd(med, f["calls_median"] * out), 2),
+            "expected": round(self._usd(f["expected_input_tokens"], f["expected_calls"] * out), 2),
             "max": round(self.price.cost(inp * cap, calls * cap * out), 2),
-            "expected_calls": round(f["calls_median"]),
-            "expected_input_tokens": round(med),
-            "expected_cached_share": round(f["cached_share"], 3),
+            **f,
         }
         got["expected"] = min(max(got["expected"], got["min"]), max(got["max"], got["min"]))
         if self.budget_usd is not None:  # a budget stops the run before it is crossed
             got["max"] = min(got["max"], self.budget_usd)
             got["expected"] = min(got["expected"], self.budget_usd)
-        #: what the budget buys: the items the forecast measured and the tolerance they resolve
-        got["budget_input_tokens"] = budget
-        got["budget_tolerance"] = (
-            tolerance_for(round(f["items_median"]), plan.spec.repeats)
-            if budget is not None
-            else None
-        )
         got["price_per_million"] = {
             "input": self.price.input,
             "cached_input": self.price.cached_input,
@@ -160,25 +172,38 @@ class Pricing:
         return got
 
 
-def cost_line(cost: dict[str, Any] | None, model: str) -> str:
-    """One line on what the run costs (or why no price is known)."""
+def bought(tolerance: float) -> str:
+    """What a number of items buys, in words: the tolerance their ceiling is stated within."""
+    if tolerance <= 0.5:  # tolerance_for: 1.0 when not even 50 points
+        return f"a ceiling within {tolerance:.1%} of the reference"
+    return "too few items for a ceiling within 50 points of the reference"
+
+
+def cost_line(cost: dict[str, Any] | None, model: str, spend: dict[str, Any]) -> str:
+    """One line on what the run is expected to spend (``spend``: :meth:`Pricing.spend`) and
+    what it costs (``cost``: :meth:`Pricing.costs`; None: no price known, said so)."""
+    cap = ""
+    if spend["budget_tolerance"] is not None:
+        cap = (
+            f"; the budget affords about {spend['budget_input_tokens']:,} input tokens: "
+            f"{bought(spend['budget_tolerance'])}"
+        )
+    expected = (
+        f"the median over simulated curves of what the adaptive design spends: "
+        f"{spend['expected_calls']:,} calls, {spend['expected_input_tokens']:,} input tokens, "
+        f"{spend['expected_cached_share']:.0%} read from the prompt cache"
+    )
     if cost is None:
         return (
-            f"cost: no price known for {model}; say what it costs with --price IN,OUT (dollars "
-            "per million tokens; --price 0 for a self-hosted model)"
+            f"cost: no price known for {model} (say what it costs with --price IN,OUT, dollars "
+            f"per million tokens; --price 0 for a self-hosted model); expected: {expected}{cap}"
         )
-    cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" if cost["budget_usd"] else ""
-    if cost.get("budget_tolerance") is not None:
-        cap += (
-            f"; the budget affords about {cost['budget_input_tokens']:,} input tokens: a ceiling "
-            f"within about {cost['budget_tolerance']:.1%} of the reference"
-        )
+    if cost["budget_usd"]:
+        cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" + cap
     p = cost["price_per_million"]
     return (
-        f"cost: about ${cost['expected']:,.2f} expected (the median over simulated curves of what "
-        f"the adaptive design spends: {cost['expected_calls']:,} calls, "
-        f"{cost['expected_input_tokens']:,} input tokens, {cost['expected_cached_share']:.0%} "
-        f"read from the prompt cache), ${cost['min']:,.2f} at least (the opening design), "
+        f"cost: about ${cost['expected']:,.2f} expected ({expected}), "
+        f"${cost['min']:,.2f} at least (the opening design), "
         f"${cost['max']:,.2f} at most (every item the adaptive design may add, uncached){cap}; "
         f"input ${p['input']:g}, cached input ${p['cached_input']:g} and output ${p['output']:g} "
         f"per million tokens ({cost['source']}), the whole output reservation counted"
@@ -190,10 +215,5 @@ def budget_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         usd = f" for ${r['usd']:,.2f}" if r["usd"] is not None else ""
-        bought = (
-            f"a ceiling within {r['tolerance']:.1%} of the reference"
-            if r["tolerance"] < 1
-            else "too few for any tolerance under 50 points"
-        )
-        out.append(f"  {r['items']:>5} items{usd}: {bought}")
+        out.append(f"  {r['items']:>5} items{usd}: {bought(r['tolerance'])}")
     return out

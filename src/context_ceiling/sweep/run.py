@@ -53,7 +53,7 @@ from context_ceiling.sweep.plan import (
     parse_shard,
     window_of,
 )
-from context_ceiling.sweep.price import Pricing, budget_lines, cost_line
+from context_ceiling.sweep.price import Pricing, bought, budget_lines, cost_line
 from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
@@ -131,7 +131,8 @@ def run(opts: RunOptions, console: Console) -> int:
         f"±{expected_half_width(len(plan.item_ids), plan.spec.repeats):.1%})"
     )
     opening = sweep.runner.estimate(sweep.samples_for(plan.levels, plan.n_control or 0))
-    console.print(cost_line(sweep.pricing.costs(*opening), plan.spec.model))
+    spend = sweep.pricing.spend(*opening)
+    console.print(cost_line(sweep.pricing.costs(*opening, spend), plan.spec.model, spend))
     try:
         sweep.run()
     except KeyboardInterrupt:
@@ -357,9 +358,8 @@ class _Sweep:
         self.plan = opened_on(plan, n, self._group_count)
         self.pricing.plan = self.plan
         self.console.print(
-            f"[yellow]budget[/]: the opening design fits {n} of {drawn} items; a ceiling from "
-            f"them is stated within about {tolerance_for(n, plan.spec.repeats):.1%} of the "
-            "reference (what each budget buys: --dry-run)"
+            f"[yellow]budget[/]: the opening design fits {n} of {drawn} items: "
+            f"{bought(tolerance_for(n, plan.spec.repeats))} (what each budget buys: --dry-run)"
         )
 
     def save(self) -> None:
@@ -418,7 +418,8 @@ class _Sweep:
             if plan.adaptive and self.target_items > drawn
             else ""
         )
-        cost = self.pricing.costs(calls, tokens)
+        spend = self.pricing.spend(calls, tokens)
+        cost = self.pricing.costs(calls, tokens, spend)
         budgets = self.pricing.budgets(calls, tokens)
         self.console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens (window {self.window:,}, levels "
@@ -427,7 +428,7 @@ class _Sweep:
             f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.spec.tolerance:.0%}{more}; "
             "nothing was sent"
         )
-        self.console.print(cost_line(cost, plan.spec.model))
+        self.console.print(cost_line(cost, plan.spec.model, spend))
         self.console.print(
             "what a budget buys (a fixed design of that many items; --items N or --budget-usd):"
         )
@@ -447,6 +448,7 @@ class _Sweep:
                 "haystack_groups": plan.groups,
                 "expected_half_width": hw,
                 "tolerance": plan.spec.tolerance,
+                **spend,
                 "cost_usd": cost,
                 "budgets": budgets,
             }
