@@ -674,6 +674,8 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     cap = cost["expected_input_tokens"] // 4
     capped = dry("--price", "2,8", "--max-input-tokens", str(cap))["cost_usd"]
     assert capped["expected_input_tokens"] <= cap
+    # at most what the cap affords, not every item the design may add
+    assert capped["min"] <= capped["expected"] <= capped["max"] < cost["max"]
     few = dry("--price", "2,8", "--max-calls", "100")
     assert few["calls"] <= 100 and few["cost_usd"]["expected_calls"] <= 100
     assert cost["budget_tolerance"] is None

@@ -141,7 +141,8 @@ class Pricing:
     ) -> dict[str, Any] | None:
         """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``: it
         is certain to run), ``expected`` what :meth:`spend` forecasts (``spend``: already
-        forecast), ``max`` every item the adaptive design may add at every level, uncached;
+        forecast), ``max`` every item the adaptive design may add at every level, uncached, or
+        what the tightest budget affords;
         every call's whole output reservation counted; with the forecast's own fields. None: no
         price."""
         if self.price is None:
@@ -156,11 +157,18 @@ class Pricing:
             "min": round(self._usd(inp, calls * out), 2),
             "expected": round(self._usd(f["expected_input_tokens"], f["expected_calls"] * out), 2),
             "max": round(self.price.cost(inp * cap, calls * cap * out), 2),
+            "max_by": "items",  # every item the design may add; "budget": the budget's cap
             **f,
         }
+        budget = f["budget_input_tokens"]
+        if budget is not None and budget < inp * cap:  # every budget stops the run, not only $
+            per_call = max(1.0, inp / max(1, calls))
+            budgeted = self.price.cost(budget, budget / per_call * out)
+            got["max"] = max(got["min"], round(min(got["max"], budgeted), 2))
+            got["max_by"] = "budget"
         got["expected"] = min(max(got["expected"], got["min"]), max(got["max"], got["min"]))
-        if self.budget_usd is not None:  # a budget stops the run before it is crossed
-            got["max"] = min(got["max"], self.budget_usd)
+        if self.budget_usd is not None and self.budget_usd < got["max"]:  # stops the run
+            got["max"], got["max_by"] = self.budget_usd, "budget"
             got["expected"] = min(got["expected"], self.budget_usd)
         got["price_per_million"] = {
             "input": self.price.input,
@@ -201,10 +209,15 @@ def cost_line(cost: dict[str, Any] | None, model: str, spend: dict[str, Any]) ->
     if cost["budget_usd"]:
         cap = f"; capped at ${cost['budget_usd']:,.2f} (--budget-usd)" + cap
     p = cost["price_per_million"]
+    most = (
+        "what the budget affords"
+        if cost["max_by"] == "budget"
+        else "every item the adaptive design may add, uncached"
+    )
     return (
         f"cost: about ${cost['expected']:,.2f} expected ({expected}), "
         f"${cost['min']:,.2f} at least (the opening design), "
-        f"${cost['max']:,.2f} at most (every item the adaptive design may add, uncached){cap}; "
+        f"${cost['max']:,.2f} at most ({most}){cap}; "
         f"input ${p['input']:g}, cached input ${p['cached_input']:g} and output ${p['output']:g} "
         f"per million tokens ({cost['source']}), the whole output reservation counted"
     )
