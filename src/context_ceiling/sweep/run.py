@@ -415,6 +415,7 @@ class _Sweep:
             f"±{expected_half_width(self.planned, plan.spec.repeats):.1%}: adaptive, up to "
             f"{self.target_items} items (±{expected_half_width(self.target_items, plan.spec.repeats):.1%})"
             " where the decision is still open"
+            + (", as far as the budget allows" if self.runner.budget.limited else "")
             if plan.adaptive and self.target_items > drawn
             else ""
         )
