@@ -142,9 +142,8 @@ class Pricing:
         """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``: it
         is certain to run), ``expected`` what :meth:`spend` forecasts (``spend``: already
         forecast), ``max`` every item the adaptive design may add at every level, uncached, or
-        what the tightest budget affords;
-        every call's whole output reservation counted; with the forecast's own fields. None: no
-        price."""
+        what the tightest budget affords (``max_by``); every call's whole output reservation
+        counted; with the forecast's own fields. None: no price."""
         if self.price is None:
             return None
         plan, drawn = self.plan, max(1, len(self.plan.item_ids))
