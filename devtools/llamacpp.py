@@ -111,8 +111,9 @@ def llama_server(
     priority: int = 0,
 ) -> Iterator[RunningServer]:
     """Start llama-server with ``ctx_size`` tokens of context on a free loopback port.
-    ``threads``: its compute threads (default :func:`fair_threads`); ``priority``: a niceness to run it at (negative: ahead of other work on the machine, where
-    this process may raise it; else as it is)."""
+    ``threads``: its compute threads (default :func:`fair_threads`); ``priority``: a niceness
+    to run it at (negative: ahead of other work on the machine, where this process may raise
+    it; else as it is)."""
     local = local or ensure_local_model()
     port = free_port()
     args = [

@@ -410,16 +410,16 @@ class _Sweep:
         calls, tokens = self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0))
         drawn = len(plan.item_ids)
         hw = expected_half_width(drawn, plan.spec.repeats)
+        spend = self.pricing.spend(calls, tokens)
         more = (
             f"; {self.planned} items are planned for "
             f"±{expected_half_width(self.planned, plan.spec.repeats):.1%}: adaptive, up to "
             f"{self.target_items} items (±{expected_half_width(self.target_items, plan.spec.repeats):.1%})"
             " where the decision is still open"
-            + (", as far as the budget allows" if self.runner.budget.limited else "")
+            + (", as far as the budget allows" if spend["budget_input_tokens"] is not None else "")
             if plan.adaptive and self.target_items > drawn
             else ""
         )
-        spend = self.pricing.spend(calls, tokens)
         cost = self.pricing.costs(calls, tokens, spend)
         budgets = self.pricing.budgets(calls, tokens)
         self.console.print(

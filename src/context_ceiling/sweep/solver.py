@@ -219,11 +219,6 @@ class SpendCap:
         self.tokens = 0
         self.usd = 0.0
 
-    @property
-    def limited(self) -> bool:
-        """Whether any cap is set."""
-        return self.max_calls is not None or self.max_tokens is not None or self.max_usd is not None
-
     def _usd(self, tokens: int) -> float:
         return self.price.cost(tokens, self.output_tokens) if self.price is not None else 0.0
 
