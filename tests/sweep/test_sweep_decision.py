@@ -19,7 +19,8 @@ from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.analysis import analyse_graded
 from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.curve import Design
-from context_ceiling.sweep.design import START_SHARE
+from context_ceiling.sweep.decision import decided_by, futile
+from context_ceiling.sweep.design import START_SHARE, next_step
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.solver import Endpoint, request_of
@@ -454,3 +455,63 @@ def test_a_waiting_midpoint_stays_open_at_the_tolerance_the_data_resolve() -> No
     a = widened[0]
     assert a.deciding_level == 0.4 and a.level(0.4).waiting
     assert a.open_level == 0.4
+
+
+def test_a_scan_point_that_looks_low_is_measured_on_every_item_before_it_decides() -> None:
+    """A dip scan point measured on the opening's 100 items reads 8 points low there by chance
+    (flat on the rest): short of the reference's 400 items only a shown drop decides it, so it
+    is the open level (the design extends it) and holds on all of them. A real dip shown on
+    the opening's items decides at once."""
+    ids = [f"i{k:03d}" for k in range(400)]
+
+    def analysed(measured: int, dip: Callable[[int], bool]) -> Any:
+        plan = ((0.2, 3, ids), (0.35, 1, ids[:measured]), (0.5, 3, ids), (0.8, 3, ids))
+
+        def right(lv: float, j: int) -> bool:
+            if lv == 0.8:
+                return False  # the cliff
+            return j % 5 != 0 and not (lv == 0.35 and dip(j))
+
+        out = _graded(plan, right)
+        design = Design(
+            {0.2: ids, 0.35: ids[:measured], 0.5: ids, 0.8: ids},
+            3,
+            [],
+            0.2,
+            scanned=(0.35,),
+            horizon=100,
+            cap=400,
+            level_repeats={0.35: 1},
+        )
+        return analyse_graded(out, out, 1000, 0.05, 0.05, design=design)
+
+    def unlucky(j: int) -> bool:
+        return j < 100 and j % 25 in (1, 2)  # 8 of the first 100 wrong
+
+    early = analysed(100, unlucky)
+    scan = early.level(0.35)
+    assert scan is not None and scan.role == "scan" and scan.short and scan.reach == 400
+    assert -0.12 < scan.diff < -0.05 < scan.diff_ci[1]  # looks low, proves nothing
+    assert scan.diff_lower < -0.05  # fails at the asked tolerance: no drop, and not futile
+    assert decided_by(scan, 0.05, 400) is None and not futile(scan, 0.05, 400)
+    assert early.open_level == 0.35
+    step = next_step(
+        early,
+        drawn=400,
+        target_items=400,
+        refine=True,
+        adaptive=True,
+        resolution=0.05,
+        batch=100,
+    )
+    assert step is not None and (step.kind, step.levels) == ("extend", (0.35,))
+    done = analysed(400, unlucky)
+    assert done.level(0.35) is not None and not done.level(0.35).short
+    assert done.ceiling_level == 0.5  # measured whole, the point holds and the dip is not there
+
+    def real(j: int) -> bool:
+        return j % 5 in (1, 2)  # 40 points down: a dip, shown on the first 100 items
+
+    dipped = analysed(100, real)
+    assert dipped.deciding_level == 0.35 and dipped.decided_by == "drop"
+    assert dipped.ceiling_level == 0.2 and dipped.open_level is None

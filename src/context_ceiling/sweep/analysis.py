@@ -177,6 +177,7 @@ def analyse_graded(
             s.diff_sd = math.sqrt(sum((x - s.diff) ** 2 for x in diffs) / (len(diffs) - 1))
         if s.level in design.scanned:
             s.role = "scan" if scan_gates(s, tolerance) else "scanned"
+            s.reach = ref.n_design if ref is not None else 0
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
             s.diff_lower = s.diff_ci[0]

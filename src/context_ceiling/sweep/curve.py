@@ -109,6 +109,17 @@ class LevelStats:
     #: a refined level's pass is tested once, on this many items fixed before it is measured
     #: (``statistics.refined_items``); 0 for the other levels (anytime-valid bounds)
     final: int = 0
+    #: a dip scan point that looks low (role ``scan``): the items the reference has, every one of
+    #: which it is measured on before anything but a shown drop decides it
+    reach: int = 0
+
+    @property
+    def short(self) -> bool:
+        """A dip scan point that looks low, still short of the reference's items: the opening's
+        items it was scanned on share the reference's own chance highs and lows with every other
+        scan point, so only a drop shown there decides it; otherwise it goes on, batch by batch,
+        as an open level does."""
+        return self.role == "scan" and self.n_design < self.reach
 
     @property
     def waiting(self) -> bool:

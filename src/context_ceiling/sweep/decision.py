@@ -198,6 +198,8 @@ def decided_by(s: LevelStats, tolerance: float, cap: int | None = None) -> str |
         return None
     if s.diff_ci[1] < -tolerance:
         return "drop"
+    if s.short:
+        return None
     if s.half_width <= tolerance:
         return "precision"
     if futile(s, tolerance, cap) and s.diff <= -tolerance:
@@ -209,6 +211,8 @@ def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
     """Even at ``cap`` items (every item the design may measure there), a level whose difference
     is ``FUTILITY_SE`` standard errors better than measured would not pass: more items only
     spend, and the ceiling stays at the level below, on the safe side (futility stopping)."""
+    if s.short:
+        return False
     if s.final and not s.waiting:  # a refined level's one test is done
         return s.diff_lower <= -tolerance
     if cap is None or s.n_items < MIN_ITEMS or s.diff_sd <= 0:

@@ -10,7 +10,9 @@ the task set runs out:
    never at levels already decided, up to every item of the task set;
 2. once it is decided, scan for dips that recover: points between every pair of passing grid
    levels at or below the ceiling, measured once on the opening's items (:func:`scans`); a
-   scanned level that looks low joins the fixed sequence, and a dip there lowers the ceiling;
+   scanned level that looks low joins the fixed sequence and, unless a drop is shown on the
+   opening's items, goes on batch by batch to every item the reference has before it is
+   decided (``LevelStats.short``); a dip there lowers the ceiling;
 3. measure the geometric midpoint of the deciding bracket (the highest passing level and the
    first failing one) while the bracket is wider than the resolution, at most
    ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error); a midpoint
@@ -74,7 +76,8 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     recovers would go unseen: points evenly spaced between each such pair, no two further apart
     than the resolution (a dip that wide cannot fall between them), measured once on the
     opening's items. A scanned level that looks low then takes part in the fixed sequence
-    (``decision.scan_gates``): a dip there lowers the ceiling below it; one that holds up costs
+    (``decision.scan_gates``) and is extended to the reference's items before anything but a
+    shown drop decides it: a dip there lowers the ceiling below it; one that holds up costs
     the pass test nothing. Only the grid's own pairs are
     scanned (not refined or scanned levels): one pass, at a bounded cost."""
     if a.ceiling_level is None or a.reference_level is None:
