@@ -193,7 +193,8 @@ def decided_by(s: LevelStats, tolerance: float, cap: int | None = None) -> str |
     passed), ``futility`` when no more items could make it pass (:func:`futile`) *and* what it
     measured is itself a drop past the tolerance. A futile level whose measured difference is
     within the tolerance is no evidence of a drop: it stays open (the widening, or a refusal
-    that says how many items would decide it)."""
+    that says how many items would decide it). A dip-scan point short of the reference's items
+    (:attr:`LevelStats.short`) is decided by a shown drop only."""
     if not s.complete:
         return None
     if s.diff_ci[1] < -tolerance:
@@ -210,7 +211,8 @@ def decided_by(s: LevelStats, tolerance: float, cap: int | None = None) -> str |
 def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
     """Even at ``cap`` items (every item the design may measure there), a level whose difference
     is ``FUTILITY_SE`` standard errors better than measured would not pass: more items only
-    spend, and the ceiling stays at the level below, on the safe side (futility stopping)."""
+    spend, and the ceiling stays at the level below, on the safe side (futility stopping). Never
+    for a dip-scan point short of the reference's items (:attr:`LevelStats.short`)."""
     if s.short:
         return False
     if s.final and not s.waiting:  # a refined level's one test is done
