@@ -214,13 +214,19 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     initial = {0.1, 0.2, 0.5, 0.8}
     added = [lv for lv in plan["levels"] if lv not in initial and lv < 0.9]
     assert added, "refinement measured new levels"
-    refined, scanned = plan["refined"], plan["scanned"]
+    refined, scanned, probed = plan["refined"], plan["scanned"], plan["probed"]
     assert refined and all(0.5 < lv < 0.8 for lv in refined), f"refined where it drops: {refined}"
+    # the cliff probed first: every probe inside the deciding bracket, the tested midpoints
+    # among them, the ones past the knee shown dropped and never tested
+    assert probed and all(0.5 < lv < 0.8 for lv in probed), probed
+    assert set(refined) <= set(probed), (refined, probed)
+    roles = {s["level"]: s["role"] for s in summary["levels"]}
+    assert all(roles[lv] == "probe" for lv in probed if lv not in refined)
     # the dip scan: between the passing grid levels, no two points more than 0.04 apart
     assert scanned and all(0.2 < lv < 0.5 for lv in scanned), scanned
     points = sorted([0.2, *scanned, 0.5])
     assert max(b - a for a, b in itertools.pairwise(points)) <= 0.04 + 1e-9
-    assert sorted(added) == sorted(refined + scanned)
+    assert sorted(added) == sorted({*refined, *scanned, *probed})
     knee = 0.65
     assert summary["ceiling_level"] is not None
     ceiling_util = next(

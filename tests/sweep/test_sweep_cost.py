@@ -162,23 +162,41 @@ def test_the_simulation_runs_the_sweeps_own_design() -> None:
     assert f["calls_p10"] <= f["calls_median"] <= f["calls_p90"]
 
 
-def test_a_refined_midpoint_past_a_cliff_fails_on_the_openings_items() -> None:
-    """A refined midpoint is measured on the opening's items first: one past the cliff has
-    clearly dropped there and is measured no further; one before it goes on to every item of
-    its one test, and the ceiling lands between the grid level below the cliff and the cliff."""
+def test_a_cliff_is_probed_on_the_openings_items_before_a_midpoint_is_tested() -> None:
+    """Inside a bracket whose failing level dropped steeply, the refinement probes on the
+    opening's items first: a probe past the cliff shows the drop there and is measured no
+    further; the highest probe below it is the midpoint tested, on every item of its one test,
+    and the ceiling lands between the grid level below the cliff and the cliff."""
     t = Truth("cliff", base=0.9, knee=0.6)
     sim = SimSweep(t, seed=3)
     a = sim.run()
     opening = sim.batches[0]
-    past = [lv for lv in sim.refined if t.p(lv) < t.p(0.2) - 0.3]
-    flat = [lv for lv in sim.refined if t.p(lv) > t.p(0.2) - 0.01]
-    assert past and flat, sim.refined
+    past = [lv for lv in sim.probed if t.p(lv) < t.p(0.2) - 0.3]
+    assert past, sim.probed
     assert all(sim.n_at[lv] == opening for lv in past)
-    for lv in flat:
+    assert all(lv not in sim.refined for lv in past)
+    tested = [lv for lv in sim.refined if lv in sim.probed]
+    assert tested, (sim.refined, sim.probed)
+    for lv in tested:
         s = a.level(lv)
-        assert s is not None and s.final and sim.n_at[lv] >= s.final > opening
+        assert s is not None and s.role == "level" and s.final
+        assert sim.n_at[lv] >= s.final > opening
+    for lv in set(sim.probed) - set(sim.refined):
+        s = a.level(lv)
+        assert s is not None and s.role == "probe" and s not in a.chain
     assert a.ceiling_level is not None
     assert 0.5 < a.ceiling_level <= t.drop_point(0.2, 0.95, 0.05)
+
+
+def test_a_gentle_drop_is_bisected_with_every_midpoint_tested() -> None:
+    """A bracket whose failing level dropped by less than ``STEEP`` tolerances holds no cliff
+    for a probe to show: its midpoints are tested, one after another, without probes."""
+    t = Truth("gentle", base=0.9, knee=2.0, slope=0.2)
+    sim = SimSweep(t, seed=5)
+    a = sim.run()
+    assert sim.refined and not sim.probed, (sim.refined, sim.probed)
+    assert a.ceiling_level is not None
+    assert a.ceiling_level <= t.drop_point(0.2, 0.95, 0.05)
 
 
 def test_true_drop_points_of_every_shape() -> None:

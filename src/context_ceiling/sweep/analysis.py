@@ -178,6 +178,8 @@ def analyse_graded(
         if s.level in design.scanned:
             s.role = "scan" if scan_gates(s, tolerance) else "scanned"
             s.reach = ref.n_design if ref is not None else 0
+        if s.level in design.probed and s.level not in design.refined:
+            s.role = "probe"
         if s.role == "low_fill":
             s.diff_ci = difference_interval(diffs) if diffs else (-1.0, 1.0)
             s.diff_lower = s.diff_ci[0]
@@ -210,6 +212,7 @@ def analyse_graded(
         floor=floor,
         refined=list(design.refined),
         scanned=list(design.scanned),
+        probed=list(design.probed),
         cap=design.cap,
         repeat_icc=repeat_icc(
             (r for r in rows if not r["control"] and r["item"] not in excluded),
@@ -300,6 +303,7 @@ def design_of(plan: Plan) -> Design:
         plan.chain_reference,
         refined=tuple(plan.refined),
         scanned=tuple(plan.scanned),
+        probed=tuple(plan.probed),
         horizon=plan.horizon
         or min(plan.planned_items or len(ids), plan.item_cap or len(ids))
         or None,

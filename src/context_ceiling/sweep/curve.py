@@ -48,6 +48,9 @@ class Design:
     #: levels the dip scan added between passing levels (tested in the fixed sequence, at the
     #: grid's error, once they look low: :func:`scan_gates`)
     scanned: tuple[float, ...] = ()
+    #: levels the refinement probed inside the deciding bracket on the opening's items, to find
+    #: where the drop is before a midpoint is tested (shown, never tested, unless refined)
+    probed: tuple[float, ...] = ()
     #: the items the pass test's bets are tuned for (fixed before the first call)
     horizon: int | None = None
     #: the most items the design may measure at a level (the task set, or a fixed design)
@@ -160,6 +163,8 @@ class Analysis:
     refined: list[float] = field(default_factory=list)
     #: levels the dip scan added
     scanned: list[float] = field(default_factory=list)
+    #: levels the refinement probed (:attr:`Design.probed`)
+    probed: list[float] = field(default_factory=list)
     #: the most items the design may measure at a level
     cap: int | None = None
     #: how much of the calls' variance lies between items rather than between an item's repeats
@@ -197,7 +202,7 @@ class Analysis:
     def chain(self) -> list[LevelStats]:
         """The fixed sequence the pass test walks, from the reference up: every level but the
         low-fill control and the scanned levels that do not look low."""
-        return [s for s in self.levels if s.role not in ("low_fill", "scanned")]
+        return [s for s in self.levels if s.role not in ("low_fill", "scanned", "probe")]
 
     def blocking(self, accept_unresolved: bool = False) -> list[str]:
         """The refusals that stand (``--accept-unresolved`` waives only the unresolved one)."""

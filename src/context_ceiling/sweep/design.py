@@ -13,12 +13,13 @@ the task set runs out:
    scanned level that looks low joins the fixed sequence and, unless a drop is shown on the
    opening's items, goes on batch by batch to every item the reference has before it is
    decided (``LevelStats.short``); a dip there lowers the ceiling;
-3. measure the geometric midpoint of the deciding bracket (the highest passing level and the
-   first failing one) while the bracket is wider than the resolution, at most
-   ``MAX_REFINEMENTS`` times (each midpoint is tested at its share of the error); a midpoint
-   with a one-time test is measured first on the opening's items: one that has clearly dropped
-   (past a cliff) fails there, and one that has not goes on, batch by batch as an open level
-   does, to the items of its test.
+3. refine the deciding bracket (the highest passing level and the first failing one) while it
+   is wider than the resolution, at most ``MAX_REFINEMENTS`` tested midpoints (each at its
+   share of the error): a bracket with a cliff in it is first probed on the opening's items
+   (:func:`refinements`) and the highest probe below the drop is tested; a gentler one is
+   bisected. A midpoint with a one-time test is measured first on the opening's items: one
+   that has clearly dropped fails there, and one that has not goes on, batch by batch as an
+   open level does, to the items of its test.
 
 Every look is covered by the pass test's confidence sequence (``statistics``), so adding items
 until a level passes does not inflate the chance of passing one that dropped.
@@ -43,32 +44,82 @@ class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
     batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
     items :func:`first_items` gives (kind ``levels``: the refinement's midpoints; kind
-    ``scan``: the dip scan's points)."""
+    ``probe``: the refinement's probes; kind ``scan``: the dip scan's points)."""
 
     kind: str
     levels: tuple[float, ...]
     new_items: int = 0
 
 
-def refinements(
-    chain: list[LevelStats], tolerance: float, resolution: float, measured: set[float]
-) -> list[float]:
-    """The geometric midpoint of the bracket that decides the ceiling (the highest passing level
-    and the first failing one) while it is wider than the resolution asked for. A gentle drop
-    (less than the tolerance across the bracket) is refined too: it is where a gradual curve
-    crosses the tolerance. Drops between two failing levels cannot move the ceiling and are left
-    alone. ``chain``: the fixed sequence (``Analysis.chain``), from the reference up."""
-    del tolerance
+STEEP = 3.0
+"""The refinement probes a bracket whose failing level measured a drop of more than this many
+times the tolerance: a cliff lies inside it, and a probe past the cliff shows the drop on the
+opening's items. A gentler bracket is bisected with every midpoint tested, since a probe there
+would show nothing on so few items."""
+
+#: the most points the refinement probes on the opening's items in one sweep
+MAX_PROBES = 8
+
+
+def _bracket(chain: list[LevelStats]) -> tuple[LevelStats, LevelStats] | None:
+    """The highest passing level and the first failing one above it, once that one is decided
+    (a failing level still measured is open, and refined nothing past it)."""
     for a, b in itertools.pairwise(chain):
         if a.passes and not b.passes:
-            if not b.complete:
-                return []
-            if b.level - a.level > resolution:
-                mid = round(math.sqrt(a.level * b.level), 4)
-                if mid not in measured:
-                    return [mid]
-            return []
-    return []
+            return (a, b) if b.complete else None
+    return None
+
+
+def refinements(a: Analysis, resolution: float, probes_left: int) -> Step | None:
+    """The next point the refinement measures in the deciding bracket (the highest passing level
+    and the first failing one above it), or None when the bracket is within the resolution.
+
+    A bracket with a cliff in it (its failing level measured a drop past ``STEEP`` times the
+    tolerance, or a probe has shown one) is first probed: geometric midpoints measured once on
+    the opening's items and never tested (role ``probe``, kind ``probe``), between the highest
+    probe that has not shown a drop and the lowest that has, until the two lie within the
+    resolution. A point past a cliff shows its drop on the opening's items; one before it is a
+    candidate whatever it reads short of a shown drop, so the midpoint's one test is not run on
+    items chosen for reading well. The highest probe below
+    the drop is then the midpoint (kind ``levels``): it goes on to the items of its one test.
+    One test near the cliff, at the first share of the refinement's error, replaces a
+    bisection that tests every flat midpoint on its way up at a share halved past each
+    failure. A midpoint that fails sends the search to the next probe below it.
+
+    A gentler drop gives a probe nothing to show: its bracket is bisected, each geometric
+    midpoint tested (a probe already measured near the midpoint is tested in its place). Drops
+    between two failing levels cannot move the ceiling and are left alone."""
+    pair = _bracket(a.chain)
+    if pair is None:
+        return None
+    lo, hi = pair
+    inside = [
+        s for s in a.levels if s.role == "probe" and lo.level < s.level < hi.level and s.complete
+    ]
+    dropped = [s.level for s in inside if s.diff_ci[1] < -a.tolerance]
+    top = min(dropped, default=hi.level)
+    held = [s.level for s in inside if s.level < top]
+    below = max(held, default=lo.level)
+    measured = {s.level for s in a.levels}
+    # a drop shown by a probe above the bracket (past a midpoint that then failed) still says
+    # the fall is a cliff: the search goes on down the probes already measured
+    cliff = any(
+        s.role == "probe" and s.level > lo.level and s.diff_ci[1] < -a.tolerance for s in a.levels
+    )
+    if cliff or hi.diff < -STEEP * a.tolerance:
+        if top - below > resolution and probes_left > 0:
+            mid = round(math.sqrt(below * top), 4)
+            if mid not in measured:
+                return Step("probe", (mid,))
+        if held:
+            return Step("levels", (max(held),))
+    if top - lo.level <= resolution:
+        return None
+    mid = round(math.sqrt(lo.level * top), 4)
+    near = min(held, key=lambda lv: abs(lv - mid), default=None)
+    if near is not None and abs(near - mid) <= resolution:
+        return Step("levels", (near,))
+    return Step("levels", (mid,)) if mid not in measured else None
 
 
 def scans(a: Analysis, resolution: float) -> list[float]:
@@ -102,8 +153,8 @@ def scans(a: Analysis, resolution: float) -> list[float]:
 
 
 def first_items(kind: str, final: int, reference_items: int, opening_items: int | None) -> int:
-    """The items a level the design adds is first measured on. A scanned point (kind ``scan``)
-    and a refined midpoint with a one-time test (kind ``levels``, its test on ``final`` items):
+    """The items a level the design adds is first measured on. A scanned point (kind ``scan``),
+    a probe (kind ``probe``) and a refined midpoint with a one-time test (kind ``levels``, its test on ``final`` items):
     the opening's, extended batch by batch while it stays open (a midpoint past a cliff fails
     there and costs no more). A midpoint tested at every look (too few items for the one-time
     test: ``final`` 0): every item the reference has, at once."""
@@ -213,7 +264,5 @@ def next_step(
         if dips:
             return Step("scan", tuple(dips))
     if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
-        new = refinements(a.chain, a.tolerance, resolution, {s.level for s in a.levels})
-        if new:
-            return Step("levels", tuple(new))
+        return refinements(a, resolution, MAX_PROBES - len(a.probed))
     return None

@@ -96,6 +96,8 @@ class Plan(Strict):
     refined: list[float] = Field(default_factory=list)
     #: levels the dip scan added between passing levels
     scanned: list[float] = Field(default_factory=list)
+    #: levels the refinement probed on the opening's items inside the deciding bracket
+    probed: list[float] = Field(default_factory=list)
     #: grid levels asked as often as the added calls from the opening on (the practical limit
     #: of an adaptive design: ``design.asked_few``)
     few_repeats: list[float] = Field(default_factory=list)
@@ -140,7 +142,7 @@ class Plan(Strict):
         """The most times an item is asked at ``level``: the refinement's and the dip scan's
         points and the grid levels asked few times are asked ``ADDED_REPEATS`` times (the
         design's rule), every other level as its items' batches say."""
-        if level in self.refined or level in self.scanned or level in self.few_repeats:
+        if level in (*self.refined, *self.scanned, *self.probed, *self.few_repeats):
             return min(self.spec.repeats, ADDED_REPEATS)
         return self.spec.repeats
 
@@ -148,7 +150,7 @@ class Plan(Strict):
         """The levels asked fewer times than their items' batches."""
         return {
             lv: r
-            for lv in (*self.refined, *self.scanned, *self.few_repeats)
+            for lv in (*self.refined, *self.scanned, *self.probed, *self.few_repeats)
             if (r := self.repeats_at_level(lv)) < self.spec.repeats
         }
 

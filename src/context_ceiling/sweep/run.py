@@ -531,11 +531,12 @@ class _Sweep:
             return self.samples_for([lv])
         if step.kind == "scan":
             self.console.print(f"scanning {where} for a dip between passing levels")
-        else:
-            self.console.print(f"refining: measuring {where} where accuracy drops")
-        if step.kind == "scan":
             plan.scanned = [*plan.scanned, *(lv for lv in step.levels if lv not in plan.scanned)]
+        elif step.kind == "probe":
+            self.console.print(f"probing {where} on the opening's items for where accuracy drops")
+            plan.probed = [*plan.probed, *(lv for lv in step.levels if lv not in plan.probed)]
         else:
+            self.console.print(f"refining: testing {where} where accuracy drops")
             plan.refined = [*plan.refined, *(lv for lv in step.levels if lv not in plan.refined)]
         # the opening's items first where the level stays open only while it has not clearly
         # dropped (design.first_items); the share of the error a midpoint's test gets follows
@@ -545,7 +546,10 @@ class _Sweep:
         opening_n = plan.batches[0] if plan.batches else None
         for lv in step.levels:
             final = final_items(design, lv, plan.spec.tolerance) if design is not None else 0
-            plan.n_at = plan.n_at | {level_key(lv): first_items(step.kind, final, ref_n, opening_n)}
+            first = first_items(step.kind, final, ref_n, opening_n)
+            # a probe tested as the midpoint keeps the items it was probed on
+            had = plan.n_at.get(level_key(lv), 0) if lv in plan.levels else 0
+            plan.n_at = plan.n_at | {level_key(lv): max(first, had)}
         plan.levels = sorted(set(plan.levels) | set(step.levels))
         return self.samples_for(list(step.levels))
 

@@ -271,6 +271,7 @@ class SimSweep:
         self.reference = min(lv for lv in self.levels if lv != self.low_fill)
         self.refined: list[float] = []
         self.scanned: list[float] = []
+        self.probed: list[float] = []
         self.item_reps: dict[int, int] = {}  # items asked other than ``repeats`` times
         #: how often the design's added calls are asked (as run.py's plan: ``ADDED_REPEATS``)
         self.added_reps = min(self.repeats, ADDED_REPEATS)
@@ -302,7 +303,7 @@ class SimSweep:
     def _reps(self, lv: float) -> int:
         """How often an item is asked at ``lv``: the refinement's and the scan's points and the
         grid levels asked few times as often as added calls are."""
-        few = lv in self.refined or lv in self.scanned or lv in self.few
+        few = lv in self.refined or lv in self.scanned or lv in self.probed or lv in self.few
         return self.added_reps if few else self.repeats
 
     def _call_tokens(self, lv: float | None) -> int:
@@ -350,12 +351,13 @@ class SimSweep:
             self.reference,
             refined=tuple(self.refined),
             scanned=tuple(self.scanned),
+            probed=tuple(self.probed),
             horizon=self.open.horizon,
             cap=self.open.target,
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
             level_repeats={
                 lv: self.added_reps
-                for lv in (*self.refined, *self.scanned, *self.few)
+                for lv in (*self.refined, *self.scanned, *self.probed, *self.few)
                 if self.added_reps < self.repeats
             },
         )
@@ -419,7 +421,7 @@ class SimSweep:
                     self._measure(lv, self.order[self.n_at[lv] : self.drawn])
                     self.n_at[lv] = self.drawn
             else:
-                added = self.scanned if step.kind == "scan" else self.refined
+                added = {"scan": self.scanned, "probe": self.probed}.get(step.kind, self.refined)
                 added.extend(step.levels)  # a midpoint's share of the error follows its place
                 design = self.design() if step.kind == "levels" else None  # as run.py
                 first = {
@@ -431,13 +433,18 @@ class SimSweep:
                     )
                     for lv in step.levels
                 }
-                cost = sum(n * self.added_reps * self._call_tokens(lv) for lv, n in first.items())
+                have = {lv: self.n_at.get(lv, 0) for lv in first}  # a probe refined: measured
+                cost = sum(
+                    max(0, n - have[lv]) * self.added_reps * self._call_tokens(lv)
+                    for lv, n in first.items()
+                )
                 if not self._fits(cost):
                     del added[-len(step.levels) :]
                     break
                 for lv, n in first.items():
-                    self.n_at[lv] = n
-                    self._measure(lv, self.order[:n])
+                    if n > have[lv]:
+                        self._measure(lv, self.order[have[lv] : n])
+                    self.n_at[lv] = max(n, have[lv])
                     self.levels = sorted({*self.levels, lv})
         self.spend.items = self.drawn
         return self.analyse()
