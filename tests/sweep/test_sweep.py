@@ -222,6 +222,10 @@ def test_curve_ceiling_and_refinement_on_a_known_knee(
     assert set(refined) <= set(probed), (refined, probed)
     roles = {s["level"]: s["role"] for s in summary["levels"]}
     assert all(roles[lv] == "probe" for lv in probed if lv not in refined)
+    # never tested, never shown as passing: the report names what they are
+    page = (out / "report.html").read_text()
+    for lv in set(probed) - set(refined):
+        assert re.search(rf"<tr><td>{lv:.3f}</td>(?:(?!</tr>).)*<td>probe</td>", page), lv
     # the dip scan: between the passing grid levels, no two points more than 0.04 apart
     assert scanned and all(0.2 < lv < 0.5 for lv in scanned), scanned
     points = sorted([0.2, *scanned, 0.5])

@@ -18,7 +18,7 @@ from context_ceiling.core.utilization import fill_bucket
 from context_ceiling.sweep import replay
 from context_ceiling.sweep.analysis import RunAnalysis, analysis_of
 from context_ceiling.sweep.calllog import Row
-from context_ceiling.sweep.curve import Analysis
+from context_ceiling.sweep.curve import Analysis, LevelStats
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
 
@@ -29,6 +29,17 @@ COLORS = {
     "reasoned_wrongly": "#6a1b9a",
     "truncated_refused": "#c62828",
 }
+
+
+def pass_cell(s: LevelStats) -> str:
+    """The pass column: ``yes`` or ``no`` for a level the pass test walks; for one it never
+    tests, what it is (``scan``: a dip-scan point that does not look low; ``probe``: a point the
+    refinement measured to find a cliff), since "yes" there would read as a pass it never had."""
+    if s.role == "scanned":
+        return "scan"
+    if s.role == "probe":
+        return "probe"
+    return "yes" if s.passes else "no"
 
 
 def plot(
@@ -163,7 +174,7 @@ def table(a: Analysis, metric: str = "accuracy") -> Table:
             f"{s.ci[0]:.0%}-{s.ci[1]:.0%}",
             f"{s.repeat_min:.0%}-{s.repeat_max:.0%}",
             f"{s.diff:+.0%} ({s.diff_ci[0]:+.0%}..{s.diff_ci[1]:+.0%})",
-            ("yes" if s.passes else "no") + ("" if s.complete else " (incomplete)"),
+            pass_cell(s) + ("" if s.complete else " (incomplete)"),
             "-" if s.counter_error is None else f"{s.counter_error:+.1%}",
             f"{s.buckets['decoyed']:.0%}",
             f"{s.buckets['missed']:.0%}",
@@ -346,7 +357,7 @@ def write(
     rows = "".join(
         f"<tr><td>{s.level:.3f}</td><td>{s.utilization:.3f}</td><td>{fill_bucket(s.utilization)}</td><td>{s.mean_prompt_tokens:,.0f}</td><td>{s.n_calls}</td>"
         f"<td>{s.accuracy:.1%}</td><td>{s.ci[0]:.1%} - {s.ci[1]:.1%}</td><td>{s.repeat_min:.1%} - {s.repeat_max:.1%}</td>"
-        f"<td>{s.diff:+.1%} ({s.diff_ci[0]:+.1%} .. {s.diff_ci[1]:+.1%})</td><td>{'yes' if s.passes else 'no'}</td>"
+        f"<td>{s.diff:+.1%} ({s.diff_ci[0]:+.1%} .. {s.diff_ci[1]:+.1%})</td><td>{pass_cell(s)}</td>"
         + "".join(f"<td>{s.buckets[b]:.0%}</td>" for b in BUCKETS[1:])
         + "</tr>"
         for s in a.levels
