@@ -201,7 +201,8 @@ class Analysis:
     @property
     def chain(self) -> list[LevelStats]:
         """The fixed sequence the pass test walks, from the reference up: every level but the
-        low-fill control and the scanned levels that do not look low."""
+        low-fill control, the scanned levels that do not look low and the refinement's probes
+        (shown, never tested)."""
         return [s for s in self.levels if s.role not in ("low_fill", "scanned", "probe")]
 
     def blocking(self, accept_unresolved: bool = False) -> list[str]:

@@ -80,11 +80,11 @@ def refinements(a: Analysis, resolution: float, probes_left: int) -> Step | None
     probe that has not shown a drop and the lowest that has, until the two lie within the
     resolution. A point past a cliff shows its drop on the opening's items; one before it is a
     candidate whatever it reads short of a shown drop, so the midpoint's one test is not run on
-    items chosen for reading well. The highest probe below
-    the drop is then the midpoint (kind ``levels``): it goes on to the items of its one test.
-    One test near the cliff, at the first share of the refinement's error, replaces a
-    bisection that tests every flat midpoint on its way up at a share halved past each
-    failure. A midpoint that fails sends the search to the next probe below it.
+    items chosen for reading well. The highest probe below the drop is then the midpoint (kind
+    ``levels``): it goes on to the items of its one test. One test near the cliff, at the first
+    share of the refinement's error, replaces a bisection that tests every flat midpoint on its
+    way up at a share halved past each failure. A midpoint that fails sends the search to the
+    next probe below it.
 
     A gentler drop gives a probe nothing to show: its bracket is bisected, each geometric
     midpoint tested (a probe already measured near the midpoint is tested in its place). Drops
@@ -93,20 +93,15 @@ def refinements(a: Analysis, resolution: float, probes_left: int) -> Step | None
     if pair is None:
         return None
     lo, hi = pair
-    inside = [
-        s for s in a.levels if s.role == "probe" and lo.level < s.level < hi.level and s.complete
-    ]
-    dropped = [s.level for s in inside if s.diff_ci[1] < -a.tolerance]
-    top = min(dropped, default=hi.level)
-    held = [s.level for s in inside if s.level < top]
+    probes = [s for s in a.levels if s.role == "probe" and s.complete and s.level > lo.level]
+    shown = [s.level for s in probes if s.diff_ci[1] < -a.tolerance]  # a drop on the opening's
+    top = min((lv for lv in shown if lv < hi.level), default=hi.level)
+    held = [s.level for s in probes if s.level < top]
     below = max(held, default=lo.level)
     measured = {s.level for s in a.levels}
     # a drop shown by a probe above the bracket (past a midpoint that then failed) still says
     # the fall is a cliff: the search goes on down the probes already measured
-    cliff = any(
-        s.role == "probe" and s.level > lo.level and s.diff_ci[1] < -a.tolerance for s in a.levels
-    )
-    if cliff or hi.diff < -STEEP * a.tolerance:
+    if shown or hi.diff < -STEEP * a.tolerance:
         if top - below > resolution and probes_left > 0:
             mid = round(math.sqrt(below * top), 4)
             if mid not in measured:
@@ -153,10 +148,10 @@ def scans(a: Analysis, resolution: float) -> list[float]:
 
 
 def first_items(kind: str, final: int, reference_items: int, opening_items: int | None) -> int:
-    """The items a level the design adds is first measured on. A scanned point (kind ``scan``),
-    a probe (kind ``probe``) and a refined midpoint with a one-time test (kind ``levels``, its test on ``final`` items):
-    the opening's, extended batch by batch while it stays open (a midpoint past a cliff fails
-    there and costs no more). A midpoint tested at every look (too few items for the one-time
+    """The items a level the design adds is first measured on. A scanned point (kind
+    ``scan``), a probe (kind ``probe``) and a refined midpoint with a one-time test (kind
+    ``levels``, its test on ``final`` items): the opening's, extended batch by batch while it
+    stays open (a midpoint past a cliff fails there and costs no more). A midpoint tested at every look (too few items for the one-time
     test: ``final`` 0): every item the reference has, at once."""
     if opening_items is None or (kind == "levels" and not final):
         return reference_items
