@@ -147,15 +147,19 @@ def scans(a: Analysis, resolution: float) -> list[float]:
     return out
 
 
-def first_items(kind: str, final: int, reference_items: int, opening_items: int | None) -> int:
+def first_items(
+    kind: str, final: int, reference_items: int, opening_items: int | None, measured: int = 0
+) -> int:
     """The items a level the design adds is first measured on. A scanned point (kind
     ``scan``), a probe (kind ``probe``) and a refined midpoint with a one-time test (kind
     ``levels``, its test on ``final`` items): the opening's, extended batch by batch while it
-    stays open (a midpoint past a cliff fails there and costs no more). A midpoint tested at every look (too few items for the one-time
-    test: ``final`` 0): every item the reference has, at once."""
+    stays open (a midpoint past a cliff fails there and costs no more). A midpoint tested at
+    every look (too few items for the one-time test: ``final`` 0): every item the reference
+    has, at once. A level already ``measured`` on more items (a probe tested as the midpoint)
+    keeps them."""
     if opening_items is None or (kind == "levels" and not final):
-        return reference_items
-    return min(reference_items, opening_items)
+        return max(measured, reference_items)
+    return max(measured, min(reference_items, opening_items))
 
 
 def open_levels(a: Analysis) -> list[float]:

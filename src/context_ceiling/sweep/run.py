@@ -546,10 +546,10 @@ class _Sweep:
         opening_n = plan.batches[0] if plan.batches else None
         for lv in step.levels:
             final = final_items(design, lv, plan.spec.tolerance) if design is not None else 0
-            first = first_items(step.kind, final, ref_n, opening_n)
-            # a probe tested as the midpoint keeps the items it was probed on
-            had = plan.n_at.get(level_key(lv), 0) if lv in plan.levels else 0
-            plan.n_at = plan.n_at | {level_key(lv): max(first, had)}
+            had = plan.n_at.get(level_key(lv), 0)  # a probe tested as the midpoint: its items
+            plan.n_at = plan.n_at | {
+                level_key(lv): first_items(step.kind, final, ref_n, opening_n, had)
+            }
         plan.levels = sorted(set(plan.levels) | set(step.levels))
         return self.samples_for(list(step.levels))
 

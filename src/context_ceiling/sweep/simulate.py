@@ -424,27 +424,27 @@ class SimSweep:
                 added = {"scan": self.scanned, "probe": self.probed}.get(step.kind, self.refined)
                 added.extend(step.levels)  # a midpoint's share of the error follows its place
                 design = self.design() if step.kind == "levels" else None  # as run.py
+                have = {lv: self.n_at.get(lv, 0) for lv in step.levels}  # a probe: its items
                 first = {
                     lv: first_items(
                         step.kind,
                         final_items(design, lv, self.tolerance) if design is not None else 0,
                         self.n_at[self.reference],
                         self.batches[0] if self.batches else None,
+                        have[lv],
                     )
                     for lv in step.levels
                 }
-                have = {lv: self.n_at.get(lv, 0) for lv in first}  # a probe refined: measured
                 cost = sum(
-                    max(0, n - have[lv]) * self.added_reps * self._call_tokens(lv)
+                    (n - have[lv]) * self.added_reps * self._call_tokens(lv)
                     for lv, n in first.items()
                 )
                 if not self._fits(cost):
                     del added[-len(step.levels) :]
                     break
                 for lv, n in first.items():
-                    if n > have[lv]:
-                        self._measure(lv, self.order[have[lv] : n])
-                    self.n_at[lv] = max(n, have[lv])
+                    self._measure(lv, self.order[have[lv] : n])
+                    self.n_at[lv] = n
                     self.levels = sorted({*self.levels, lv})
         self.spend.items = self.drawn
         return self.analyse()
