@@ -29,6 +29,7 @@ from context_ceiling.formats import route_for
 from context_ceiling.sidecar.ceilings.admin import Admin, budget_answer
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.errors import error_response
+from context_ceiling.sidecar.incoming import Incoming
 from context_ceiling.sidecar.observability.metrics import Metrics
 from context_ceiling.sidecar.observability.tracing import Tracing
 from context_ceiling.sidecar.openapi import document as openapi_document
@@ -367,7 +368,7 @@ class HotPath:
             await self.app(scope, receive, send)
             return
         try:
-            response = await self.proxy.handle(Request(scope, receive), route)
+            response = await self.proxy.handle(Incoming(scope, receive), route)
         except Exception:
             log.exception("unexpected error in the proxy path")
             response = error_response(

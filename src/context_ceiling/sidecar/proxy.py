@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import httpx
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from context_ceiling.core.models import OTHER, Registry
@@ -34,6 +34,7 @@ from context_ceiling.sidecar.drain import Drain
 from context_ceiling.sidecar.enforce import Decision, context_error
 from context_ceiling.sidecar.errors import error_response
 from context_ceiling.sidecar.exchange import Exchange, request_id
+from context_ceiling.sidecar.incoming import ClientDisconnect, Incoming
 from context_ceiling.sidecar.observability.logs import bounded
 from context_ceiling.sidecar.observability.record import RecordDeps, Recorder
 from context_ceiling.sidecar.observability.semconv import provider_name
@@ -120,7 +121,7 @@ class Proxy:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _workload(self, request: Request) -> str:
+    def _workload(self, request: Incoming) -> str:
         name = request.headers.get(WORKLOAD_HEADER)
         return name if name and name in self.state.workloads else "default"
 
@@ -133,7 +134,7 @@ class Proxy:
 
     # -- the request path ------------------------------------------------------------------
 
-    async def handle(self, request: Request, route: Route) -> Response:
+    async def handle(self, request: Incoming, route: Route) -> Response:
         """The request path: parse -> measure -> decide -> forward, each step a function that
         either fills the exchange or refuses it; recording happens once, when it ends."""
         ex = Exchange(
@@ -188,7 +189,7 @@ class Proxy:
                 )
 
     async def _parse(
-        self, request: Request, route: Route, ex: Exchange
+        self, request: Incoming, route: Route, ex: Exchange
     ) -> tuple[bytes, dict[str, Any]]:
         """Parse: an upstream for this API, headers and body within their limits, a JSON object
         with a model. Sets the exchange's model."""
@@ -221,7 +222,7 @@ class Proxy:
             raise Refused(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise Refused(400, "request body must be a JSON object")
-        model = route.model(obj, request.url.path)
+        model = route.model(obj, request.path)
         if not isinstance(model, str) or not model:
             raise Refused(400, "'model' is required and must be a string")
         if looks_like_credential(model):
@@ -235,7 +236,7 @@ class Proxy:
         return raw, obj
 
     async def _measure(
-        self, request: Request, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
+        self, request: Incoming, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
     ) -> schedule.CountPlan:
         """Measure: the model's spec, the ceilings in force, the count plan, and the count when
         it is taken first (exact from the engine where it tokenizes), or none when a bound proves
@@ -244,7 +245,7 @@ class Proxy:
         ex.ceilings = st.ceilings.current
         ex.max_tokens = route.format.requested_output(obj)
         if not route.count_only:
-            ex.provider = route.provider_name(request.url.path)
+            ex.provider = route.provider_name(request.path)
             ex.operation = route.format.operation
             ex.span = st.tracing.start(ex.operation, ex.model, ex.provider, request.headers)
         spec = st.registry.resolve(ex.model)
@@ -263,7 +264,7 @@ class Proxy:
         return plan
 
     async def _decide(
-        self, request: Request, route: Route, plan: schedule.CountPlan
+        self, request: Incoming, route: Route, plan: schedule.CountPlan
     ) -> tuple[UpstreamClient, Upstream]:
         """Decide: which upstream, whether a bypass is allowed, and the ceiling's verdict
         (forward, trim or reject). Returns the upstream's client and settings."""
@@ -309,7 +310,7 @@ class Proxy:
         return client, upstream_cfg
 
     def _over_ceiling(
-        self, request: Request, route: Route, plan: schedule.CountPlan, d: Decision
+        self, request: Incoming, route: Route, plan: schedule.CountPlan, d: Decision
     ) -> tuple[Decision, str, tuple[UpstreamClient, Upstream] | None]:
         """The over-ceiling action on a verdict (:mod:`context_ceiling.sidecar.routing`): the
         decision as it stands, a rejection (with why, for its message), or the fallback's
@@ -322,7 +323,7 @@ class Proxy:
             return d, "", None
         routed, tried = routing.candidates(
             route,
-            request.url.path,
+            request.path,
             self._sent_path(request, route),
             obj,
             ex.model,
@@ -339,7 +340,7 @@ class Proxy:
         return routing.rejected(d), "; " + routing.tried(tried), None
 
     def _reroute(
-        self, request: Request, route: Route, plan: schedule.CountPlan, routed: routing.Routed
+        self, request: Incoming, route: Route, plan: schedule.CountPlan, routed: routing.Routed
     ) -> tuple[UpstreamClient, Upstream]:
         """The exchange becomes the fallback's: its model, entry, count and decision; its
         upstream, checked for the request's credentials as the first one was. Metrics, usage,
@@ -357,7 +358,7 @@ class Proxy:
 
     @staticmethod
     def _take(
-        request: Request,
+        request: Incoming,
         route: Route,
         ex: Exchange,
         target: tuple[str, UpstreamClient, Upstream],
@@ -365,7 +366,7 @@ class Proxy:
         """The exchange goes to this upstream, if the request's credentials may (a key of one
         provider never reaches another's upstream)."""
         ex.upstream, client, upstream_cfg = target
-        owner = owner_of(request.headers, request.url.path)
+        owner = owner_of(request.headers, request.path)
         if not accepts(owner, route.api, upstream_cfg):
             assert owner is not None
             raise Refused(404, refusal_message(owner))
@@ -377,7 +378,7 @@ class Proxy:
             ex.provider = provider_name(
                 upstream_cfg.provider,
                 ex.server_address,
-                route.provider_name(request.url.path),
+                route.provider_name(request.path),
                 named,
                 compatible=route.api == "openai" and not getattr(upstream_cfg, "azure", False),
             )
@@ -386,17 +387,16 @@ class Proxy:
         return client, upstream_cfg
 
     @staticmethod
-    def _sent_path(request: Request, route: Route) -> str:
+    def _sent_path(request: Incoming, route: Route) -> str:
         """The path as it goes upstream: where the route sends it as it came, the client's
         with its percent-escapes kept (a Bedrock model ARN's ``%3A``), else the route's."""
         if route.path_as_sent:
-            raw: bytes = request.scope.get("raw_path") or b""
-            return raw.decode("latin-1") or request.url.path
+            return request.raw_path
         return route.path
 
     async def _forward(
         self,
-        request: Request,
+        request: Incoming,
         route: Route,
         plan: schedule.CountPlan,
         body: bytes | None,
@@ -426,14 +426,14 @@ class Proxy:
             native, header = route.format.native, route.format.betas_header
             if native is not None and native.beta is not None and header is not None:
                 beta = (header, native.beta)
-        ex.stream = not route.count_only and route.format.streams(obj, request.url.path)
+        ex.stream = not route.count_only and route.format.streams(obj, request.path)
         injected = False
         changed = body is None  # trimmed, or given the provider's context management
         if ex.stream:
             body, injected = route.format.prepare_stream(obj, body)
         changed = changed or injected
         content = body if body is not None else orjson.dumps(obj)
-        headers = request_headers(request.headers.items())
+        headers = request_headers(request.headers.pairs)
         ex.accepts_gzip = accepts_gzip(request.headers.get("accept-encoding"))
         if not ex.stream and ex.accepts_gzip:
             # a compressed answer comes back compressed (the sidecar inflates a copy to read
@@ -473,7 +473,7 @@ class Proxy:
 
     @staticmethod
     async def _addressed(
-        request: Request,
+        request: Incoming,
         route: Route,
         client: UpstreamClient,
         headers: list[tuple[str, str]],
@@ -485,7 +485,7 @@ class Proxy:
         where the route's provider signs the body (``changed``: the sidecar changed it).
         ``routed_path``: the model's segment in the path and the fallback's, to swap."""
         path = Proxy._sent_path(request, route)
-        params = list(request.query_params.multi_items()) if route.path_as_sent else None
+        params = request.query() if route.path_as_sent else None
         if routed_path is not None:
             path, changed = path.replace(*routed_path, 1), True
         # the signature covers the host, the path and the body: signed here, last

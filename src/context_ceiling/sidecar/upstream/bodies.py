@@ -5,10 +5,10 @@ arrive are held against a limit."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
 import httpx
-from starlette.requests import Request
 
 from context_ceiling.core.errors import CeilingError
 from context_ceiling.sidecar.upstream.client import body_chunks
@@ -79,7 +79,17 @@ async def read_capped_raw(resp: httpx.Response, cap: int) -> tuple[bytes, bytes]
     return raw, plain
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+class Readable(Protocol):
+    """A request whose body can be read: Starlette's ``Request``, the proxy path's
+    :class:`~context_ceiling.sidecar.incoming.Incoming`."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def stream(self) -> AsyncIterator[bytes]: ...
+
+
+async def read_body(request: Readable, limit: int) -> bytes:
     """The whole body, at most ``limit`` bytes (the caller bounds the time: a client that sends
     part of its body and then nothing must not hold a connection and its buffer forever)."""
     return await collect(
