@@ -142,15 +142,20 @@ class Plan(Strict):
         """The most times an item is asked at ``level``: the refinement's and the dip scan's
         points and the grid levels asked few times are asked ``ADDED_REPEATS`` times (the
         design's rule), every other level as its items' batches say."""
-        if level in (*self.refined, *self.scanned, *self.probed, *self.few_repeats):
+        if level in self.at_added_repeats():
             return min(self.spec.repeats, ADDED_REPEATS)
         return self.spec.repeats
+
+    def at_added_repeats(self) -> tuple[float, ...]:
+        """The levels the design asks ``ADDED_REPEATS`` times: the refinement's points and
+        probes, the dip scan's points, the grid levels asked few times."""
+        return (*self.refined, *self.scanned, *self.probed, *self.few_repeats)
 
     def level_repeats(self) -> dict[float, int]:
         """The levels asked fewer times than their items' batches."""
         return {
             lv: r
-            for lv in (*self.refined, *self.scanned, *self.probed, *self.few_repeats)
+            for lv in self.at_added_repeats()
             if (r := self.repeats_at_level(lv)) < self.spec.repeats
         }
 

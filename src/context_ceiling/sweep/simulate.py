@@ -303,8 +303,11 @@ class SimSweep:
     def _reps(self, lv: float) -> int:
         """How often an item is asked at ``lv``: the refinement's and the scan's points and the
         grid levels asked few times as often as added calls are."""
-        few = lv in self.refined or lv in self.scanned or lv in self.probed or lv in self.few
-        return self.added_reps if few else self.repeats
+        return self.added_reps if lv in self._at_added_repeats() else self.repeats
+
+    def _at_added_repeats(self) -> tuple[float, ...]:
+        """The levels asked as often as added calls are (the plan's ``at_added_repeats``)."""
+        return (*self.refined, *self.scanned, *self.probed, *self.few)
 
     def _call_tokens(self, lv: float | None) -> int:
         return round((lv if lv is not None else 0.002) * self.window)
@@ -357,7 +360,7 @@ class SimSweep:
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
             level_repeats={
                 lv: self.added_reps
-                for lv in (*self.refined, *self.scanned, *self.probed, *self.few)
+                for lv in self._at_added_repeats()
                 if self.added_reps < self.repeats
             },
         )
