@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import string
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,7 +36,13 @@ from context_ceiling.sidecar.observability.answer_signals import (
     repetition,
     stop_of,
 )
-from context_ceiling.sidecar.observability.answers import SIDES, AnswerChecker, AnswerLabels, Job
+from context_ceiling.sidecar.observability.answers import (
+    SIDES,
+    YIELD_AFTER,
+    AnswerChecker,
+    AnswerLabels,
+    Job,
+)
 from context_ceiling.sidecar.state import SidecarState
 from testkit.doubles.answer_provider import AnswerProviderDouble, Script
 from testkit.serving import serve, upstreams_at
@@ -646,6 +653,47 @@ def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
     # 0.15 s spent against 0.02 saved up: no answer is read until the share has paid it back
     assert checker.credit is not None and not checker.credit.ok()
     assert not checker.reading()
+
+
+@pytest.mark.parametrize(("per_answer", "most", "least"), [(0.2, 0.34, 0.1), (2.0, 1.0, 1.0)])
+def test_the_checker_hands_the_interpreter_back_once_a_slice(
+    monkeypatch: pytest.MonkeyPatch, per_answer: float, most: float, least: float
+) -> None:
+    """The checker hands the interpreter lock back to the event loop once it has held it for
+    ``YIELD_AFTER`` of its CPU: after several small answers (a hand-off per answer cost the loop
+    more than the reading), and after every answer that alone takes a slice."""
+    burn = per_answer * YIELD_AFTER  # thread CPU each answer's count takes
+    n = 60
+
+    class Slow(Recording):
+        def answer(self, *args: Any, **kwargs: Any) -> None:
+            end = time.thread_time() + burn
+            while time.thread_time() < end:
+                pass
+            super().answer(*args, **kwargs)
+
+    handoffs: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if seconds == 0 and threading.current_thread().name == "test-checker":
+            handoffs.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)  # the module the checker calls it from
+    sink = Slow()
+    checker = AnswerChecker(sink, interval=0.01, queue_size=n)
+    body = json.dumps(
+        {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+    ).encode()
+    labels = AnswerLabels("m", "default", "0.1-0.2", "below")
+    for _ in range(n):
+        checker.submit(Job(labels, format_of("openai"), False, Expect(), body, "stop", 1))
+    thread = threading.Thread(target=checker._drain, name="test-checker")
+    thread.start()
+    thread.join()
+    assert [c[0] for c in sink.calls] == ["answer"] * n
+    assert least * n <= len(handoffs) <= most * n
 
 
 def test_a_cpu_credit_refills_at_its_share_and_saves_up_a_burst() -> None:

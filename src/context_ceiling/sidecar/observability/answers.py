@@ -30,6 +30,7 @@ from context_ceiling.sidecar.observability.answer_signals import (
 __all__ = [
     "SIDES",
     "UNREAD_PER_JOB",
+    "YIELD_AFTER",
     "AnswerChecker",
     "AnswerLabels",
     "Counted",
@@ -110,6 +111,10 @@ class Counted(Protocol):
 
     def answer_skipped(self, reason: str, n: int = 1) -> None: ...
 
+
+YIELD_AFTER = 0.0002
+"""Thread CPU seconds the checker reads answers for before it hands the interpreter lock back
+to the event loop (a slice of several small answers, or one large one)."""
 
 UNREAD_PER_JOB = 64
 """Answers counted by their stop reason alone that may wait per queued job (a tuple each)."""
@@ -241,7 +246,7 @@ class AnswerChecker:
         # the credit pays for all the thread's CPU while it drains, not only the reading: the
         # counting and the interpreter lock changing hands around each answer cost as much as
         # the reading again, and a share that left them out bounded a fraction of the cost
-        mark = time.thread_time()
+        mark = held_since = time.thread_time()
         while self._jobs:
             job = self._jobs.popleft()
             try:
@@ -250,9 +255,13 @@ class AnswerChecker:
                 self.held.give(job.size)
                 self._done += 1
                 mark = self._charge(mark)
-            # hand the interpreter lock back between answers: a request waiting on it waits
-            # one answer's read, not the interpreter's whole switch interval
-            time.sleep(0)
+            # hand the interpreter lock back once the thread has held it for a slice: a
+            # request waiting on it waits a slice and one answer's read, not the interpreter's
+            # whole switch interval; handing it back after every answer made each small answer
+            # cost the event loop a lock hand-off, more than reading it
+            if time.thread_time() - held_since >= YIELD_AFTER:
+                time.sleep(0)
+                held_since = time.thread_time()
         tally: dict[tuple[AnswerLabels, str | None, str], list[int]] = {}
         while self._unread:
             labels, finish, output, reasoning, unread = self._unread.popleft()
