@@ -585,6 +585,29 @@ class Recording:
         self.calls.append(("skipped", reason, n))
 
 
+class Slow(Recording):
+    """A sink whose every count takes ``burn`` seconds of the checker thread's CPU."""
+
+    def __init__(self, burn: float) -> None:
+        super().__init__()
+        self.burn = burn
+
+    def answer(self, *args: Any, **kwargs: Any) -> None:
+        end = time.thread_time() + self.burn
+        while time.thread_time() < end:
+            pass
+        super().answer(*args, **kwargs)
+
+
+def _stopped_answers(n: int) -> list[Job]:
+    """``n`` small chat answers that stopped normally, to read."""
+    body = json.dumps(
+        {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+    ).encode()
+    labels = AnswerLabels("m", "default", "0.1-0.2", "below")
+    return [Job(labels, format_of("openai"), False, Expect(), body, "stop", 1) for _ in range(n)]
+
+
 def test_answers_not_read_are_tallied_by_label_set() -> None:
     """An answer counted by its stop reason alone is queued as a tuple and counted once per
     label set, stop and reason on the thread: the same totals as one count each."""
@@ -621,13 +644,6 @@ def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
     fraction of the thread's CPU under load."""
     burn = 0.05  # seconds of the thread's CPU each count takes
 
-    class Slow(Recording):
-        def answer(self, *args: Any, **kwargs: Any) -> None:
-            end = time.thread_time() + burn
-            while time.thread_time() < end:
-                pass
-            super().answer(*args, **kwargs)
-
     spent: list[float] = []
 
     class Recorded(CpuCredit):
@@ -635,14 +651,10 @@ def test_the_cpu_share_pays_for_the_whole_thread_not_only_the_reading() -> None:
             spent.append(seconds)
             super().spend(seconds)
 
-    sink = Slow()
+    sink = Slow(burn)
     checker = AnswerChecker(sink, interval=0.01, credit=Recorded(0.02, burst=1.0))
-    body = json.dumps(
-        {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
-    ).encode()
-    labels = AnswerLabels("m", "default", "0.1-0.2", "below")
-    for _ in range(3):
-        checker.submit(Job(labels, format_of("openai"), False, Expect(), body, "stop", 1))
+    for job in _stopped_answers(3):
+        checker.submit(job)
     checker.start()
     try:
         checker.join()
@@ -665,13 +677,6 @@ def test_the_checker_hands_the_interpreter_back_once_a_slice(
     burn = per_answer * YIELD_AFTER  # thread CPU each answer's count takes
     n = 60
 
-    class Slow(Recording):
-        def answer(self, *args: Any, **kwargs: Any) -> None:
-            end = time.thread_time() + burn
-            while time.thread_time() < end:
-                pass
-            super().answer(*args, **kwargs)
-
     handoffs: list[float] = []
     real_sleep = time.sleep
 
@@ -681,14 +686,10 @@ def test_the_checker_hands_the_interpreter_back_once_a_slice(
         real_sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", sleep)  # the module the checker calls it from
-    sink = Slow()
+    sink = Slow(burn)
     checker = AnswerChecker(sink, interval=0.01, queue_size=n)
-    body = json.dumps(
-        {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
-    ).encode()
-    labels = AnswerLabels("m", "default", "0.1-0.2", "below")
-    for _ in range(n):
-        checker.submit(Job(labels, format_of("openai"), False, Expect(), body, "stop", 1))
+    for job in _stopped_answers(n):
+        checker.submit(job)
     thread = threading.Thread(target=checker._drain, name="test-checker")
     thread.start()
     thread.join()
