@@ -17,7 +17,7 @@ import pytest
 
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.calllog import CallLog, Row
-from context_ceiling.sweep.design import asked_few
+from context_ceiling.sweep.design import asked_few, deferred
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, forecast, random_truth
 from context_ceiling.sweep.solver import Endpoint, _result, request_of
@@ -196,7 +196,43 @@ def test_a_gentle_drop_is_bisected_with_every_midpoint_tested() -> None:
     a = sim.run()
     assert sim.refined and not sim.probed, (sim.refined, sim.probed)
     assert a.ceiling_level is not None
-    assert a.ceiling_level <= t.drop_point(0.2, 0.95, 0.05)
+    assert a.ceiling_level <= t.drop_point(0.2, 0.95, a.stated_tolerance or 0.05)
+
+
+# -- the grid above the first level past the reference waits for the levels below it -----------
+
+
+def test_grid_levels_above_a_failing_level_are_never_measured() -> None:
+    """An adaptive design opens on the grid up to the first level above the reference; 0.8 and
+    the practical limit are measured only once every level below them passes, each on the
+    opening's items (as the opening would have measured them). A cliff at 0.35 never pays for
+    either; one past 0.8 measures both, the limit asked once per item."""
+    assert deferred([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.8, 0.95]
+    assert deferred([0.2, 0.5], 0.2) == []
+    early = SimSweep(Truth("cliff", base=0.9, knee=0.35), seed=3)
+    a = early.run()
+    assert early.grid_left == [0.8, max(early.levels)]
+    assert {r["level"] for r in early.records}.isdisjoint(early.grid_left)
+    assert all(a.level(lv) is None for lv in early.grid_left)
+    assert a.ceiling_level is not None and a.ceiling_level < 0.5
+    late = SimSweep(Truth("cliff", base=0.9, knee=0.93), seed=3)
+    b = late.run()
+    assert late.grid_left == []
+    opening = late.batches[0]
+    for lv in (0.8, max(late.levels)):
+        s = b.level(lv)
+        assert s is not None and s.n_design >= opening
+        first = [r for r in late.records if r["level"] == lv][: opening * late.repeats]
+        assert {r["item"] for r in first} == {f"i{i}" for i in late.order[:opening]}
+    top = [r for r in late.records if r["level"] == max(late.levels)]
+    assert all(r["repeat"] == 0 for r in top)
+    assert b.ceiling_level is not None and b.ceiling_level > 0.8
+    # the two levels that wait are more than half of what opening on the whole grid costs
+    fresh = SimSweep(Truth("cliff", base=0.9, knee=0.35), seed=3)
+    whole = 1 + sum(fresh._reps(lv) * round(lv * fresh.window) for lv in fresh.levels)
+    assert fresh._opening_tokens(180) < 0.5 * 180 * whole
+    fixed = SimSweep(Truth("cliff", base=0.9, knee=0.35), items=200, adaptive=False)
+    assert fixed.grid_left == []
 
 
 def test_true_drop_points_of_every_shape() -> None:
@@ -224,8 +260,8 @@ def test_the_highest_grid_level_is_asked_once_when_levels_lie_below_it() -> None
     assert asked_few([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.95]
     assert asked_few([0.2, 0.5, 0.8], 0.2) == [0.8]
     assert asked_few([0.1, 0.2, 0.5], 0.2) == []
-    t = Truth("cliff", base=0.9, knee=0.6)
-    sim = SimSweep(t, taskset=200, window=8192, adaptive=True, refine=False)
+    t = Truth("cliff", base=0.9, knee=2.0)  # no drop: 0.8 passes, the limit is measured
+    sim = SimSweep(t, window=8192, adaptive=True, refine=False, seed=1)
     assert sim.few == [max(sim.levels)]
     sim.run()
     top = [r for r in sim.records if r["level"] == max(sim.levels)]
@@ -262,6 +298,49 @@ def test_calls_added_after_the_opening_are_asked_once(
     assert all(r.repeat == 0 for r in recs if r.item not in first and not r.control)
     assert all(r.repeat == 0 for r in recs if r.level in added)
     assert any(r.repeat == 2 for r in recs if r.item in first and r.level not in added)
+
+
+@pytest.mark.e2e
+def test_a_run_whose_drop_lies_below_0_5_never_pays_for_the_levels_above(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real ``ceiling sweep run``, adaptive, on a model whose accuracy falls at 0.35: the
+    opening measures the grid up to 0.5 only; 0.5 fails, so 0.8 and the practical limit are
+    never asked (``plan.json``'s ``grid_left`` keeps them, the log has no call there, the report
+    says so), and the dry run prices the opening without them and the upper end with them."""
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.35)
+    out = tmp_path / "early"
+    with serve(d.app()) as url:
+        args = common(url + "/v1", out, "--tolerance", "0.1")
+        assert run_cli(*args, "--dry-run", "--json") == 0
+        printed = capsys.readouterr()
+        dry = json.loads(printed.out[printed.out.index("{") :])
+        assert run_cli(*args, "--dry-run", "--json", "--price", "2,8") == 0
+        priced = json.loads(capsys.readouterr().out)
+        assert run_cli(*args) == 0
+    # the price's upper end: every item at every level of the grid, the deferred ones included
+    # (more than the opening scaled to every item)
+    cost = priced["cost_usd"]
+    assert cost["max"] > cost["min"] * priced["items_max"] / priced["items"] * 1.5
+    deferred = dry["deferred_levels"]
+    assert deferred == [0.8, max(dry["levels"])], dry
+    assert "0.8, 0.9858 once every level below passes" in " ".join(printed.err.split())
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["grid_left"] == deferred
+    recs = CallLog(out / "calls.jsonl").records().values()
+    assert not {r.level for r in recs} & set(deferred)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unmeasured_grid_levels"] == deferred
+    assert all(s["level"] not in deferred for s in summary["analysis"]["levels"])
+    assert all(s["missing_calls"] == 0 for s in summary["analysis"]["levels"])
+    ceiling = summary["analysis"]["ceiling_utilization"]
+    assert ceiling is not None and ceiling < 0.35
+    assert "not measured: a level below them did not pass" in capsys.readouterr().out
+    # the dry run's opening is the calls the run opened with: the first batch's items at the
+    # levels up to 0.5 and the closed-book control, nothing above
+    first = set(plan["item_ids"][: plan["batches"][0]])
+    opened = [r for r in recs if r.item in first and (r.control or r.level in (0.1, 0.2, 0.5))]
+    assert dry["calls"] == len(opened)
 
 
 def test_the_repeats_agreement_is_an_intraclass_correlation() -> None:

@@ -293,7 +293,7 @@ def design_of(plan: Plan) -> Design:
     """What the plan says was to be measured (a plan without a recorded design: every item at every
     planned level)."""
     ids = plan.item_ids
-    per = {lv: ids[: plan.items_at(lv)] for lv in plan.levels}
+    per = {lv: ids[: plan.items_at(lv)] for lv in plan.measured_levels}
     n_control = plan.n_control if plan.n_control is not None else len(ids)
     control = ids[:n_control] if plan.spec.control else []
     return Design(

@@ -1,19 +1,23 @@
 """Where the next calls go (the experimental design): refinement and adaptive allocation.
 
-A sweep starts with a grid (low-fill control, reference, 0.5, 0.8, the practical limit) on a
-quarter of the items its tolerance needs (the practical limit asked once per item:
-:func:`asked_few`), then, one step at a time, until nothing is open or the budget or
-the task set runs out:
+A sweep's grid is the low-fill control, the reference, 0.5, 0.8 and the practical limit. It
+opens on a quarter of the items its tolerance needs, at the grid up to the first level above
+the reference (the higher ones wait: :func:`deferred`), then, one step at a time, until nothing
+is open or the budget or the task set runs out:
 
 1. while the level that decides the ceiling failed but not clearly (its paired interval still
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
-2. once it is decided, scan for dips that recover: points between every pair of passing grid
+2. once every level measured passes, measure the next grid level on the opening's items, as the
+   opening would have (the practical limit asked once per item: :func:`asked_few`): a level
+   above one that failed cannot move the ceiling, and the grid's top levels are a sweep's
+   dearest calls;
+3. once the chain is decided, scan for dips that recover: points between every pair of passing grid
    levels at or below the ceiling, measured once on the opening's items (:func:`scans`); a
    scanned level that looks low joins the fixed sequence and, unless a drop is shown on the
    opening's items, goes on batch by batch to every item the reference has before it is
    decided (``LevelStats.short``); a dip there lowers the ceiling;
-3. refine the deciding bracket (the highest passing level and the first failing one) while it
+4. refine the deciding bracket (the highest passing level and the first failing one) while it
    is wider than the resolution, at most ``MAX_REFINEMENTS`` tested midpoints (each at its
    share of the error): a bracket with a cliff in it is first probed on the opening's items
    (:func:`refinements`) and the highest probe below the drop is tested; a gentler one is
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from context_ceiling.sweep.curve import Analysis, LevelStats
@@ -42,9 +46,10 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 @dataclass(frozen=True)
 class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
-    batch of the items already drawn (kind ``extend``), or measure the new ``levels`` on the
-    items :func:`first_items` gives (kind ``levels``: the refinement's midpoints; kind
-    ``probe``: the refinement's probes; kind ``scan``: the dip scan's points)."""
+    batch of the items already drawn (kind ``extend``), measure a deferred grid level on the
+    opening's items (kind ``grid``), or measure the new ``levels`` on the items
+    :func:`first_items` gives (kind ``levels``: the refinement's midpoints; kind ``probe``: the
+    refinement's probes; kind ``scan``: the dip scan's points)."""
 
     kind: str
     levels: tuple[float, ...]
@@ -180,6 +185,16 @@ def asked_few(levels: list[float], reference: float) -> list[float]:
     return above[-1:] if len(above) >= 2 else []
 
 
+def deferred(levels: list[float], reference: float) -> list[float]:
+    """The grid levels an adaptive design does not open on: those above the first level past
+    the reference. Each is measured (step kind ``grid``) once every level below it passes; a
+    sweep whose drop lies below 0.5 never pays for 0.8 and the practical limit, the two
+    dearest levels of the grid (at the default three repeats, more than half of what opening on
+    the whole grid costs)."""
+    above = sorted(lv for lv in levels if lv > reference)
+    return above[1:]
+
+
 START_SHARE = 4
 """The adaptive design opens on this fraction (1/START_SHARE) of the planned items: levels past
 the drop are then decided on few items, and items are added only where a decision is open."""
@@ -237,9 +252,11 @@ def next_step(
     adaptive: bool,
     resolution: float,
     batch: int,
+    grid: Sequence[float] = (),
 ) -> Step | None:
     """What to measure next, or None when the sweep is done (or can only end in a refusal no
-    more data lifts: :attr:`Analysis.hopeless`)."""
+    more data lifts: :attr:`Analysis.hopeless`). ``grid``: the deferred grid levels not measured
+    yet (:func:`deferred`), lowest first."""
     if a.hopeless:
         return None
     open_ = open_levels(a) if adaptive else []
@@ -258,6 +275,9 @@ def next_step(
         if drawn < target_items:
             n = min(batch, target_items - drawn)
             return Step("items", (low.level, a.reference_level), n)
+    if grid and a.deciding_level is None and a.ceiling_level is not None:
+        # every level measured passes (at the tolerance the data resolve): the next grid level
+        return Step("grid", (min(grid),))
     if refine:
         dips = scans(a, resolution)
         if dips:

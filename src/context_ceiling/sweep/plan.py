@@ -25,7 +25,7 @@ from context_ceiling.core.prices import known_window
 from context_ceiling.core.strict import Strict
 from context_ceiling.core.utilization import practical_limit
 from context_ceiling.core.vocabulary import SweepApi
-from context_ceiling.sweep.design import Opening, asked_few
+from context_ceiling.sweep.design import Opening, asked_few, deferred
 from context_ceiling.sweep.spec import Spec
 from context_ceiling.sweep.statistics import ADDED_REPEATS
 from context_ceiling.sweep.taskset import Item
@@ -101,6 +101,9 @@ class Plan(Strict):
     #: grid levels asked as often as the added calls from the opening on (the practical limit
     #: of an adaptive design: ``design.asked_few``)
     few_repeats: list[float] = Field(default_factory=list)
+    #: grid levels an adaptive design has not measured yet (``design.deferred``): each is
+    #: measured on the opening's items once every level below it passes
+    grid_left: list[float] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -169,6 +172,11 @@ class Plan(Strict):
                 out |= dict.fromkeys(self.item_ids[lo:hi], r)
             lo = hi
         return out
+
+    @property
+    def measured_levels(self) -> list[float]:
+        """The levels measured so far: the planned ones less the deferred grid levels."""
+        return [lv for lv in self.levels if lv not in self.grid_left]
 
     def items_at(self, level: float) -> int:
         """How many of the drawn items are measured at ``level``."""
@@ -272,6 +280,8 @@ def finished(
     out.reference = out.chain_reference
     if not plan.item_ids and plan.adaptive and not plan.spec.items:  # a resumed plan keeps its own
         out.few_repeats = asked_few(out.levels, out.reference)
+        out.grid_left = deferred(out.levels, out.reference)
+        out.n_at = out.n_at | {level_key(lv): 0 for lv in out.grid_left}
     out.groups = group_count(out, n)
     return out
 
@@ -283,7 +293,7 @@ def opened_on(plan: Plan, n: int, group_count: GroupCount) -> Plan:
         update={
             "item_ids": plan.item_ids[:n],
             "batches": [n],
-            "n_at": {k: n for k in plan.n_at},
+            "n_at": {k: min(v, n) for k, v in plan.n_at.items()},  # a deferred level: none
             "n_control": n if plan.spec.control else 0,
             "horizon": n,
         },

@@ -18,7 +18,10 @@ from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.simulate import SimSweep, forecast, random_truth, with_truth
 from context_ceiling.sweep.statistics import tolerance_for
 
-__all__ = ["FORECAST_RUNS", "Pricing", "bought", "budget_lines", "cost_line"]
+__all__ = ["FORECAST_RUNS", "Estimate", "Pricing", "bought", "budget_lines", "cost_line"]
+
+Estimate = tuple[int, int]
+"""Calls and input tokens (the output reservation included) of a set of planned calls."""
 
 FORECAST_RUNS = 12
 """How many simulated curves the forecast of what a sweep spends replays (dry run and run)."""
@@ -52,7 +55,9 @@ class Pricing:
 
     def budgets(self, calls: int, tokens: int) -> list[dict[str, Any]]:
         """Item counts from 60 to the task set, each with what its opening grid costs (the
-        opening's calls scaled, uncached) and the tolerance it buys (:func:`tolerance_for`)."""
+        opening's calls on the whole grid, ``calls`` and ``tokens``, scaled, uncached: a fixed
+        design measures every level at once) and the tolerance it buys
+        (:func:`tolerance_for`)."""
         plan, drawn = self.plan, max(1, len(self.plan.item_ids))
         total = self.task_items
         counts = sorted({n for n in (60, 120, 200, 400, self.planned, total) if 0 < n <= total})
@@ -114,10 +119,12 @@ class Pricing:
     def spend(self, calls: int, tokens: int) -> dict[str, Any]:
         """What the design is expected to spend, priced or not: the median calls and input
         tokens of the adaptive design over a range of simulated curves
-        (:func:`context_ceiling.sweep.simulate.forecast`, ``calls``, ``tokens``: the opening's,
-        which sets the tokens per call), the prompt cache's read share of them, every budget as
-        the input tokens it affords (None: no budget) and the tolerance the items it buys
-        resolve. Keeps the cache's shares for :meth:`costs`."""
+        (:func:`context_ceiling.sweep.simulate.forecast`), the prompt cache's read share of
+        them, every budget as the input tokens it affords (None: no budget) and the tolerance
+        the items it buys resolve. ``calls``, ``tokens``: the opening's, which sets the tokens
+        per call (its levels are the grid's cheapest, so a cap on calls becomes no more input
+        tokens than those calls spend later in the design). Keeps the cache's shares for
+        :meth:`costs`."""
         plan = self.plan
         budget = self.budget_tokens(calls, tokens)
         sim = self.simulated(budget)
@@ -137,31 +144,38 @@ class Pricing:
         }
 
     def costs(
-        self, calls: int, tokens: int, spend: dict[str, Any] | None = None
+        self,
+        calls: int,
+        tokens: int,
+        spend: dict[str, Any] | None = None,
+        grid: Estimate | None = None,
     ) -> dict[str, Any] | None:
         """The run's price in dollars: ``min`` the opening design (``calls``, ``tokens``: it
         is certain to run), ``expected`` what :meth:`spend` forecasts (``spend``: already
-        forecast), ``max`` every item the adaptive design may add at every level, uncached, or
-        what the tightest budget affords (``max_by``); every call's whole output reservation
-        counted; with the forecast's own fields. None: no price."""
+        forecast), ``max`` every item the adaptive design may add at every level of the whole
+        grid (``grid``: the opening's calls and tokens with the levels it defers; None: the
+        same), uncached, or what the tightest budget affords (``max_by``); every call's whole
+        output reservation counted; with the forecast's own fields. None: no price."""
         if self.price is None:
             return None
         plan, drawn = self.plan, max(1, len(self.plan.item_ids))
         out = self.output_reservation
         grow = plan.adaptive and not plan.spec.items
         inp = max(0, tokens - calls * plan.spec.max_tokens)  # the estimate holds the reservation
+        all_calls, all_tokens = grid or (calls, tokens)
+        all_inp = max(0, all_tokens - all_calls * plan.spec.max_tokens)
         cap = max(1.0, self.target_items / drawn) if grow else 1.0
         f = spend if spend is not None else self.spend(calls, tokens)
         got: dict[str, Any] = {
             "min": round(self._usd(inp, calls * out), 2),
             "expected": round(self._usd(f["expected_input_tokens"], f["expected_calls"] * out), 2),
-            "max": round(self.price.cost(inp * cap, calls * cap * out), 2),
+            "max": round(self.price.cost(all_inp * cap, all_calls * cap * out), 2),
             "max_by": "items",  # every item the design may add; "budget": the budget's cap
             **f,
         }
         budget = f["budget_input_tokens"]
-        if budget is not None and budget < inp * cap:  # every budget stops the run, not only $
-            per_call = max(1.0, inp / max(1, calls))
+        if budget is not None and budget < all_inp * cap:  # every budget stops the run, not only $
+            per_call = max(1.0, all_inp / max(1, all_calls))
             budgeted = self.price.cost(budget, budget / per_call * out)
             got["max"] = max(got["min"], round(min(got["max"], budgeted), 2))
             got["max_by"] = "budget"

@@ -330,6 +330,17 @@ def spend_of(rows: list[Row], model: str) -> dict[str, Any]:
     }
 
 
+def unmeasured_line(plan: Plan) -> str | None:
+    """The grid levels the adaptive design left unmeasured (``plan.grid_left``), and why."""
+    if not plan.grid_left:
+        return None
+    levels = ", ".join(f"{lv:g}" for lv in plan.grid_left)
+    return (
+        f"grid level(s) {levels} not measured: a level below them did not pass, so they could not "
+        "move the ceiling (--no-adaptive measures every grid level)"
+    )
+
+
 def write(
     out: Path,
     a: Analysis,
@@ -351,6 +362,7 @@ def write(
         "analysis": a.to_json(),
         # each level's fill bucket, as the sidecar's answer signals and the dashboard name it
         "fill_buckets": {f"{s.level:g}": fill_bucket(s.utilization) for s in a.levels},
+        "unmeasured_grid_levels": list(plan.grid_left),
         "spend": spend,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -362,8 +374,9 @@ def write(
         + "</tr>"
         for s in a.levels
     )
+    notes = [*a.warnings, *filter(None, [unmeasured_line(plan)])]
     warn = "".join(f"<li><b>refused:</b> {html.escape(w)}</li>" for w in a.refusals) + "".join(
-        f"<li>{html.escape(w)}</li>" for w in a.warnings
+        f"<li>{html.escape(w)}</li>" for w in notes
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;color:#222}}
@@ -388,7 +401,7 @@ table{{border-collapse:collapse;font-size:.9rem}}td,th{{border:1px solid #ccc;pa
             console.print(line)
         for w in a.refusals:
             console.print(f"[bold red]derive would refuse:[/] {w}")
-        for w in a.warnings:
+        for w in notes:
             console.print(f"[yellow]note:[/] {w}")
     return {"png": out / "curve.png", "html": out / "report.html", "json": out / "summary.json"}
 

@@ -53,7 +53,7 @@ from context_ceiling.sweep.plan import (
     parse_shard,
     window_of,
 )
-from context_ceiling.sweep.price import Pricing, bought, budget_lines, cost_line
+from context_ceiling.sweep.price import Estimate, Pricing, bought, budget_lines, cost_line
 from context_ceiling.sweep.prompts import ContextBuilder, Meter, group_items
 from context_ceiling.sweep.regression import reduced_levels, verdict
 from context_ceiling.sweep.report import report
@@ -130,9 +130,9 @@ def run(opts: RunOptions, console: Console) -> int:
         "margin of error "
         f"±{expected_half_width(len(plan.item_ids), plan.spec.repeats):.1%})"
     )
-    opening = sweep.runner.estimate(sweep.samples_for(plan.levels, plan.n_control or 0))
+    opening, grid = sweep.estimates()
     spend = sweep.pricing.spend(*opening)
-    console.print(cost_line(sweep.pricing.costs(*opening, spend), plan.spec.model, spend))
+    console.print(cost_line(sweep.pricing.costs(*opening, spend, grid), plan.spec.model, spend))
     try:
         sweep.run()
     except KeyboardInterrupt:
@@ -396,18 +396,33 @@ class _Sweep:
         """The haystack groups of the first ``n`` drawn items (see :meth:`batch_groups`)."""
         return [g for groups, _ in self.batch_groups(n) for g in groups]
 
-    def samples_for(self, levels: list[float], control_n: int = 0) -> list[Sample]:
-        runner = self.runner
+    def samples_for(
+        self, levels: list[float], control_n: int = 0, whole: bool = False
+    ) -> list[Sample]:
+        """The calls that measure ``levels`` on their items (and the closed-book control on the
+        first ``control_n``); ``whole``: a deferred grid level on the opening's items, as a
+        fixed design measures it."""
+        runner, plan = self.runner, self.plan
         got = runner.plan(self.groups_upto(control_n), [], 0, controls=True) if control_n else []
         for lv in sorted(levels):
-            at = self.plan.repeats_at_level(lv)
-            for groups, repeats in self.batch_groups(self.plan.items_at(lv)):
+            at = plan.repeats_at_level(lv)
+            n = plan.batches[0] if whole and lv in plan.grid_left else plan.items_at(lv)
+            for groups, repeats in self.batch_groups(n):
                 got += runner.plan(groups, [lv], min(repeats, at), False)
         return got
 
+    def estimates(self) -> tuple[Estimate, Estimate]:
+        """The opening's calls and input tokens, and the same on the whole grid (the levels the
+        adaptive design defers included: what the price's upper end and a fixed design count)."""
+        plan, control = self.plan, self.plan.n_control or 0
+        opening = self.runner.estimate(self.samples_for(plan.levels, control))
+        if not plan.grid_left:
+            return opening, opening
+        return opening, self.runner.estimate(self.samples_for(plan.levels, control, whole=True))
+
     def dry_run(self) -> int:
         plan = self.plan
-        calls, tokens = self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0))
+        (calls, tokens), grid = self.estimates()
         drawn = len(plan.item_ids)
         hw = expected_half_width(drawn, plan.spec.repeats)
         spend = self.pricing.spend(calls, tokens)
@@ -420,11 +435,17 @@ class _Sweep:
             if plan.adaptive and self.target_items > drawn
             else ""
         )
-        cost = self.pricing.costs(calls, tokens, spend)
-        budgets = self.pricing.budgets(calls, tokens)
+        cost = self.pricing.costs(calls, tokens, spend, grid)
+        budgets = self.pricing.budgets(*grid)
+        later = (
+            f" ({', '.join(f'{lv:g}' for lv in plan.grid_left)} once every level below passes)"
+            if plan.grid_left
+            else ""
+        )
         self.console.print(
-            f"dry run: {calls} calls, about {tokens:,} tokens (window {self.window:,}, levels "
-            f"{', '.join(f'{lv:g}' for lv in plan.levels)}, {plan.spec.repeats} repeats, {drawn} items, "
+            f"dry run: {calls} calls, about {tokens:,} tokens to open (window {self.window:,}, "
+            f"levels {', '.join(f'{lv:g}' for lv in plan.levels)}{later}, "
+            f"{plan.spec.repeats} repeats, {drawn} items, "
             f"{plan.groups} haystack group(s)); the pass test's expected margin of error "
             f"±{hw:.1%} at 80% {self.ts.metric} against a tolerance of {plan.spec.tolerance:.0%}{more}; "
             "nothing was sent"
@@ -442,6 +463,7 @@ class _Sweep:
                 "input_tokens": tokens,
                 "window": self.window,
                 "levels": list(plan.levels),
+                "deferred_levels": list(plan.grid_left),
                 "repeats": plan.spec.repeats,
                 "items": drawn,
                 "items_planned": self.planned,
@@ -470,6 +492,7 @@ class _Sweep:
                 adaptive=self.plan.adaptive,
                 resolution=self.plan.spec.resolution,
                 batch=self.opening.batch,
+                grid=self.plan.grid_left,
             )
             before = self.plan.model_copy(deep=True)
             todo = self.grow(step) if step is not None else None
@@ -527,6 +550,15 @@ class _Sweep:
             self.console.print(
                 f"measuring {where} on {hi} of the {len(plan.item_ids)} items drawn, where the "
                 "decision is open"
+            )
+            return self.samples_for([lv])
+        if step.kind == "grid":
+            [lv] = step.levels
+            n = plan.batches[0]
+            plan.grid_left = [x for x in plan.grid_left if x != lv]
+            plan.n_at = plan.n_at | {level_key(lv): n}
+            self.console.print(
+                f"measuring {where} on the opening's {n} items: every level below it passes"
             )
             return self.samples_for([lv])
         if step.kind == "scan":

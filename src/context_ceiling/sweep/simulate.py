@@ -31,6 +31,7 @@ from context_ceiling.sweep.design import (
     Opening,
     affordable,
     asked_few,
+    deferred,
     first_items,
     next_step,
     opening,
@@ -278,6 +279,8 @@ class SimSweep:
         #: grid levels asked as often as the added calls (as run.py's plan: ``asked_few``)
         adaptive = self.adaptive and self.items is None
         self.few = asked_few(self.levels, self.reference) if adaptive else []
+        #: grid levels not measured yet (as run.py's plan: ``deferred``)
+        self.grid_left = deferred(self.levels, self.reference) if adaptive else []
         self.open: Opening = opening(
             self.taskset,
             items_for(self.tolerance, self.repeats),
@@ -287,7 +290,7 @@ class SimSweep:
         self.drawn = self.open.start
         if self.budget_tokens is not None:
             self.drawn = affordable(self.drawn, self._opening_fits)
-        self.n_at = {lv: self.drawn for lv in self.levels}
+        self.n_at = {lv: 0 if lv in self.grid_left else self.drawn for lv in self.levels}
         self.n_control = self.drawn
         self.batches = [self.drawn]
 
@@ -297,7 +300,12 @@ class SimSweep:
 
     def _opening_tokens(self, n: int) -> int:
         return n * (
-            1 + sum(self._reps(lv) * round(lv * self.window) for lv in self.levels)
+            1
+            + sum(
+                self._reps(lv) * round(lv * self.window)
+                for lv in self.levels
+                if lv not in self.grid_left
+            )
         ) + n * round(0.002 * self.window)
 
     def _reps(self, lv: float) -> int:
@@ -348,7 +356,7 @@ class SimSweep:
     def design(self) -> Design:
         ids = [f"i{i}" for i in self.order]
         return Design(
-            {lv: ids[: self.n_at[lv]] for lv in self.levels},
+            {lv: ids[: self.n_at[lv]] for lv in self.levels if lv not in self.grid_left},
             self.repeats,
             ids[: self.n_control],
             self.reference,
@@ -394,10 +402,19 @@ class SimSweep:
                 adaptive=self.adaptive,
                 resolution=self.resolution,
                 batch=self.open.batch,
+                grid=self.grid_left,
             )
             if step is None:
                 break
-            if step.kind == "extend":
+            if step.kind == "grid":
+                [lv] = step.levels
+                n = self.batches[0]
+                if not self._fits(n * self._reps(lv) * self._call_tokens(lv)):
+                    break
+                self.grid_left.remove(lv)
+                self._measure(lv, self.order[:n])
+                self.n_at[lv] = n
+            elif step.kind == "extend":
                 [lv] = step.levels
                 hi = min(b for b in self.batches if b > self.n_at[lv])
                 cost = (hi - self.n_at[lv]) * self._reps(lv) * self._call_tokens(lv)
