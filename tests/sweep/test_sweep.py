@@ -672,6 +672,8 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     # no price, and still the forecast: what the adaptive design is expected to spend
     assert unpriced["expected_input_tokens"] == cost["expected_input_tokens"]
     assert unpriced["expected_calls"] > unpriced["calls"] and unpriced["budget_tolerance"] is None
+    p10, p90 = unpriced["expected_input_tokens_range"]
+    assert p10 <= unpriced["expected_input_tokens"] <= p90 and p10 < p90
     low = dry("--max-input-tokens", str(cost["expected_input_tokens"] // 4))
     assert low["cost_usd"] is None
     assert low["expected_input_tokens"] <= cost["expected_input_tokens"] // 4

@@ -235,6 +235,31 @@ def test_grid_levels_above_a_failing_level_are_never_measured() -> None:
     assert fixed.grid_left == []
 
 
+def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> None:
+    """A budget that runs out after the grid passes 0.5 but before the dip scan between the
+    reference and 0.5: a dip that recovers there is unseen, so the ceiling stays at the
+    reference (reported as such, with the fills owed named); with the budget for the scan the
+    same curve is scanned and the ceiling lies at or below the dip."""
+    t = Truth("recover", base=0.9, knee=0.9, dip=0.08, dip_at=0.3, dip_width=0.1)
+    drop = t.drop_point(0.2, 0.95, 0.05)
+    assert drop < 0.35
+    short = SimSweep(t, seed=2, budget_tokens=120_000_000)
+    a = short.run()
+    assert a.unscanned and min(a.unscanned) > 0.2 and max(a.unscanned) < 0.5
+    assert a.ceiling_level == a.reference_level and a.at_reference
+    assert a.outcome == "at_reference"
+    assert any("not scanned for a dip" in w for w in a.warnings)
+    assert (a.ceiling_utilization or 0) <= t.drop_point(0.2, 0.95, a.stated_tolerance or 0.05)
+    chain_top = max(s.level for s in a.chain if s.passes)
+    assert chain_top >= 0.5, "the chain alone would have admitted the dip"
+    whole = SimSweep(t, seed=2)
+    b = whole.run()
+    assert whole.scanned and not b.unscanned
+    stated = b.stated_tolerance or 0.05
+    assert b.ceiling_utilization is not None
+    assert b.ceiling_utilization <= t.drop_point(0.2, 0.95, stated)
+
+
 def test_true_drop_points_of_every_shape() -> None:
     import random
 

@@ -30,6 +30,7 @@ from context_ceiling.sweep.calllog import CallLog, Row, sample_key
 from context_ceiling.sweep.corpora import extend, reach
 from context_ceiling.sweep.curve import DEFAULT_FLOOR, Analysis, Design, LevelStats, fill_of, mean
 from context_ceiling.sweep.decision import decide, judge, outcome_of, scan_gates
+from context_ceiling.sweep.design import cap_unscanned
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import Plan
 from context_ceiling.sweep.scorer import BUCKETS, grade
@@ -220,6 +221,8 @@ def analyse_graded(
         ),
     )
     decide(a, ref, tolerance)
+    if design.scan_resolution:
+        cap_unscanned(a, design.scan_resolution)
     judge(a, ref, rows, controls, tolerance)
     a.outcome = outcome_of(a)
     return a
@@ -304,6 +307,7 @@ def design_of(plan: Plan) -> Design:
         refined=tuple(plan.refined),
         scanned=tuple(plan.scanned),
         probed=tuple(plan.probed),
+        scan_resolution=plan.spec.resolution if plan.refine else None,
         horizon=plan.horizon
         or min(plan.planned_items or len(ids), plan.item_cap or len(ids))
         or None,

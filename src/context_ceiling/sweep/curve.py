@@ -53,6 +53,9 @@ class Design:
     probed: tuple[float, ...] = ()
     #: the items the pass test's bets are tuned for (fixed before the first call)
     horizon: int | None = None
+    #: the dip scan's spacing when the design scans between passing grid levels (``--refine``):
+    #: a gap it has not scanned yet caps the ceiling below it (None: the design does not scan)
+    scan_resolution: float | None = None
     #: the most items the design may measure at a level (the task set, or a fixed design)
     cap: int | None = None
     #: items asked a number of times other than ``repeats``
@@ -191,6 +194,9 @@ class Analysis:
     #: a refusal no more items can lift (a model shown below the floor, answers shown not to come
     #: from the context): the adaptive design stops at once
     hopeless: str | None = None
+    #: dip-scan points the design has not measured between passing grid levels (it stopped
+    #: first: a budget, the task set): the ceiling stays at the grid level below the first
+    unscanned: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

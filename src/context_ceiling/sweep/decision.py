@@ -333,7 +333,7 @@ def judge(
             f"{a.stated_tolerance * 100:.1f} points of the reference, 95% one-sided); more items "
             "(--items, --budget-usd) narrow it"
         )
-    if a.at_reference and a.resolved:
+    if a.at_reference and a.resolved and not a.unscanned:  # else the scan's warning says why
         d = a.level(a.deciding_level)
         w.append(
             f"the ceiling is the reference level itself ({a.ceiling_level:g}): "

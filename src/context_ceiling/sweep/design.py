@@ -123,23 +123,21 @@ def refinements(a: Analysis, resolution: float, probes_left: int) -> Step | None
 
 
 def scans(a: Analysis, resolution: float) -> list[float]:
-    """Fills between two passing levels of the grid, at or below the ceiling, where a dip that
-    recovers would go unseen: points evenly spaced between each such pair, no two further apart
-    than the resolution (a dip that wide cannot fall between them), measured once on the
-    opening's items. A scanned level that looks low then takes part in the fixed sequence
-    (``decision.scan_gates``) and is extended to the reference's items before anything but a
-    shown drop decides it: a dip there lowers the ceiling below it; one that holds up costs
-    the pass test nothing. Only the grid's own pairs are
-    scanned (not refined or scanned levels): one pass, at a bounded cost."""
-    if a.ceiling_level is None or a.reference_level is None:
+    """Fills between two passing levels of the grid (the chain's passing levels: at or below
+    the ceiling the chain reaches) where a dip that recovers would go unseen, not measured yet:
+    points evenly spaced between each such pair, no two further apart than the resolution (a
+    dip that wide cannot fall between them), measured once on the opening's items. A scanned
+    level that looks low then takes part in the fixed sequence (``decision.scan_gates``) and is
+    extended to the reference's items before anything but a shown drop decides it: a dip there
+    lowers the ceiling below it; one that holds up costs the pass test nothing. Only the grid's
+    own pairs are scanned (not refined or scanned levels): one pass, at a bounded cost. Until
+    they are measured the ceiling stays below them (:func:`cap_unscanned`)."""
+    if a.reference_level is None:
         return []
     grid = [
         s
         for s in a.levels
-        if s.role in ("reference", "level")
-        and s.level not in a.refined
-        and s.level <= a.ceiling_level
-        and s.passes
+        if s.role in ("reference", "level") and s.level not in a.refined and s.passes
     ]
     done = {s.level for s in a.levels}
     out = []
@@ -150,6 +148,32 @@ def scans(a: Analysis, resolution: float) -> list[float]:
             if mid not in done and mid not in a.scanned:
                 out.append(mid)
     return out
+
+
+def cap_unscanned(a: Analysis, resolution: float) -> None:
+    """A ceiling above grid levels whose fills the dip scan has not measured (the design
+    stopped before its scan: a budget, the task set) is not shown free of a dip that recovers
+    between them: the ceiling stays at the highest passing level below the first point owed
+    (``a.unscanned`` lists them, a warning says so). The design itself reads the chain, not the
+    ceiling, so the scan still runs while it can."""
+    owed = scans(a, resolution)
+    a.unscanned = owed
+    if not owed or a.ceiling_level is None:
+        return
+    below = [s for s in a.chain if s.passes and s.level < min(owed)]
+    if not below or below[-1].level >= a.ceiling_level:
+        return
+    top = below[-1]
+    a.ceiling_level = top.level
+    a.ceiling_utilization = round(top.utilization * (1 - a.margin), 4)
+    a.ceiling_tokens = math.floor(a.ceiling_utilization * a.window)
+    a.at_reference = top.level == a.reference_level
+    a.warnings.append(
+        f"the fills from {min(owed):g} to {max(owed):g} were not scanned for a dip that "
+        f"recovers (the design stopped before its scan: a budget or the task set), so the "
+        f"ceiling stays at {top.level:g} below them; ceiling sweep run --resume with a larger "
+        "budget scans them"
+    )
 
 
 def first_items(

@@ -134,6 +134,11 @@ class Pricing:
         return {
             "expected_calls": round(f["calls_median"]),
             "expected_input_tokens": round(f["input_tokens_median"]),
+            # a sweep whose drop comes early never pays for the grid's top levels: the spread
+            "expected_input_tokens_range": [
+                round(f["input_tokens_p10"]),
+                round(f["input_tokens_p90"]),
+            ],
             "expected_cached_share": round(f["cached_share"], 3),
             "budget_input_tokens": budget,
             "budget_tolerance": (
@@ -209,9 +214,11 @@ def cost_line(cost: dict[str, Any] | None, model: str, spend: dict[str, Any]) ->
             f"; the budget affords about {spend['budget_input_tokens']:,} input tokens: "
             f"{bought(spend['budget_tolerance'])}"
         )
+    low, high = spend["expected_input_tokens_range"]
     expected = (
         f"the median over simulated curves of what the adaptive design spends: "
-        f"{spend['expected_calls']:,} calls, {spend['expected_input_tokens']:,} input tokens, "
+        f"{spend['expected_calls']:,} calls, {spend['expected_input_tokens']:,} input tokens "
+        f"({low:,} to {high:,} from the 10th to the 90th percentile), "
         f"{spend['expected_cached_share']:.0%} read from the prompt cache"
     )
     if cost is None:

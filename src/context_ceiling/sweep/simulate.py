@@ -363,6 +363,7 @@ class SimSweep:
             refined=tuple(self.refined),
             scanned=tuple(self.scanned),
             probed=tuple(self.probed),
+            scan_resolution=self.resolution if self.refine else None,
             horizon=self.open.horizon,
             cap=self.open.target,
             item_repeats={f"i{i}": r for i, r in self.item_reps.items()},
