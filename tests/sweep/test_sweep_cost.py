@@ -243,7 +243,7 @@ def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> Non
     t = Truth("recover", base=0.9, knee=0.9, dip=0.08, dip_at=0.3, dip_width=0.1)
     drop = t.drop_point(0.2, 0.95, 0.05)
     assert drop < 0.35
-    short = SimSweep(t, seed=2, budget_tokens=120_000_000)
+    short = SimSweep(t, seed=2, budget_tokens=70_000_000)
     a = short.run()
     assert a.unscanned and min(a.unscanned) > 0.2 and max(a.unscanned) < 0.5
     assert a.ceiling_level == a.reference_level and a.at_reference
@@ -258,6 +258,18 @@ def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> Non
     stated = b.stated_tolerance or 0.05
     assert b.ceiling_utilization is not None
     assert b.ceiling_utilization <= t.drop_point(0.2, 0.95, stated)
+
+
+def test_a_gap_is_scanned_before_the_grid_level_above_it() -> None:
+    """Once 0.5 passes, the fills between the reference and it are scanned before 0.8 is
+    measured: a dip found there makes 0.8 moot, and a budget spent on 0.8 first could leave
+    the gap unscanned (and the ceiling at the reference)."""
+    t = Truth("recover", base=0.85, knee=0.9, dip=0.08, dip_at=0.3, dip_width=0.1)
+    sim = SimSweep(t, seed=4)
+    sim.run()
+    order = [r["level"] for r in sim.records if r["level"] is not None]
+    first_scan = next(k for k, lv in enumerate(order) if lv in sim.scanned)
+    assert sim.scanned[0] < 0.5 and 0.8 not in order[:first_scan]
 
 
 def test_true_drop_points_of_every_shape() -> None:

@@ -8,15 +8,16 @@ is open or the budget or the task set runs out:
 1. while the level that decides the ceiling failed but not clearly (its paired interval still
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
-2. once every level measured passes, measure the next grid level on the opening's items, as the
+2. once the chain is decided, scan for dips that recover: points between every pair of passing
+   grid levels, measured once on the opening's items (:func:`scans`); a scanned level that
+   looks low joins the fixed sequence and, unless a drop is shown on the opening's items, goes
+   on batch by batch to every item the reference has before it is decided
+   (``LevelStats.short``); a dip there lowers the ceiling, and until a gap is scanned the
+   ceiling stays below it (:func:`cap_unscanned`);
+3. once every level measured passes, measure the next grid level on the opening's items, as the
    opening would have (the practical limit asked once per item: :func:`asked_few`): a level
-   above one that failed cannot move the ceiling, and the grid's top levels are a sweep's
-   dearest calls;
-3. once the chain is decided, scan for dips that recover: points between every pair of passing grid
-   levels at or below the ceiling, measured once on the opening's items (:func:`scans`); a
-   scanned level that looks low joins the fixed sequence and, unless a drop is shown on the
-   opening's items, goes on batch by batch to every item the reference has before it is
-   decided (``LevelStats.short``); a dip there lowers the ceiling;
+   above one that failed, or above a dip, cannot move the ceiling, and the grid's top levels
+   are a sweep's dearest calls;
 4. refine the deciding bracket (the highest passing level and the first failing one) while it
    is wider than the resolution, at most ``MAX_REFINEMENTS`` tested midpoints (each at its
    share of the error): a bracket with a cliff in it is first probed on the opening's items
@@ -299,13 +300,13 @@ def next_step(
         if drawn < target_items:
             n = min(batch, target_items - drawn)
             return Step("items", (low.level, a.reference_level), n)
-    if grid and a.deciding_level is None and a.ceiling_level is not None:
-        # every level measured passes (at the tolerance the data resolve): the next grid level
-        return Step("grid", (min(grid),))
-    if refine:
+    if refine:  # before a grid level above: a dip found below it makes that level moot
         dips = scans(a, resolution)
         if dips:
             return Step("scan", tuple(dips))
+    if grid and a.deciding_level is None and a.ceiling_level is not None:
+        # every level measured passes (at the tolerance the data resolve): the next grid level
+        return Step("grid", (min(grid),))
     if refine and len(a.refined) < MAX_REFINEMENTS:  # the refinement's error is split this far
         return refinements(a, resolution, MAX_PROBES - len(a.probed))
     return None
