@@ -336,8 +336,8 @@ def unmeasured_line(plan: Plan) -> str | None:
         return None
     levels = ", ".join(f"{lv:g}" for lv in plan.grid_left)
     return (
-        f"grid level(s) {levels} not measured: a level below them did not pass, so they could not "
-        "move the ceiling (--no-adaptive measures every grid level)"
+        f"grid level(s) {levels} not measured: the sweep ended before every level below them "
+        "passed, so they could not move the ceiling (--no-adaptive measures every grid level)"
     )
 
 

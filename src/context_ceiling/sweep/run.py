@@ -348,7 +348,7 @@ class _Sweep:
         resolve rather than from levels left half measured."""
         plan = self.plan
         drawn = len(plan.item_ids)
-        calls, tokens = self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0))
+        calls, tokens = self.opening_estimate()
         budget = self.runner.budget
         if drawn == 0 or budget.fits(calls, tokens):
             return
@@ -411,14 +411,17 @@ class _Sweep:
                 got += runner.plan(groups, [lv], min(repeats, at), False)
         return got
 
+    def opening_estimate(self, whole: bool = False) -> Estimate:
+        """The opening's calls and input tokens (``whole``: on the whole grid, the levels the
+        adaptive design defers included)."""
+        plan = self.plan
+        return self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0, whole))
+
     def estimates(self) -> tuple[Estimate, Estimate]:
-        """The opening's calls and input tokens, and the same on the whole grid (the levels the
-        adaptive design defers included: what the price's upper end and a fixed design count)."""
-        plan, control = self.plan, self.plan.n_control or 0
-        opening = self.runner.estimate(self.samples_for(plan.levels, control))
-        if not plan.grid_left:
-            return opening, opening
-        return opening, self.runner.estimate(self.samples_for(plan.levels, control, whole=True))
+        """The opening's calls and input tokens, and the same on the whole grid (what the
+        price's upper end and a fixed design count)."""
+        opening = self.opening_estimate()
+        return opening, self.opening_estimate(whole=True) if self.plan.grid_left else opening
 
     def dry_run(self) -> int:
         plan = self.plan

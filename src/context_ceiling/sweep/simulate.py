@@ -300,13 +300,12 @@ class SimSweep:
 
     def _opening_tokens(self, n: int) -> int:
         return n * (
-            1
-            + sum(
-                self._reps(lv) * round(lv * self.window)
-                for lv in self.levels
-                if lv not in self.grid_left
-            )
+            1 + sum(self._reps(lv) * round(lv * self.window) for lv in self._measured_levels())
         ) + n * round(0.002 * self.window)
+
+    def _measured_levels(self) -> list[float]:
+        """The levels measured so far (the plan's ``measured_levels``)."""
+        return [lv for lv in self.levels if lv not in self.grid_left]
 
     def _reps(self, lv: float) -> int:
         """How often an item is asked at ``lv``: the refinement's and the scan's points and the
@@ -356,7 +355,7 @@ class SimSweep:
     def design(self) -> Design:
         ids = [f"i{i}" for i in self.order]
         return Design(
-            {lv: ids[: self.n_at[lv]] for lv in self.levels if lv not in self.grid_left},
+            {lv: ids[: self.n_at[lv]] for lv in self._measured_levels()},
             self.repeats,
             ids[: self.n_control],
             self.reference,
