@@ -218,10 +218,10 @@ def test_a_plain_delta_is_forwarded_without_being_split() -> None:
 
 def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
     """A whole answer that arrived in one read (a fast upstream, or reads coalesced under load):
-    the read loses its first event and the events at its end until the tap passes the rest
-    whole, so only the events it reads (the first, with the model; the finish, the usage, the
-    end) reach ``on_event``, the middle is scanned a handful of times (not once per halving),
-    and the bytes forwarded are the event-by-event ones."""
+    the read is cut only around the events the tap reads (the first, with the model; the
+    finish, the usage, the end), found by one byte scan each, so only they reach ``on_event``,
+    the plain deltas between them leave as one part, and the bytes forwarded are the
+    event-by-event ones."""
     seen: list[bytes] = []
     scans: list[int] = []
 
@@ -230,9 +230,9 @@ def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
             seen.append(event)
             return super().on_event(event)
 
-        def on_chunk(self, chunk: bytes) -> bytes | None:
+        def needed(self, chunk: bytes) -> int:
             scans.append(len(chunk))
-            return super().on_chunk(chunk)
+            return super().needed(chunk)
 
     first = _sse({"model": "gpt-4o", "choices": [{"delta": {"role": "assistant"}}], "usage": None})
     delta = _sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}], "usage": None})
@@ -245,7 +245,9 @@ def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
     assert (tap.usage, tap.complete) == (slow.usage, slow.complete) and tap.complete
     assert tap.usage.input_tokens == 5
     assert seen == [first, end, usage, b"data: [DONE]\n\n"]
-    assert len(scans) <= 5, f"{len(scans)} scans of the read's parts"
+    # one scan per event read, each of what is left: the whole read once, then its tail
+    assert len(scans) == 4 and scans[0] == len(read), scans
+    assert sum(scans[1:]) < len(read) + 3 * len(end), scans
 
 
 def test_a_special_event_mid_read_is_still_split_off() -> None:
@@ -261,34 +263,22 @@ def test_a_special_event_mid_read_is_still_split_off() -> None:
     assert tap.upstream_error and slow.upstream_error
 
 
-def test_a_splitters_first_and_last_are_event_boundaries() -> None:
-    """Both framings find where a read of whole events' first event ends and its last
-    begins, and a single event has neither."""
+def test_a_splitter_bounds_the_event_around_an_offset() -> None:
+    """Both framings find the event of a read of whole events that holds a given byte: its
+    first byte and the byte past its end, so what lies before it is whole events."""
     from context_ceiling.formats.eventstream import EventStreamSplitter, encode
 
     events = [_sse({"n": k}) for k in range(5)]
     sse = b"".join(events)
-    assert EventSplitter.first(sse) == len(events[0])
-    assert EventSplitter.last(sse) == len(sse) - len(events[-1])
-    assert EventSplitter.first(events[0]) == EventSplitter.last(events[0]) == 0
+    starts = [sum(map(len, events[:k])) for k in range(6)]
+    for k in range(5):
+        for at in (starts[k], starts[k] + 3, starts[k + 1] - 3):
+            assert EventSplitter.around(sse, at) == (starts[k], starts[k + 1])
+    # boundaries a byte search for a blank line does not see: a wider span, split by feed()
+    crlf = b"".join(e.replace(b"\n\n", b"\r\n\r\n") for e in events)
+    assert EventSplitter.around(crlf, len(crlf) // 2) == (0, len(crlf))
     frames = [encode({":event-type": "chunk"}, b'{"k": %d}' % k) for k in range(5)]
     binary = b"".join(frames)
-    assert EventStreamSplitter.first(binary) == len(frames[0])
-    assert EventStreamSplitter.last(binary) == len(binary) - len(frames[-1])
-    assert EventStreamSplitter.first(frames[0]) == EventStreamSplitter.last(frames[0]) == 0
-
-
-def test_a_splitters_middle_is_an_event_boundary() -> None:
-    """Both framings cut a read of whole events at a boundary near its middle, and a single
-    event not at all."""
-    from context_ceiling.formats.eventstream import EventStreamSplitter, encode
-
-    sse = b"".join(_sse({"n": k}) for k in range(5))
-    cut = EventSplitter.middle(sse)
-    assert 0 < cut < len(sse) and sse[:cut].endswith(b"\n\n")
-    assert EventSplitter.middle(_sse({"n": 1})) == 0
-    frames = [encode({":event-type": "chunk"}, b'{"k": %d}' % k) for k in range(5)]
-    binary = b"".join(frames)
-    cut = EventStreamSplitter.middle(binary)
-    assert cut in {sum(map(len, frames[:k])) for k in range(1, 5)}
-    assert EventStreamSplitter.middle(frames[0]) == 0
+    starts = [sum(map(len, frames[:k])) for k in range(6)]
+    for k in range(5):
+        assert EventStreamSplitter.around(binary, starts[k] + 5) == (starts[k], starts[k + 1])

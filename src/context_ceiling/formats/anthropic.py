@@ -453,11 +453,7 @@ class MessagesStreamTap(StreamTap):
         return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
 
     whole_reads = True
-
-    def on_chunk(self, chunk: bytes) -> bytes | None:
-        if b"message_" in chunk or b"error" in chunk:  # message_start/_delta/_stop, error
-            return None
-        return chunk
+    marks = (b"message_", b"error")  # message_start/_delta/_stop, error
 
     def on_event(self, event: bytes) -> bytes | None:
         name, data = event_data(event)

@@ -153,9 +153,12 @@ class StreamTap(ABC):
 
     __slots__ = ("complete", "upstream_error", "usage")
 
-    #: whether :meth:`on_chunk` passes reads of plain events as one (the relay then halves a
-    #: read it refuses, so the few events it reads are the only ones split off)
+    #: whether the relay hands this tap whole reads of events (a read's events before the
+    #: first one :meth:`needed` finds forwarded as one, :meth:`plain`), not only single events
+    #: (:meth:`on_chunk`)
     whole_reads: ClassVar[bool] = False
+    #: byte strings of which every event this tap reads holds one (none: it reads every event)
+    marks: ClassVar[tuple[bytes, ...]] = ()
 
     def __init__(self) -> None:
         self.usage = Usage()
@@ -167,12 +170,32 @@ class StreamTap(ABC):
     def error_event(message: str) -> bytes:
         """The event that tells this format's SDK the stream failed (it raises on it)."""
 
+    def needed(self, chunk: bytes) -> int:
+        """In a read of whole events, where the first event this tap reads may lie: the offset
+        of the first of its :attr:`marks` (no event before the one holding it is read: a byte
+        scan, not a parse), or -1 when no event in the read is read. One scan finds the few
+        events a whole answer read at once holds for the tap (the first, with the model; the
+        finish, the usage, the end), however many plain deltas lie between them. With no
+        marks every event is read (0)."""
+        if not self.marks:
+            return 0
+        at = -1
+        for m in self.marks:
+            i = chunk.find(m)
+            if i >= 0 and (at < 0 or i < at):
+                at = i
+        return at
+
+    def plain(self, chunk: bytes) -> bytes:
+        """The bytes to forward for whole events this tap does not read (:meth:`needed`)."""
+        return chunk
+
     def on_chunk(self, chunk: bytes) -> bytes | None:
         """A whole upstream read of complete events, as one: the bytes to forward when no event
-        in it carries anything this tap reads (checked with byte scans), else None and each
-        event goes through :meth:`on_event`. Most reads of a stream are one plain content delta;
-        this skips splitting them into events. This base forwards nothing whole."""
-        return None
+        in it carries anything this tap reads (:meth:`needed`), else None and each event goes
+        through :meth:`on_event`. Most reads of a stream are one plain content delta; this
+        skips splitting them into events."""
+        return self.plain(chunk) if self.needed(chunk) < 0 else None
 
     def on_event(self, event: bytes) -> bytes | None:
         """The bytes to forward for this event (None: drop it)."""

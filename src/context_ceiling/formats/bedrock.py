@@ -26,7 +26,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote, unquote
 
 import orjson
@@ -415,17 +415,13 @@ class _FrameTap(StreamTap):
 
     __slots__ = ()
 
-    #: byte strings whose presence in a read means one of its messages is read
-    marks: tuple[bytes, ...] = (b"exception",)
+    marks: ClassVar[tuple[bytes, ...]] = (b"exception",)
 
     @staticmethod
     def error_event(message: str) -> bytes:
         return _exception(message)
 
     whole_reads = True
-
-    def on_chunk(self, chunk: bytes) -> bytes | None:
-        return None if any(m in chunk for m in self.marks) else chunk
 
     def on_event(self, event: bytes) -> bytes | None:
         try:

@@ -141,22 +141,16 @@ class EventStreamSplitter:
         return last, pos
 
     @staticmethod
-    def middle(chunk: bytes) -> int:
-        walked = EventStreamSplitter._walk(chunk, len(chunk) // 2)
-        if walked is None:
-            return 0
-        last, pos = walked
-        return pos if 0 < pos < len(chunk) else last
-
-    @staticmethod
-    def first(chunk: bytes) -> int:
-        (total,) = struct.unpack_from(">I", chunk, 0)
-        return total if _MIN <= total < len(chunk) else 0
-
-    @staticmethod
-    def last(chunk: bytes) -> int:
-        walked = EventStreamSplitter._walk(chunk, len(chunk))
-        return walked[0] if walked is not None and walked[1] == len(chunk) else 0
+    def around(chunk: bytes, at: int) -> tuple[int, int]:
+        pos = 0
+        while pos + 4 <= len(chunk):
+            (total,) = struct.unpack_from(">I", chunk, pos)
+            if total < _MIN:
+                break
+            if at < pos + total:
+                return pos, min(pos + total, len(chunk))
+            pos += total
+        return 0, len(chunk)
 
     def whole(self, chunk: bytes) -> bool:
         walked = self._walk(chunk, len(chunk))

@@ -47,19 +47,10 @@ class Splitter(Protocol):
         whole events and a tap may forward it without splitting it)."""
         ...
 
-    def middle(self, chunk: bytes) -> int:
-        """An event boundary near the middle of ``chunk`` (whole events: :meth:`whole`), as the
-        offset just past it; 0 when it is one event."""
-        ...
-
-    def first(self, chunk: bytes) -> int:
-        """The offset just past the first event of ``chunk`` (whole events: :meth:`whole`);
-        0 when it is one event."""
-        ...
-
-    def last(self, chunk: bytes) -> int:
-        """The offset where the last event of ``chunk`` (whole events) begins; 0 when it is
-        one event."""
+    def around(self, chunk: bytes, at: int) -> tuple[int, int]:
+        """Where the event of ``chunk`` (whole events: :meth:`whole`) that holds offset ``at``
+        begins and ends; a span over more events (up to all of ``chunk``) where a boundary
+        cannot be told by a byte search, which the splitter's own :meth:`feed` then splits."""
         ...
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
@@ -104,24 +95,13 @@ class EventSplitter:
         return chunk.endswith(b"\n\n")
 
     @staticmethod
-    def middle(chunk: bytes) -> int:
-        # a data line cannot hold a raw newline (JSON escapes it): a blank line ends an event
-        half = len(chunk) // 2
-        at = chunk.find(b"\n\n", half)
-        if 0 <= at < len(chunk) - 2:
-            return at + 2
-        at = chunk.rfind(b"\n\n", 0, half)
-        return at + 2 if at >= 0 else 0
-
-    @staticmethod
-    def first(chunk: bytes) -> int:
-        at = chunk.find(b"\n\n")
-        return at + 2 if 0 <= at < len(chunk) - 2 else 0
-
-    @staticmethod
-    def last(chunk: bytes) -> int:
-        at = chunk.rfind(b"\n\n", 0, len(chunk) - 2)
-        return at + 2 if at >= 0 else 0
+    def around(chunk: bytes, at: int) -> tuple[int, int]:
+        # a data line cannot hold a raw newline (JSON escapes it): a blank line ends an event.
+        # "\r\n\r\n" and "\r\r" are boundaries too, but a search for them is not needed: a
+        # span that holds one is split by feed()
+        before = chunk.rfind(b"\n\n", 0, at)
+        after = chunk.find(b"\n\n", at)
+        return (before + 2 if before >= 0 else 0, after + 2 if after >= 0 else len(chunk))
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._parts:

@@ -247,11 +247,7 @@ class GenerateStreamTap(StreamTap):
         return b"data: " + orjson.dumps(err) + b"\n\n"
 
     whole_reads = True
-
-    def on_chunk(self, chunk: bytes) -> bytes | None:
-        if b"usageMetadata" in chunk or b"finishReason" in chunk or b'"error"' in chunk:
-            return None
-        return chunk
+    marks = (b"usageMetadata", b"finishReason", b'"error"')
 
     def on_event(self, event: bytes) -> bytes | None:
         if (

@@ -313,16 +313,17 @@ def prepare_stream(obj: dict[str, Any], body: bytes | None) -> tuple[bytes | Non
     return b"".join((body[:start], member, memoryview(body)[start:])), True
 
 
-#: what makes a chat.completion.chunk read worth splitting and parsing: a usage or finish reason
-#: that is not null, the end of the stream, an error (JSON-escaped text cannot hold the quotes)
-
-
-def _all_null(chunk: bytes, key: bytes) -> bool:
-    """Every ``key`` in ``chunk`` is followed by ``null`` (as OpenAI and most servers space it):
-    a few substring counts, each a C scan, where a regex would try a match at every quote of the
-    JSON. An odd spacing reads as not null and only costs a parse."""
+def _set_at(chunk: bytes, key: bytes, opens: bytes) -> int:
+    """Where ``key`` is first set in ``chunk`` (its value ``opens`` a string or an object, not
+    ``null``), -1 when every ``key`` is followed by ``null`` (as OpenAI and most servers space
+    it): a few substring counts, each a C scan, where a regex would try a match at every quote
+    of the JSON (JSON-escaped text cannot hold the key's quotes). An odd spacing counts from the
+    key's first mention on, and only costs a parse."""
     n = chunk.count(key)
-    return n == 0 or n == chunk.count(key + b":null") + chunk.count(key + b": null")
+    if n == 0 or n == chunk.count(key + b":null") + chunk.count(key + b": null"):
+        return -1
+    found = [i for i in (chunk.find(key + b":" + opens), chunk.find(key + b": " + opens)) if i >= 0]
+    return min(found) if found else chunk.find(key)
 
 
 class ChatStreamTap(StreamTap):
@@ -362,17 +363,24 @@ class ChatStreamTap(StreamTap):
 
     whole_reads = True
 
-    def on_chunk(self, chunk: bytes) -> bytes | None:
-        # plain: the model is known, and no usage or finish_reason in it is anything but null,
-        # no end, no error
-        if (
-            self.usage.response_model is None
-            or b"[DONE]" in chunk
-            or b'"error"' in chunk
-            or not _all_null(chunk, b'"usage"')
-            or not _all_null(chunk, b'"finish_reason"')
+    def needed(self, chunk: bytes) -> int:
+        # read: the first event until the model is known; the end, an error, and a usage or
+        # finish reason that is not null (a few C scans, where a regex would try a match at
+        # every quote of the JSON)
+        if self.usage.response_model is None:
+            return 0
+        at = -1
+        for i in (
+            chunk.find(b"[DONE]"),
+            chunk.find(b'"error"'),
+            _set_at(chunk, b'"usage"', b"{"),
+            _set_at(chunk, b'"finish_reason"', b'"'),
         ):
-            return None
+            if i >= 0 and (at < 0 or i < at):
+                at = i
+        return at
+
+    def plain(self, chunk: bytes) -> bytes:
         return self._as_sent(chunk)
 
     def on_event(self, event: bytes) -> bytes | None:

@@ -40,7 +40,17 @@ class Tap(Protocol):
 
     @property
     def whole_reads(self) -> bool:
-        """Whether :meth:`on_chunk` passes a read of plain events as one."""
+        """Whether a read of whole events goes to :meth:`needed` and :meth:`plain` (else a
+        single event may pass :meth:`on_chunk`)."""
+        ...
+
+    def needed(self, chunk: bytes) -> int:
+        """In a read of whole events, the offset of the first byte an event this tap reads may
+        hold (no event ending before it is read); -1 when it reads none of them."""
+        ...
+
+    def plain(self, chunk: bytes) -> bytes:
+        """The bytes to forward for whole events this tap does not read."""
         ...
 
     def on_chunk(self, chunk: bytes) -> bytes | None:
@@ -55,11 +65,10 @@ class Tap(Protocol):
 
 def forward_read(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     """What one upstream read becomes for the client: its complete events as the tap forwards
-    them (an incomplete tail is held back in ``splitter``). A read of whole events that the tap
-    passes as one (``on_chunk``: most reads are one plain content delta) is not split at all;
-    one it refuses (several events arrived together, one of them carrying the model, the usage
-    or the end) is taken apart at event boundaries until it does (:func:`_parted`), so only the
-    events it reads go through ``on_event``, in order."""
+    them (an incomplete tail is held back in ``splitter``). A read of whole events is not split
+    into events where the tap reads none of them: most reads are one plain content delta, and a
+    whole answer that arrived at once is cut only around the few events the tap reads
+    (:func:`_parted`), so only those go through ``on_event``, in order."""
     if splitter.idle and splitter.whole(chunk):
         if tap.whole_reads:
             return _parted(splitter, tap, chunk)
@@ -68,46 +77,27 @@ def forward_read(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     return _events(splitter, tap, chunk)
 
 
-#: events split off the end of a refused read, one by one, before it is halved instead
-PEEL = 4
-
-
 def _parted(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
-    """A read of whole events, forwarded in as few parts as the tap takes whole. The events a
-    tap reads sit at the ends of a stream (the first carries the model; the finish, the usage
-    and the end marker close it), so a read it refuses loses its first event, then up to
-    ``PEEL`` events from its end, before the rest is halved (:func:`_halved`): a whole answer
-    in one read costs a handful of ``on_chunk`` scans, not one per halving."""
-    if (out := tap.on_chunk(chunk)) is not None:
-        return out
-    cut = splitter.first(chunk)
-    if not cut:
-        return _events(splitter, tap, chunk)
-    head = _events(splitter, tap, chunk[:cut])  # the model, where it is not known yet
-    rest = chunk[cut:]
-    tail: list[bytes] = []
-    for _ in range(PEEL):
-        if (out := tap.on_chunk(rest)) is not None:
+    """A read of whole events: the events before the first one the tap may read
+    (``tap.needed``, a byte scan) forwarded as one (``tap.plain``), that event (as the
+    splitter bounds it) through ``on_event``, and the rest again, scanned afresh (reading an
+    event changes what the tap needs: the first carries the model). One scan per event read,
+    however many plain events lie between them."""
+    at = tap.needed(chunk)
+    if at < 0:  # most reads: one plain content delta
+        return tap.plain(chunk)
+    parts: list[bytes] = []
+    while chunk:
+        if at < 0:
+            parts.append(tap.plain(chunk))
             break
-        cut = splitter.last(rest)
-        if not cut:
-            out = _events(splitter, tap, rest)
-            break
-        rest, last = rest[:cut], rest[cut:]
-        tail.append(last)
-    else:
-        out = _halved(splitter, tap, rest)
-    parts = [head, out, *(_events(splitter, tap, t) for t in reversed(tail))]
+        start, end = splitter.around(chunk, at)
+        if start:
+            parts.append(tap.plain(chunk[:start]))
+        parts.append(_events(splitter, tap, chunk[start:end]))
+        chunk = chunk[end:]
+        at = tap.needed(chunk) if chunk else -1
     return b"".join(parts)
-
-
-def _halved(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
-    if (out := tap.on_chunk(chunk)) is not None:
-        return out
-    cut = splitter.middle(chunk)
-    if not cut:
-        return _events(splitter, tap, chunk)
-    return _halved(splitter, tap, chunk[:cut]) + _halved(splitter, tap, chunk[cut:])
 
 
 def _events(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
