@@ -92,6 +92,22 @@ def hey(binary: str, url: str, body: Path, concurrency: int, seconds: float) -> 
 POST_LUA = Path(__file__).with_name("post.lua")
 
 
+#: seconds of unmeasured load right before each measured round: every target is measured at
+#: the share of a core its background work takes under sustained load. The sidecar's sampled
+#: counts and answer checker spend a CPU credit that saves up while the target idles (up to
+#: ten seconds' worth, ``sidecar/cpu_credit.py``); a round that followed other targets' rounds
+#: would otherwise measure that saved-up credit being spent (tens of percent of a core in a
+#: 2-second round after a 20-second wait), a start-of-spike figure, not the sustained
+#: throughput a fleet is sized for. Under sustained load it drains in well under a second.
+LEAD_IN = 1.0
+
+
+def lead_in(binary: str, url: str, body: Path, concurrency: int, seconds: float) -> None:
+    """``seconds`` of the same load, not measured (nothing for 0)."""
+    if seconds > 0:
+        wrk(binary, url, body, concurrency, seconds)
+
+
 def wrk(binary: str, url: str, body: Path, concurrency: int, seconds: float) -> Load:
     out = subprocess.run(
         [

@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks import targets as tg
 from benchmarks.bodies import body_of, body_path
-from benchmarks.load import fmt, spread, wrk
+from benchmarks.load import LEAD_IN, fmt, lead_in, spread, wrk
 
 #: the compared targets, the baseline first
 COMPARED = ("bare", "bounded", "sidecar", "gigatoken")
@@ -39,11 +39,13 @@ def measure(
     seconds: float,
     wrk_bin: str,
     concurrency: int = 1,
+    lead: float = LEAD_IN,
 ) -> dict[str, Any]:
     """``rounds`` rounds of ``names`` at ``concurrency``, back to back, the order reversed every
-    other round; per target the p50, the throughput and the CPU per request of each round, and
-    per target after the first (the baseline) the paired differences against it (and the
-    baseline's throughput over its own, the slowdown)."""
+    other round, each measured round right after ``lead`` seconds of the same load
+    (:func:`benchmarks.load.lead_in`); per target the p50, the throughput and the CPU per
+    request of each round, and per target after the first (the baseline) the paired
+    differences against it (and the baseline's throughput over its own, the slowdown)."""
     per: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     errors = dict.fromkeys(names, 0)
     for n in names:  # warm: connections, caches
@@ -51,6 +53,7 @@ def measure(
     for r in range(rounds):
         for n in names if r % 2 == 0 else names[::-1]:
             t = started[n]
+            lead_in(wrk_bin, t.url, body, concurrency, lead)
             cpu0 = t.cpu_seconds()
             load = wrk(wrk_bin, t.url, body, concurrency, seconds)
             cpu = t.cpu_seconds() - cpu0
@@ -61,6 +64,7 @@ def measure(
         "baseline": base,
         "rounds": rounds,
         "seconds": seconds,
+        "lead_in": lead,
         "concurrency": concurrency,
         "targets": {},
     }
@@ -142,7 +146,8 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     out = [
         "",
         f"At concurrency {c} in tight pairs against `{base}` ({first['rounds']} "
-        f"rounds of {first['seconds']:g} s, back to back in alternating order; median "
+        f"rounds of {first['seconds']:g} s, each after {first.get('lead_in', 0):g} s of the "
+        "same load, back to back in alternating order; median "
         f"(min-max) of the per-round differences; {what}):",
         "",
         f"| tokens | stream | {own[0]} | "

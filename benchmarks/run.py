@@ -30,7 +30,7 @@ import orjson
 
 from benchmarks import targets as tg
 from benchmarks.bodies import body_of, body_path
-from benchmarks.load import Load, fmt, hey, spread, wrk
+from benchmarks.load import LEAD_IN, Load, fmt, hey, lead_in, spread, wrk
 from benchmarks.paired import pairs_of_every_cell, pairs_table
 from context_ceiling.core.counting import DEFAULT_CHUNK_PATTERN
 from context_ceiling.core.tokenizers import TiktokenCounter, TokenizerError
@@ -88,6 +88,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0, help="load duration per measurement")
+    ap.add_argument(
+        "--lead-in",
+        type=float,
+        default=LEAD_IN,
+        help="seconds of the same load, not measured, before each measurement (0: none)",
+    )
     ap.add_argument("--sizes", default="1000,8000,64000")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--targets", default=",".join(ORDER))
@@ -139,6 +145,9 @@ def main() -> int:
                         this: dict[str, tuple[Load, float]] = {}
                         for name in order:
                             t = started[name]
+                            # sustained load: not the CPU credit a target saved up while the
+                            # others ran (benchmarks/load.py, LEAD_IN)
+                            lead_in(wrk_bin, t.url, path, conc, args.lead_in)
                             cpu0 = t.cpu_seconds()
                             load = wrk(wrk_bin, t.url, path, conc, args.seconds)
                             cpu = t.cpu_seconds() - cpu0
@@ -236,6 +245,7 @@ def main() -> int:
         "machine": machine,
         "rounds": args.rounds,
         "seconds": args.seconds,
+        "lead_in": args.lead_in,
         "targets": names,
         "cells": cells,
         "c1_paired": paired,
@@ -256,7 +266,8 @@ def report(res: dict[str, Any]) -> str:
     names = res["targets"]
     lines = [
         f"Machine: {res['machine']}; {res['rounds']} rounds of {res['seconds']:g} s per "
-        "measurement, load from `wrk` (1 thread) in its own process, time to first byte from "
+        f"measurement, each after {res.get('lead_in', 0):g} s of the same load (sustained "
+        "load), load from `wrk` (1 thread) in its own process, time to first byte from "
         "`hey`; median (min-max) over rounds; ratios "
         "and added latency paired with the direct run of the same round.",
         "",
