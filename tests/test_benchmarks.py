@@ -27,6 +27,8 @@ def test_bench_harness_smoke(tmp_path: Path) -> None:
             "1",
             "--seconds",
             "0.3",
+            "--lead-in",
+            "0",  # the tight pairs below lead in; here it would only add a second a round
             "--sizes",
             "1000",
             "--concurrency",
@@ -152,3 +154,34 @@ def test_routing_benchmark_serves_nothing_above_a_measured_ceiling() -> None:
             assert "routed" in kinds and "trimmed" not in kinds
         if policy == "trim":
             assert "trimmed" in kinds and "routed" not in kinds
+
+
+def test_the_default_config_is_judged_on_every_throughput_target() -> None:
+    """The verdicts name the product's default config (not only the configurations it was
+    built from): against LiteLLM in every cell, against the bare pass-through at 1k and 8k
+    (0.8x) and at 64k (0.5x on aiohttp), each on its worst cell."""
+    from benchmarks.verdicts import performance
+
+    def cell(tokens: int, stream: bool, default: float) -> dict[str, object]:
+        rps = {"litellm": 100.0, "bare": 1000.0, "bare-aiohttp": 1000.0, "default": default}
+        rounds = [{n: {"rps": v * k} for n, v in rps.items()} for k in (0.9, 1.0, 1.1)]
+        return {
+            "tokens": tokens,
+            "stream": stream,
+            "concurrency": 16,
+            "targets": {n: {} for n in rps},
+            "rounds": rounds,
+        }
+
+    cells = [cell(1000, False, 850.0), cell(8000, True, 700.0), cell(64000, False, 450.0)]
+    rows = {r["target"]: r for r in performance({"cells": cells})}
+    default = {t: r for t, r in rows.items() if "the default config" in t}
+    litellm = next(r for t, r in default.items() if "LiteLLM" in t)
+    assert litellm["met"] and "x4.50" in litellm["figure"]  # 64k: 450 / 100
+    near = next(r for t, r in default.items() if "0.8x" in t and "aiohttp" in t)
+    assert not near["met"] and "8k stream" in near["figure"] and "x0.70" in near["figure"]
+    far = next(r for t, r in default.items() if "0.5x" in t)
+    assert not far["met"] and "x0.45" in far["figure"]
+    cells[2] = cell(64000, False, 600.0)
+    rows = {r["target"]: r for r in performance({"cells": cells})}
+    assert next(r for t, r in rows.items() if "0.5x" in t)["met"]
