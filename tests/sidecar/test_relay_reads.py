@@ -23,9 +23,13 @@ from context_ceiling.sidecar.upstream.relay import Tap, forward_read
 TEXTS = st.sampled_from(["hel", "lo", " usage", "error: none", "[DONE] is text", 'a "quote"', ""])
 
 
-def _sse(obj: Any, name: str | None = None, sep: str = "\n\n", spaced: bool = False) -> bytes:
+def _sse(
+    obj: Any, name: str | None = None, sep: str = "\n\n", spaced: bool | str = False
+) -> bytes:
     head = f"event: {name}\n" if name else ""
-    text = json.dumps(obj, separators=(", ", ": ") if spaced else (",", ":"))
+    # spaced: as Python's json writes it; "odd": a space before the colon too (legal JSON)
+    colon = " : " if spaced == "odd" else ": " if spaced else ":"
+    text = json.dumps(obj, separators=(", " if spaced else ",", colon))
     return (head + "data: " + text + sep).encode()
 
 
@@ -46,7 +50,7 @@ def openai_stream(draw: st.DrawFn) -> list[bytes]:
         elif nulls:
             ev["usage"] = None
         sep = draw(st.sampled_from(["\n\n", "\n\n", "\r\n\r\n"]))
-        out.append(_sse(ev, sep=sep, spaced=draw(st.booleans())))
+        out.append(_sse(ev, sep=sep, spaced=draw(st.sampled_from([False, True, "odd"]))))
     if draw(st.booleans()):
         out.append(b"data: [DONE]\n\n")
     return out
@@ -248,6 +252,21 @@ def test_a_read_of_many_events_splits_off_only_the_ones_the_tap_reads() -> None:
     # one scan per event read, each of what is left: the whole read once, then its tail
     assert len(scans) == 4 and scans[0] == len(read), scans
     assert sum(scans[1:]) < len(read) + 3 * len(end), scans
+
+
+def test_an_oddly_spaced_finish_before_a_usage_is_still_read() -> None:
+    """A finish reason spaced otherwise (``"finish_reason" : "stop"``, legal JSON) ahead of a
+    usage written the usual way, in one read: the scan cannot place the finish by its usual
+    form, so it reads from the key's first mention on and the finish is not forwarded unread."""
+    first = _sse({"model": "gpt-4o", "choices": [{"delta": {"role": "assistant"}}]})
+    delta = _sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}]})
+    end = _sse({"choices": [{"delta": {}, "finish_reason": "stop"}]}, spaced="odd")
+    usage = _sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+    read = b"".join([first, *[delta] * 8, end, usage, b"data: [DONE]\n\n"])
+    tap, slow = OpenAIStreamTap(False), OpenAIStreamTap(False)
+    assert forward_read(EventSplitter(), tap, read) == _relay(EventByEvent(slow), [read])
+    assert tap.usage.finish_reason == slow.usage.finish_reason == "stop"
+    assert tap.usage == slow.usage and tap.complete
 
 
 def test_a_special_event_mid_read_is_still_split_off() -> None:

@@ -320,10 +320,13 @@ def _set_at(chunk: bytes, key: bytes, opens: bytes) -> int:
     of the JSON (JSON-escaped text cannot hold the key's quotes). An odd spacing counts from the
     key's first mention on, and only costs a parse."""
     n = chunk.count(key)
-    if n == 0 or n == chunk.count(key + b":null") + chunk.count(key + b": null"):
+    unset = chunk.count(key + b":null") + chunk.count(key + b": null")
+    if n == 0 or n == unset:
         return -1
-    found = [i for i in (chunk.find(key + b":" + opens), chunk.find(key + b": " + opens)) if i >= 0]
-    return min(found) if found else chunk.find(key)
+    forms = (key + b":" + opens, key + b": " + opens)
+    if n - unset != sum(chunk.count(f) for f in forms):
+        return chunk.find(key)  # some are spaced otherwise: the first could be any
+    return min(i for f in forms if (i := chunk.find(f)) >= 0)
 
 
 class ChatStreamTap(StreamTap):
