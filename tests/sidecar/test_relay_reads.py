@@ -23,14 +23,15 @@ from context_ceiling.sidecar.upstream.relay import Tap, forward_read
 TEXTS = st.sampled_from(["hel", "lo", " usage", "error: none", "[DONE] is text", 'a "quote"', ""])
 
 
-def _sse(
-    obj: Any, name: str | None = None, sep: str = "\n\n", spaced: bool | str = False
-) -> bytes:
+def _sse(obj: Any, name: str | None = None, sep: str = "\n\n", spaced: bool | str = False) -> bytes:
     head = f"event: {name}\n" if name else ""
     # spaced: as Python's json writes it; "odd": a space before the colon too (legal JSON)
     colon = " : " if spaced == "odd" else ": " if spaced else ":"
     text = json.dumps(obj, separators=(", " if spaced else ",", colon))
     return (head + "data: " + text + sep).encode()
+
+
+SPACINGS: list[bool | str] = [False, True, "odd"]
 
 
 @st.composite
@@ -50,7 +51,7 @@ def openai_stream(draw: st.DrawFn) -> list[bytes]:
         elif nulls:
             ev["usage"] = None
         sep = draw(st.sampled_from(["\n\n", "\n\n", "\r\n\r\n"]))
-        out.append(_sse(ev, sep=sep, spaced=draw(st.sampled_from([False, True, "odd"]))))
+        out.append(_sse(ev, sep=sep, spaced=draw(st.sampled_from(SPACINGS))))
     if draw(st.booleans()):
         out.append(b"data: [DONE]\n\n")
     return out
