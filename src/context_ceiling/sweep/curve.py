@@ -4,6 +4,7 @@ whole analysis with its ceiling, outcome and refusals (:class:`Analysis`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -203,6 +204,13 @@ class Analysis:
 
     def level(self, lv: float | None) -> LevelStats | None:
         return next((s for s in self.levels if s.level == lv), None)
+
+    def ceiling_at(self, top: LevelStats) -> None:
+        """The ceiling at passing level ``top``: its fill less the margin, in tokens of the
+        window."""
+        self.ceiling_level = top.level
+        self.ceiling_utilization = round(top.utilization * (1 - self.margin), 4)
+        self.ceiling_tokens = math.floor(self.ceiling_utilization * self.window)
 
     @property
     def chain(self) -> list[LevelStats]:

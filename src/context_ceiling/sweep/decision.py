@@ -164,10 +164,7 @@ def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     passing = [s for s in a.chain if s.passes]
     a.ceiling_level = a.ceiling_utilization = a.ceiling_tokens = None
     if passing:
-        top = passing[-1]
-        a.ceiling_level = top.level
-        a.ceiling_utilization = round(top.utilization * (1 - a.margin), 4)
-        a.ceiling_tokens = math.floor(a.ceiling_utilization * a.window)
+        a.ceiling_at(passing[-1])
     above = [s for s in a.chain if not s.passes]
     a.deciding_level = above[0].level if above else None
     d = a.level(a.deciding_level)

@@ -165,9 +165,7 @@ def cap_unscanned(a: Analysis, resolution: float) -> None:
     if not below or below[-1].level >= a.ceiling_level:
         return
     top = below[-1]
-    a.ceiling_level = top.level
-    a.ceiling_utilization = round(top.utilization * (1 - a.margin), 4)
-    a.ceiling_tokens = math.floor(a.ceiling_utilization * a.window)
+    a.ceiling_at(top)
     a.at_reference = top.level == a.reference_level
     a.warnings.append(
         f"the fills from {min(owed):g} to {max(owed):g} were not scanned for a dip that "
