@@ -142,15 +142,10 @@ class EventStreamSplitter:
 
     @staticmethod
     def around(chunk: bytes, at: int) -> tuple[int, int]:
-        pos = 0
-        while pos + 4 <= len(chunk):
-            (total,) = struct.unpack_from(">I", chunk, pos)
-            if total < _MIN:
-                break
-            if at < pos + total:
-                return pos, min(pos + total, len(chunk))
-            pos += total
-        return 0, len(chunk)
+        walked = EventStreamSplitter._walk(chunk, at + 1)  # up to the message holding ``at``
+        if walked is None or walked[1] <= at:
+            return 0, len(chunk)
+        return walked[0], min(walked[1], len(chunk))
 
     def whole(self, chunk: bytes) -> bool:
         walked = self._walk(chunk, len(chunk))

@@ -46,6 +46,7 @@ from context_ceiling.formats.base import (
     Tools,
     Usage,
     as_mapping,
+    earliest,
     event_data,
     expectation,
     int_of,
@@ -326,7 +327,7 @@ def _set_at(chunk: bytes, key: bytes, opens: bytes) -> int:
     forms = (key + b":" + opens, key + b": " + opens)
     if n - unset != sum(chunk.count(f) for f in forms):
         return chunk.find(key)  # some are spaced otherwise: the first could be any
-    return min(i for f in forms if (i := chunk.find(f)) >= 0)
+    return earliest(chunk.find(f) for f in forms)
 
 
 class ChatStreamTap(StreamTap):
@@ -372,16 +373,14 @@ class ChatStreamTap(StreamTap):
         # every quote of the JSON)
         if self.usage.response_model is None:
             return 0
-        at = -1
-        for i in (
-            chunk.find(b"[DONE]"),
-            chunk.find(b'"error"'),
-            _set_at(chunk, b'"usage"', b"{"),
-            _set_at(chunk, b'"finish_reason"', b'"'),
-        ):
-            if i >= 0 and (at < 0 or i < at):
-                at = i
-        return at
+        return earliest(
+            (
+                chunk.find(b"[DONE]"),
+                chunk.find(b'"error"'),
+                _set_at(chunk, b'"usage"', b"{"),
+                _set_at(chunk, b'"finish_reason"', b'"'),
+            )
+        )
 
     def plain(self, chunk: bytes) -> bytes:
         return self._as_sent(chunk)

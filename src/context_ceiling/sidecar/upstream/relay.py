@@ -87,16 +87,15 @@ def _parted(splitter: Splitter, tap: Tap, chunk: bytes) -> bytes:
     if at < 0:  # most reads: one plain content delta
         return tap.plain(chunk)
     parts: list[bytes] = []
-    while chunk:
-        if at < 0:
-            parts.append(tap.plain(chunk))
-            break
+    while at >= 0:
         start, end = splitter.around(chunk, at)
         if start:
             parts.append(tap.plain(chunk[:start]))
         parts.append(_events(splitter, tap, chunk[start:end]))
         chunk = chunk[end:]
         at = tap.needed(chunk) if chunk else -1
+    if chunk:
+        parts.append(tap.plain(chunk))
     return b"".join(parts)
 
 
