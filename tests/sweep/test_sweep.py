@@ -19,6 +19,7 @@ import yaml
 
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.cli import main as cli_main
+from context_ceiling.core.errors import UserError
 from context_ceiling.core.utilization import FILL_BUCKETS, fill_bucket
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.taskset import TaskSetError, bundled_path, load_taskset
@@ -744,8 +745,36 @@ def test_window_auto_takes_a_listed_models_window_off_llama_cpp(
 
     assert dry("gpt-4o") == 0
     assert json.loads(capsys.readouterr().out)["window"] == 128000
+    # its own entry lists no window; the aggregator's entry for the same model does
+    assert dry("gemini-2.5-pro") == 0
+    assert json.loads(capsys.readouterr().out)["window"] == 1_048_576
     assert dry("a-private-model-nobody-lists") == 2
     assert "pass --window N" in capsys.readouterr().err
+
+
+@pytest.mark.e2e  # a real sidecar on loopback
+def test_window_auto_takes_the_sidecars_model_entry(tmp_path: Path) -> None:
+    """``--window auto`` against a context-ceiling sidecar: the window of its model entry (what
+    it computes utilization against), asked of ``GET /budget``; a model it has no entry for,
+    or a sidecar that asks for a budget token, falls through to the price data set."""
+    from context_ceiling.sidecar.app import create_app
+    from context_ceiling.sidecar.config import Settings
+    from context_ceiling.sweep.plan import window_of
+
+    config: dict[str, Any] = {
+        "upstreams": {"openai": {"base_url": "http://127.0.0.1:9/v1"}},
+        "models": [
+            {"match": "house-model", "window": 48_000},
+            {"match": "gpt-4o", "window": 64_000},
+        ],
+    }
+    with serve(create_app(Settings(**config))) as url:
+        assert window_of("auto", url + "/v1", "house-model") == 48_000
+        assert window_of("auto", url + "/v1", "gpt-4o") == 64_000  # the entry, not the list
+        with pytest.raises(UserError, match="pass --window N"):
+            window_of("auto", url + "/v1", "a-private-model-nobody-lists")
+    with serve(create_app(Settings(**config, budget_token="read-only"))) as url:
+        assert window_of("auto", url + "/v1", "gpt-4o") == 128_000  # the data set's
 
 
 def test_a_bundled_corpus_fills_any_window(tmp_path: Path) -> None:

@@ -97,17 +97,34 @@ def parse_price(spec: str) -> Price:
 
 def known_window(model: str, provider: str | None = None) -> int | None:
     """The advertised context window of ``model`` in the genai-prices snapshot (the same data set
-    the prices come from); None when it lists no such model or no window for it."""
+    the prices come from); None when it lists no such model or no window for it.
+
+    The entry the prices come from is asked first. Some flagship entries list no window where
+    an aggregator's entry for the same model does (google's ``gemini-2.5-pro``, openrouter's
+    ``google/gemini-2.5-pro``): then the entries for the model under any provider, its own id
+    or ``owner/id``, and the window most of them list (the smaller of a tie: a level past the
+    real window would be refused by the model)."""
     try:
-        from genai_prices import Usage, calc_price
+        from genai_prices import Usage, calc_price, data
     except ImportError:
         return None
     try:
         got = calc_price(Usage(input_tokens=1), model_ref=model, provider_id=provider)
     except LookupError:
         return None
-    window = got.model.context_window
-    return int(window) if window else None
+    if got.model.context_window:
+        return int(got.model.context_window)
+    owners = {p.id for p in data.providers if p.find_model(model) is not None}
+    refs = [model, *(f"{owner}/{model}" for owner in sorted(owners))]
+    listed: dict[int, int] = {}
+    for p in data.providers:
+        found = {m.id: m for ref in refs if (m := p.find_model(ref)) is not None}
+        for m in found.values():
+            if m.context_window:
+                listed[int(m.context_window)] = listed.get(int(m.context_window), 0) + 1
+    if not listed:
+        return None
+    return min(listed, key=lambda w: (-listed[w], w))
 
 
 def lookup(model: str, provider: str | None = None, batch: bool = False) -> Price | None:

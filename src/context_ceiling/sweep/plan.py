@@ -205,23 +205,45 @@ def engine_root(base_url: str) -> str:
 
 def window_of(arg: str, base_url: str, model: str | None = None) -> int:
     """``--window``: a number of tokens, or ``auto``: a llama.cpp server's own (/props), else
-    the model's advertised window in the genai-prices data set the prices come from."""
+    the model entry of a context-ceiling sidecar at ``base_url`` (its ``/budget`` answer: the
+    window the sidecar computes utilization against), else the model's advertised window in the
+    genai-prices data set the prices come from."""
     if arg != "auto":
         try:
             return int(arg)
         except ValueError as exc:
             raise UserError(f"--window must be a number of tokens or auto, not {arg!r}") from exc
+    root = engine_root(base_url)
     try:
-        props = httpx.get(engine_root(base_url) + "/props", timeout=10, trust_env=False).json()
+        props = httpx.get(root + "/props", timeout=10, trust_env=False).json()
         return int(props["default_generation_settings"]["n_ctx"])
-    except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
-        known = known_window(model) if model else None
+    except (httpx.HTTPError, KeyError, ValueError, TypeError):
+        pass
+    if model:
+        entry = _sidecar_window(root, model)
+        if entry is not None:
+            return entry
+        known = known_window(model)
         if known is not None:
             return known
-        raise UserError(
-            "--window auto needs a llama.cpp server (/props) or a model the price data set "
-            f"lists with its window ({model!r} is not); pass --window N"
-        ) from exc
+    raise UserError(
+        "--window auto needs a llama.cpp server (/props), a context-ceiling sidecar with a "
+        f"model entry for it (/budget), or a model the price data set lists with its window "
+        f"({model!r} is none of these); pass --window N"
+    )
+
+
+def _sidecar_window(root: str, model: str) -> int | None:
+    """The window of the sidecar's model entry for ``model`` (``GET /budget``); None when
+    ``root`` is no sidecar, has no entry for it, or asks for a token."""
+    try:
+        got = httpx.get(root + "/budget", params={"model": model}, timeout=10, trust_env=False)
+        body = got.json() if got.status_code == 200 else None
+        window = body.get("window") if isinstance(body, dict) else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    ok = isinstance(window, int) and not isinstance(window, bool) and window > 0
+    return window if ok else None
 
 
 @dataclass(frozen=True)
