@@ -254,6 +254,58 @@ def test_sampled_counts_stay_within_their_cpu_share(
         assert kinds.count("bound") == 6 - counted
 
 
+def test_a_sample_pays_for_all_that_only_a_counted_request_does(
+    make_sidecar: Callable[..., Running],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sampler's credit pays for a sample's whole extra cost, not its count alone: the
+    verdict on the count, the decision's and the input's metrics, the staleness check. Here the
+    input's metrics and the staleness check each burn 20 ms of CPU: both are charged, for a
+    short body counted first and for a long one counted beside the call."""
+    from context_ceiling.sidecar.bounded_count import Sampler
+    from context_ceiling.sidecar.observability.metrics import Metrics
+    from context_ceiling.sidecar.observability.staleness import StalenessTracker
+
+    burn = 0.02
+
+    def slow(real: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            end = time.thread_time() + burn
+            while time.thread_time() < end:
+                pass
+            return real(*args, **kwargs)
+
+        return run
+
+    spent: list[float] = []
+    real_spend = Sampler.spend
+
+    def spend(self: Sampler, seconds: float) -> None:
+        spent.append(seconds)
+        real_spend(self, seconds)
+
+    monkeypatch.setattr(Metrics, "observe_input", slow(Metrics.observe_input))
+    monkeypatch.setattr(StalenessTracker, "observe", slow(StalenessTracker.observe))
+    monkeypatch.setattr(Sampler, "spend", spend)
+    for overlap, kind in ((65536, "exact"), (1, "sampled")):
+        sc = make_sidecar(
+            counting={
+                "strategy": "bounded",
+                "sample_every": 1,
+                "sample_cpu": 1.0,
+                "cache_mib": 0,
+                "overlap_bytes": overlap,
+            },
+            enforcement={"mode": "observe"},
+        )
+        sc.double.prompt_tokens = 640
+        spent.clear()
+        with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+            assert _counted(sc, caplog, 4) == kind
+        assert sum(spent) >= 2 * burn, (kind, spent)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_sample_costs_its_request_no_latency(
     make_sidecar: Callable[..., Running],

@@ -253,7 +253,12 @@ class CountPlan:
                 self.st.sampler.spend(cpu)
             return d
         assert ex.count is not None
-        return self._verdict_on(self.obj, ex.count)
+        if not ex.sampled:
+            return self._verdict_on(self.obj, ex.count)
+        cpu = time.thread_time()  # a counted request's verdict: a sample's cost too
+        d = self._verdict_on(self.obj, ex.count)
+        self.st.sampler.spend(time.thread_time() - cpu)
+        return d
 
     def _check_shape(self) -> None:
         """A body forwarded before (or without) its count is refused as a counted one would be
@@ -294,10 +299,14 @@ class CountPlan:
     def decide(self, d: Decision) -> None:
         """The request goes upstream under ``d`` (recorded: trims, over-ceiling actions); a
         rejection ends here, anything else is observed as forwarded."""
-        self.ex.decision = d
-        self.rec.record_decision(self.ex, d)
+        ex = self.ex
+        cpu = time.thread_time() if ex.sampled else 0.0
+        ex.decision = d
+        self.rec.record_decision(ex, d)
         if not d.reject:
             self.observe()
+        if ex.sampled:  # what only a counted request records: a sample's cost too
+            self.st.sampler.spend(time.thread_time() - cpu)
 
     def reroute(self, count: RequestCount, d: Decision) -> None:
         """The exchange became a fallback's: its count and decision are the fallback's."""
@@ -335,12 +344,13 @@ class CountPlan:
     def _take(self, result: tuple[RequestCount, Decision, float]) -> None:
         ex = self.ex
         ex.count, d, cpu = result
-        if ex.sampled:
-            self.st.sampler.spend(cpu)
+        start = time.thread_time() if ex.sampled else 0.0
         d.body, d.reject = None, False
         ex.decision = d
         self.rec.record_decision(ex, d)
         self.observe()
+        if ex.sampled:  # the count and verdict on their thread, their record on this one
+            self.st.sampler.spend(cpu + time.thread_time() - start)
 
     def after(self) -> None:
         """Record the exchange once its answer went back: at once, or, for a sample a bound let

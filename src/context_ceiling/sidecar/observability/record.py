@@ -11,7 +11,7 @@ from context_ceiling.ceilings.document import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
 from context_ceiling.core.vocabulary import STAGE_COMPONENT
 from context_ceiling.formats.base import Usage
-from context_ceiling.sidecar.bounded_count import Calibration
+from context_ceiling.sidecar.bounded_count import Calibration, Sampler
 from context_ceiling.sidecar.capture.writer import Capturer, Pending
 from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.enforce import Decision
@@ -28,7 +28,8 @@ from context_ceiling.sidecar.observability.tracing import Tracing
 class RecordDeps(Protocol):
     """Where an exchange is recorded: the metrics, the span, the staleness tracker, the capture
     and the answer checker; and what the record reads: the settings, prices, the observed bytes
-    per token and the bounded request-model label."""
+    per token and the bounded request-model label; the sampler, whose credit pays for what only
+    a sampled request records."""
 
     settings: Settings
     metrics: Metrics
@@ -38,6 +39,7 @@ class RecordDeps(Protocol):
     answers: AnswerChecker | None
     pricing: Pricing
     calibration: Calibration
+    sampler: Sampler
     request_models: RequestModels
 
 
@@ -257,13 +259,18 @@ class Recorder:
         return est_error
 
     def _staleness(self, ex: Exchange) -> frozenset[str]:
-        """Compare the traffic with the ceiling's fingerprint; the reasons it is stale."""
+        """Compare the traffic with the ceiling's fingerprint; the reasons it is stale. A
+        sample's check is paid from the sampler's credit (only a counted request is checked)."""
         c = ex.count
         if c is None or ex.outcome != "ok" or ex.route.count_only:
             return frozenset()
-        return self.state.staleness.observe(
+        cpu = time.thread_time() if ex.sampled else 0.0
+        stale = self.state.staleness.observe(
             ex.label, ex.workload, c, ex.usage.response_model, ex.ceilings
         )
+        if ex.sampled:
+            self.state.sampler.spend(time.thread_time() - cpu)
+        return stale
 
     def _log(
         self, ex: Exchange, now: float, est_error: float | None, cost: InputCost | None
