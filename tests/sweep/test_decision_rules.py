@@ -113,9 +113,15 @@ def test_a_model_shown_below_the_floor_stops_the_design_at_once() -> None:
         a, drawn=40, target_items=400, refine=True, adaptive=True, resolution=0.05, batch=20
     )
     assert step is None
-    # near the floor, more items may still lift it: the design goes on
+    # reading below the floor by more than half a standard error (45% on 40 items): futile,
+    # more items would almost never show it above the floor
     near = analysed(lambda i, lv: int(i % 20 < 9), [0.2, 0.5], 40, reference=0.2, cap=400)
-    assert near.hopeless is None
+    assert near.hopeless is not None and "reads below the floor" in near.hopeless
+    # reading above it, not yet shown above it (55% on 40 items): more items may, the design
+    # goes on, and until then the number is unresolved
+    above = analysed(lambda i, lv: int(i % 20 < 11), [0.2, 0.5], 40, reference=0.2, cap=400)
+    assert above.hopeless is None
+    assert any("not shown above the floor" in r for r in above.refusals)
 
 
 def test_a_level_that_narrowly_missed_above_the_reference_is_tried_wider() -> None:

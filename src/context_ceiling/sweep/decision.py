@@ -30,9 +30,11 @@ from context_ceiling.sweep.statistics import (
     bound_width,
     difference_interval,
     fixed_width,
+    wilson,
 )
 
 __all__ = [
+    "FLOOR_FUTILITY_Z",
     "FUTILITY_SE",
     "SCAN_LOW",
     "TOLERANCE_STEP",
@@ -52,6 +54,14 @@ FUTILITY_SE = 2.0
 """How many standard errors better than it measured a level is given before futility gives up on
 it: a level measured on few items (the opening's, a scan point's) reads a few points low by
 chance often enough that one standard error gave up on levels with no drop."""
+
+
+FLOOR_FUTILITY_Z = 0.5
+"""A reference that reads more than this many standard errors below the accuracy floor stops the
+adaptive design (futility): its final reading is refused unless more items lift it above the
+floor and then show it above with 95% confidence, which a model reading this low almost never
+does. On the opening's 180 items of a default sweep, a model 10 points above the floor reads
+this low about 0.1% of the time, 5 points above about 3%, one exactly at the floor about 31%."""
 
 
 SCAN_LOW = 0.5
@@ -254,13 +264,24 @@ def _judge_closed_book(
 
 
 def _judge_floor(a: Analysis, ref: LevelStats) -> None:
-    """The reference must be shown above the accuracy floor; one shown below it stops the
-    design (no more items can lift it)."""
+    """The reference must be shown above the accuracy floor; one shown below it, or reading
+    below it by more than ``FLOOR_FUTILITY_Z`` standard errors, stops the design (more items
+    cannot lift it, or almost never would)."""
     no = a.refusals
     if ref.n_items >= MIN_ITEMS and ref.ci[1] < a.floor:
         a.hopeless = (
             f"the reference {a.metric} is shown below the floor (95% upper bound {ref.ci[1]:.0%} "
             f"< {a.floor:.0%}): more items cannot lift it"
+        )
+    elif (
+        ref.n_items >= MIN_ITEMS
+        and (up := wilson(ref.accuracy, ref.n_items, FLOOR_FUTILITY_Z)[1]) < a.floor
+    ):
+        a.hopeless = (
+            f"the reference {a.metric} reads below the floor ({ref.accuracy:.0%} on "
+            f"{ref.n_items} items, {a.floor:.0%} asked; one standard error up is {up:.0%}): "
+            "a model that reads this low is almost never shown above it with more items, "
+            "so none are added (--min-accuracy lowers the floor)"
         )
     if ref.accuracy < a.floor:
         no.append(

@@ -295,7 +295,12 @@ def accuracy_interval(item_means: Sequence[float], z: float = Z95) -> tuple[floa
     n = len(item_means)
     if n == 0:
         return (0.0, 1.0)
-    p = sum(item_means) / n
+    return wilson(sum(item_means) / n, n, z)
+
+
+def wilson(p: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a mean accuracy ``p`` over ``n`` items at ``z`` standard
+    errors (:func:`accuracy_interval`'s, from the mean and the count)."""
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
