@@ -222,6 +222,23 @@ def test_the_sampler_holds_samples_in_flight_to_its_cap() -> None:
         loop.close()
 
 
+def _sampling(make_sidecar: Callable[..., Running], share: float, overlap: int) -> Running:
+    """A sidecar that samples every request a bound lets through, within ``share`` of a core;
+    a body of ``overlap`` bytes or more is counted beside the call (1: every body)."""
+    sc = make_sidecar(
+        counting={
+            "strategy": "bounded",
+            "sample_every": 1,
+            "sample_cpu": share,
+            "cache_mib": 0,
+            "overlap_bytes": overlap,
+        },
+        enforcement={"mode": "observe"},
+    )
+    sc.double.prompt_tokens = 640
+    return sc
+
+
 @pytest.mark.parametrize(("share", "counted"), [(1.0, 6), (1e-6, 1)])
 def test_sampled_counts_stay_within_their_cpu_share(
     make_sidecar: Callable[..., Running],
@@ -236,17 +253,7 @@ def test_sampled_counts_stay_within_their_cpu_share(
     the answer (``sampled``; each request's line is awaited before the next: a sample's CPU is
     spent when its count lands)."""
     for overlap, kind in ((65536, "exact"), (1, "sampled")):
-        sc = make_sidecar(
-            counting={
-                "strategy": "bounded",
-                "sample_every": 1,
-                "sample_cpu": share,
-                "cache_mib": 0,
-                "overlap_bytes": overlap,
-            },
-            enforcement={"mode": "observe"},
-        )
-        sc.double.prompt_tokens = 640
+        sc = _sampling(make_sidecar, share, overlap)
         with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
             kinds = [_counted(sc, caplog, 4) for _ in range(6)]
         assert kinds.count(kind) == counted, kinds
@@ -289,17 +296,7 @@ def test_a_sample_pays_for_all_that_only_a_counted_request_does(
     monkeypatch.setattr(StalenessTracker, "observe", slow(StalenessTracker.observe))
     monkeypatch.setattr(Sampler, "spend", spend)
     for overlap, kind in ((65536, "exact"), (1, "sampled")):
-        sc = make_sidecar(
-            counting={
-                "strategy": "bounded",
-                "sample_every": 1,
-                "sample_cpu": 1.0,
-                "cache_mib": 0,
-                "overlap_bytes": overlap,
-            },
-            enforcement={"mode": "observe"},
-        )
-        sc.double.prompt_tokens = 640
+        sc = _sampling(make_sidecar, 1.0, overlap)
         spent.clear()
         with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
             assert _counted(sc, caplog, 4) == kind

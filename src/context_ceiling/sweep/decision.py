@@ -279,7 +279,7 @@ def _judge_floor(a: Analysis, ref: LevelStats) -> None:
     ):
         a.hopeless = (
             f"the reference {a.metric} reads below the floor ({ref.accuracy:.0%} on "
-            f"{ref.n_items} items, {a.floor:.0%} asked; one standard error up is {up:.0%}): "
+            f"{ref.n_items} items, {a.floor:.0%} asked; {FLOOR_FUTILITY_Z:g} standard errors up is {up:.0%}): "
             "a model that reads this low is almost never shown above it with more items, "
             "so none are added (--min-accuracy lowers the floor)"
         )
