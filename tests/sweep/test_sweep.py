@@ -648,12 +648,23 @@ def test_the_price_is_stated_before_the_run_and_the_dollar_budget_holds(
     """The dry run prices the opening design, the planned items and every item the adaptive
     design may add, from the model's list price or ``--price``; ``--budget-usd`` stops the run
     before a call would cross it, and no price means a clear refusal of the cap."""
-    from context_ceiling.core.prices import Price, lookup, parse_price
+    from dataclasses import replace
+
+    from context_ceiling.core.prices import Price, known_window, lookup, parse_price
 
     d, url = scripted
     gpt = lookup("gpt-4o")
     assert gpt is not None and gpt.input > 0 and gpt.output > gpt.input >= gpt.cached_input
     assert lookup("a-private-model-nobody-lists") is None
+    # a gateway's provider/model name (LiteLLM's, OpenRouter's, the Gemini API's models/...)
+    # is the model at that provider; an unknown one stays unpriced
+    assert lookup("openai/gpt-4o") == replace(gpt, source=gpt.source.replace(": ", ": openai/"))
+    gemini, flash = lookup("gemini/gemini-2.5-pro"), lookup("models/gemini-2.5-flash")
+    assert gemini is not None and gemini.source.endswith(": google/gemini-2.5-pro")
+    assert flash == lookup("gemini-2.5-flash")
+    assert lookup("nobody/a-private-model") is None
+    assert known_window("anthropic/claude-sonnet-4-5") == 200_000
+    assert known_window("gemini/gemini-2.5-pro") == 1_048_576
     assert parse_price("0") == Price(0.0, 0.0, 0.0, "--price 0 (self-hosted)")
     assert parse_price("3,15,0.3").cost(2_000_000, 100_000, 1_000_000) == 3 + 0.3 + 1.5
 

@@ -108,10 +108,11 @@ def known_window(model: str, provider: str | None = None) -> int | None:
         from genai_prices import Usage, calc_price, data
     except ImportError:
         return None
-    try:
-        got = calc_price(Usage(input_tokens=1), model_ref=model, provider_id=provider)
-    except LookupError:
+    resolved = _resolve(model, provider)
+    if resolved is None:
         return None
+    model, provider = resolved
+    got = calc_price(Usage(input_tokens=1), model_ref=model, provider_id=provider)
     if got.model.context_window:
         return int(got.model.context_window)
     owners = {p.id for p in data.providers if p.find_model(model) is not None}
@@ -134,6 +135,10 @@ def lookup(model: str, provider: str | None = None, batch: bool = False) -> Pric
         from genai_prices import Usage, calc_price
     except ImportError:
         return None
+    resolved = _resolve(model, provider)
+    if resolved is None:
+        return None
+    model, provider = resolved
     context = {"processing": "batch"} if batch else None
 
     def per_million(**usage: int) -> float:
@@ -179,6 +184,36 @@ def lookup(model: str, provider: str | None = None, batch: bool = False) -> Pric
     return Price(
         inp, out, cached, f"genai-prices {version}: {where}{model}", tuple(tiers), round(write, 6)
     )
+
+
+#: a gateway's provider prefix (LiteLLM's ``gemini/``, ``bedrock/``) as the data set's provider
+_PREFIXES = {"gemini": "google", "vertex_ai": "google", "vertex": "google", "bedrock": "aws"}
+
+
+def _resolve(model: str, provider: str | None) -> tuple[str, str | None] | None:
+    """The (model, provider) the data set knows ``model`` by: as given; else a gateway's
+    ``provider/model`` name (LiteLLM's, OpenRouter's; the Gemini API's ``models/...``) as the
+    model at that provider, the model alone, then OpenRouter's entry of that name. None: the
+    data set does not know it."""
+    from genai_prices import Usage, calc_price, data
+
+    candidates: list[tuple[str, str | None]] = [(model, provider)]
+    prefix, _, rest = model.partition("/")
+    if rest:
+        known = {p.id for p in data.providers}
+        owner = _PREFIXES.get(prefix.lower(), prefix.lower())
+        if owner in known and owner != provider:
+            candidates.append((rest, owner))
+        candidates.append((rest, provider))
+        if "openrouter" in known:
+            candidates.append((model, "openrouter"))
+    for ref, pid in candidates:
+        try:
+            calc_price(Usage(input_tokens=1), model_ref=ref, provider_id=pid)
+        except LookupError:
+            continue
+        return ref, pid
+    return None
 
 
 def _tier_starts(model: str, provider: str | None) -> list[int]:
