@@ -316,12 +316,7 @@ class ResponsesStreamTap(StreamTap):
         }
         return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
 
-    def on_chunk(self, chunk: bytes) -> bytes | None:
-        if b"response.completed" in chunk or b"response.incomplete" in chunk:
-            return None
-        if b"response.failed" in chunk or b"error" in chunk:
-            return None
-        return chunk
+    marks = (b"response.completed", b"response.incomplete", b"response.failed", b"error")
 
     def on_event(self, event: bytes) -> bytes | None:
         if (

@@ -268,21 +268,20 @@ def _judge_floor(a: Analysis, ref: LevelStats) -> None:
     below it by more than ``FLOOR_FUTILITY_Z`` standard errors, stops the design (more items
     cannot lift it, or almost never would)."""
     no = a.refusals
-    if ref.n_items >= MIN_ITEMS and ref.ci[1] < a.floor:
-        a.hopeless = (
-            f"the reference {a.metric} is shown below the floor (95% upper bound {ref.ci[1]:.0%} "
-            f"< {a.floor:.0%}): more items cannot lift it"
-        )
-    elif (
-        ref.n_items >= MIN_ITEMS
-        and (up := wilson(ref.accuracy, ref.n_items, FLOOR_FUTILITY_Z)[1]) < a.floor
-    ):
-        a.hopeless = (
-            f"the reference {a.metric} reads below the floor ({ref.accuracy:.0%} on "
-            f"{ref.n_items} items, {a.floor:.0%} asked; {FLOOR_FUTILITY_Z:g} standard errors up is {up:.0%}): "
-            "a model that reads this low is almost never shown above it with more items, "
-            "so none are added (--min-accuracy lowers the floor)"
-        )
+    if ref.n_items >= MIN_ITEMS:
+        up = wilson(ref.accuracy, ref.n_items, FLOOR_FUTILITY_Z)[1]
+        if ref.ci[1] < a.floor:
+            a.hopeless = (
+                f"the reference {a.metric} is shown below the floor (95% upper bound "
+                f"{ref.ci[1]:.0%} < {a.floor:.0%}): more items cannot lift it"
+            )
+        elif up < a.floor:
+            a.hopeless = (
+                f"the reference {a.metric} reads below the floor ({ref.accuracy:.0%} on "
+                f"{ref.n_items} items, {a.floor:.0%} asked; {FLOOR_FUTILITY_Z:g} standard "
+                f"errors up is {up:.0%}): a model that reads this low is almost never shown "
+                "above it with more items, so none are added (--min-accuracy lowers the floor)"
+            )
     if ref.accuracy < a.floor:
         no.append(
             f"the reference {a.metric} ({ref.accuracy:.0%} at level {ref.level:g}) is below the "
