@@ -64,10 +64,13 @@ does. On the opening's 180 items of a default sweep, a model 10 points above the
 this low about 0.1% of the time, 5 points above about 3%, one exactly at the floor about 31%."""
 
 
-SCAN_LOW = 0.5
+SCAN_LOW = 0.2
 """A scanned level gates the chain once its measured difference from the reference is below
-``-SCAN_LOW * tolerance``: half the tolerance down is where a dip starts to matter, and a level
-that plainly holds up costs the chain no power."""
+``-SCAN_LOW * tolerance``. The screen runs on the opening's items, which every scan point shares
+with the reference's own chance highs and lows: a dip of 8 points read above half the tolerance
+down on all of its points in about 3% of sweeps, and went unseen. A fifth of the tolerance
+screens that out while a flat stretch still mostly reads above it (a point that holds up costs
+the chain no power), and a point gating by chance stops as soon as more items lift it."""
 
 
 def scan_gates(s: LevelStats, tolerance: float) -> bool:
