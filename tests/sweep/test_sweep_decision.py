@@ -541,3 +541,36 @@ def test_a_scan_point_that_looks_low_is_measured_on_every_item_before_it_decides
     dipped = _scan_analysed(100, real)
     assert dipped.deciding_level == 0.35 and dipped.decided_by == "drop"
     assert dipped.ceiling_level == 0.2 and dipped.open_level is None
+
+
+def test_a_reference_not_shown_above_the_floor_gets_its_items_first() -> None:
+    """A reference reading 55% on the opening's 100 items against the 50% floor is not shown
+    above it (and not far enough below it to stop): no ceiling is written without that, so the
+    design's next items go to the reference alone, the grid's cheapest fill, before the open
+    level above it. Shown above the floor (80%), the design goes on where the decision is."""
+    ids = _SCAN_IDS[:100]
+
+    def analysed(ref_right: int) -> Any:
+        plan = ((0.2, 3, ids), (0.5, 3, ids), (0.8, 3, ids))
+
+        def right(lv: float, j: int) -> bool:
+            if lv == 0.8:
+                return False  # a cliff
+            return j % 100 < ref_right
+
+        out = _graded(plan, right)
+        design = Design({lv: ids for lv in (0.2, 0.5, 0.8)}, 3, [], 0.2, horizon=100, cap=400)
+        return analyse_graded(out, out, 1000, 0.05, 0.05, design=design, floor=0.5)
+
+    def step(a: Any) -> Any:
+        return next_step(
+            a, drawn=100, target_items=400, refine=True, adaptive=True, resolution=0.05, batch=100
+        )
+
+    near = analysed(55)
+    ref = near.level(0.2)
+    assert ref is not None and ref.ci[0] < 0.5 < ref.accuracy and near.hopeless is None
+    got = step(near)
+    assert got is not None and (got.kind, got.levels, got.new_items) == ("items", (0.2,), 100)
+    above = step(analysed(80))
+    assert above is None or above.levels != (0.2,)

@@ -5,6 +5,10 @@ opens on a quarter of the items its tolerance needs, at the grid up to the first
 the reference (the higher ones wait: :func:`deferred`), then, one step at a time, until nothing
 is open or the budget or the task set runs out:
 
+0. while the reference is not shown above the accuracy floor (its 95% interval reaches below
+   it) and does not read far enough below it to stop (``decision.FLOOR_FUTILITY_Z``), add
+   items at the reference alone: no ceiling is written without it, and it is the grid's
+   cheapest fill;
 1. while the level that decides the ceiling failed but not clearly (its paired interval still
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
@@ -282,6 +286,15 @@ def next_step(
     yet (:func:`deferred`), lowest first."""
     if a.hopeless:
         return None
+    ref = a.level(a.reference_level)
+    if adaptive and ref is not None and ref.complete and ref.ci[0] < a.floor:
+        # the reference not yet shown above the accuracy floor: no ceiling is written without
+        # that, so its items come first (the cheapest fill of the grid); a model below the
+        # floor that read above it on the opening by chance reads lower on them and stops
+        if ref.n_design < drawn:
+            return Step("extend", (ref.level,))
+        if drawn < target_items:
+            return Step("items", (ref.level,), min(batch, target_items - drawn))
     open_ = open_levels(a) if adaptive else []
     at = a.level(open_[0]) if open_ else None
     if at is not None and a.reference_level is not None:
