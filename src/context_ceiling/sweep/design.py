@@ -270,6 +270,19 @@ def batch_size(planned_items: int) -> int:
     return max(MIN_ITEMS // 2, planned_items // 4)
 
 
+def _more_items(
+    s: LevelStats, levels: tuple[float, ...], drawn: int, target_items: int, batch: int
+) -> Step | None:
+    """More items where ``s`` is open: first the items already drawn that ``s`` lacks (the
+    reference has them), then a batch of new items at ``levels``; None when the task set has
+    no more."""
+    if s.n_design < drawn:
+        return Step("extend", (s.level,))
+    if drawn < target_items:
+        return Step("items", levels, min(batch, target_items - drawn))
+    return None
+
+
 def next_step(
     a: Analysis,
     *,
@@ -291,26 +304,21 @@ def next_step(
         # the reference not yet shown above the accuracy floor: no ceiling is written without
         # that, so its items come first (the cheapest fill of the grid); a model below the
         # floor that read above it on the opening by chance reads lower on them and stops
-        if ref.n_design < drawn:
-            return Step("extend", (ref.level,))
-        if drawn < target_items:
-            return Step("items", (ref.level,), min(batch, target_items - drawn))
+        step = _more_items(ref, (ref.level,), drawn, target_items, batch)
+        if step is not None:
+            return step
     open_ = open_levels(a) if adaptive else []
     at = a.level(open_[0]) if open_ else None
     if at is not None and a.reference_level is not None:
-        if at.n_design < drawn:  # items the reference already has: measure them there first
-            return Step("extend", (at.level,))
-        if drawn < target_items:
-            n = min(batch, target_items - drawn)
-            return Step("items", (a.reference_level, at.level), n)
+        step = _more_items(at, (a.reference_level, at.level), drawn, target_items, batch)
+        if step is not None:
+            return step
     low = a.level(a.low_fill_open) if adaptive else None
     if low is not None and a.reference_level is not None:
         # the low-fill control must show the reference good: more items where it cannot yet
-        if low.n_design < drawn:
-            return Step("extend", (low.level,))
-        if drawn < target_items:
-            n = min(batch, target_items - drawn)
-            return Step("items", (low.level, a.reference_level), n)
+        step = _more_items(low, (low.level, a.reference_level), drawn, target_items, batch)
+        if step is not None:
+            return step
     if refine:  # before a grid level above: a dip found below it makes that level moot
         dips = scans(a, resolution)
         if dips:
