@@ -191,7 +191,9 @@ def _chain(a: Analysis, ref: LevelStats | None, tolerance: float) -> None:
     a.at_reference = bool(passing) and ref is not None and a.ceiling_level == ref.level
     # at the reference, only a measured drop decides (shown, or measured past the tolerance with
     # no more items to add): a level that merely missed the bound with its margin of error as
-    # planned says nothing about where the drop is, and the wider tolerances are tried first
+    # planned says nothing about where the drop is, and the wider tolerances are tried first;
+    # one past the tolerance at that margin is not counted either: a reference that read high
+    # by chance makes the next level read so, and a ceiling there gives up the window above
     firm = a.decided_by in ("drop", "futility") if a.at_reference else a.decided_by is not None
     a.resolved = bool(passing) and not few and (d is None or firm)
 
