@@ -22,9 +22,10 @@ Per conversation, API and ceiling:
 - latest cut: turns where one of the ``keep`` newest tool results was cut while an older one
   was still forwarded whole.
 
-``python -m benchmarks.agent_trajectories [--quick] [--in-process] [--out out/bench/agent_trajectories.md]``
+``python -m benchmarks.agent_trajectories [--quick] [--in-process] [--data DIR] [--out out/bench/agent_trajectories.md]``
 (``--in-process`` runs ``context_ceiling.fit`` instead of the sidecar: the same decisions, no
-HTTP).
+HTTP; ``--data DIR`` replays the trajectories ``python -m devtools.trajectory_data --out DIR``
+converted from a local clone, for more of them than ship).
 """
 
 from __future__ import annotations
@@ -226,9 +227,11 @@ def _generated(
 Bodies = Callable[[Shape], list[dict[str, Any]]]
 
 
-def conversations(quick: bool) -> list[tuple[str, str, Bodies]]:
-    """(source, name, the bodies of its turns in an API's shape) for every conversation."""
-    found = load_all()
+def conversations(quick: bool, data: Path | None = None) -> list[tuple[str, str, Bodies]]:
+    """(source, name, the bodies of its turns in an API's shape) for every conversation: the
+    shipped trajectories and the generated loops, or only the trajectories converted into
+    ``data`` (``devtools.trajectory_data --out``)."""
+    found = load_all() if data is None else load_all(data=data)
     if quick:
         found = [t for t in found if t.framework == "tau-bench"][:1] + [
             t for t in found if t.framework == "mini-swe-agent"
@@ -236,16 +239,17 @@ def conversations(quick: bool) -> list[tuple[str, str, Bodies]]:
     out: list[tuple[str, str, Bodies]] = [
         (t.framework, t.name, functools.partial(_trajectory, t)) for t in found
     ]
-    for name, rounds, out_words, in_words, parallel in GENERATED[: 1 if quick else None]:
+    generated = GENERATED[: 1 if quick else None] if data is None else ()
+    for name, rounds, out_words, in_words, parallel in generated:
         bodies = functools.partial(_generated, rounds, out_words, in_words, parallel)
         out.append(("generated", name, bodies))
     return out
 
 
-def run(quick: bool, through_sidecar: bool) -> list[Row]:
+def run(quick: bool, through_sidecar: bool, data: Path | None = None) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for source, name, bodies_of in conversations(quick):
+        for source, name, bodies_of in conversations(quick, data):
             for api in APIS[:2] if quick else APIS:
                 bodies = bodies_of(api)
                 peak = max(count(b, shape=api).total for b in bodies)
@@ -311,8 +315,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="two trajectories, one loop, two APIs")
     ap.add_argument("--in-process", action="store_true", help="fit() instead of the sidecar")
     ap.add_argument("--out", default="out/bench/agent_trajectories.md")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        help="replay the trajectories converted into this folder (devtools.trajectory_data --out)"
+        " instead of the shipped ones and the generated loops",
+    )
     args = ap.parse_args()
-    rows = run(args.quick, not args.in_process)
+    rows = run(args.quick, not args.in_process, args.data)
     text = summary(rows) + "\n\n" + report(rows)
     print(text)
     out = Path(args.out)

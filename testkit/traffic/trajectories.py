@@ -118,9 +118,10 @@ def load(path: Path) -> Trajectory:
     return Trajectory(d["name"], d["framework"], d["source"], d["messages"])
 
 
-def load_all(framework: str | None = None) -> list[Trajectory]:
-    """Every shipped trajectory (of one framework), in name order."""
-    found = [load(p) for p in sorted(DATA.glob("*.json.gz"))]
+def load_all(framework: str | None = None, data: Path = DATA) -> list[Trajectory]:
+    """Every shipped trajectory (of one framework), or every one converted into ``data``, in
+    name order."""
+    found = [load(p) for p in sorted(data.glob("*.json.gz"))]
     return [t for t in found if framework is None or t.framework == framework]
 
 

@@ -269,19 +269,17 @@ def test_stages_in_order_and_markers() -> None:
         ],
     }
     total = recount(body, "openai")
-    # a budget that capping the tool result alone satisfies
-    out, rep = fit(
-        body, shape="openai", budget=total - 1500, policy=Policy(tool_result_max_tokens=100)
-    )
+    # without the clear stage (which would drop the old round whole): a budget that capping the
+    # tool result alone satisfies
+    policy = Policy(tool_result_max_tokens=100, stages=["tool_results", "retrieved", "history"])
+    out, rep = fit(body, shape="openai", budget=total - 1500, policy=policy)
     assert rep.fits and rep.removed["retrieved"] == 0 and rep.removed["history"] == 0
     tool = out["messages"][3]["content"]
     assert re.search(r"\[\.\.\. \d+ tokens removed by context-ceiling \.\.\.\]", tool)
     assert tool.startswith("fee 120") and tool.endswith("90 days")
     assert MARKER.split("{n}")[1].strip() in tool
     # tighter: the last chunk goes next, whole
-    out, rep = fit(
-        body, shape="openai", budget=total - 3000, policy=Policy(tool_result_max_tokens=100)
-    )
+    out, rep = fit(body, shape="openai", budget=total - 3000, policy=policy)
     assert rep.removed["retrieved"] > 0 and '<document id="1">' in out["messages"][-1]["content"]
     assert '<document id="2">' not in out["messages"][-1]["content"]
     assert body["messages"][3]["content"] == long  # type: ignore[index] # the input is never mutated

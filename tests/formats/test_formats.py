@@ -84,8 +84,9 @@ def test_every_api_renders_its_errors_as_json_naming_the_problem(api: str, statu
 def test_every_format_counts_fits_and_stays_valid(shape: Shape) -> None:
     """The shared contract, run for every registered format over an agent loop of its own
     traffic: the count's parts add up to its total, a fit lands within its budget (the fixed
-    part allowing), its report is a recount of what it returned, no call loses its result, and
-    the request asked for its output the way the format says."""
+    part allowing), its report is a recount of what it returned, no call loses its result, the
+    newest calls are the last to go, and the request asked for its output the way the format
+    says."""
     for n, body in enumerate(Loop(shape, rounds=24, output_words=(300, 900)).turns(), 1):
         c = count(body, shape=shape)
         assert sum(p.tokens for p in c.parts) == c.total
@@ -97,7 +98,12 @@ def test_every_format_counts_fits_and_stays_valid(shape: Shape) -> None:
         if n > 12:
             assert report.fits, f"turn {n}: {report.after} > {budget}"
         assert provider_valid(shape, out), f"turn {n}"
-        assert pairs(shape, body)[0][-2:] == pairs(shape, out)[0][-2:]
+        sent, kept = pairs(shape, body)[0], pairs(shape, out)[0]
+        # the call the model answers now stays, and the newest go last: no call kept is older
+        # than one dropped
+        assert sent[-1:] == kept[-1:], f"turn {n}"
+        gone = [k for k, c in enumerate(sent) if c not in kept]
+        assert not gone or kept == sent[max(gone) + 1 :], f"turn {n}"
     fmt = FORMATS[shape]
     asked: dict[str, dict[str, Any]] = {
         "openai": {"max_completion_tokens": 77},

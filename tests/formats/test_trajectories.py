@@ -82,7 +82,9 @@ def test_the_shipped_trajectories_are_real_and_sourced() -> None:
         for api in APIS:
             assert all(provider_valid(api, b) for b in turns(t, api)), (t.name, api)
     coding = [t for t in TRAJECTORIES.values() if t.framework == "mini-swe-agent"]
-    assert all(t.model_turns >= 60 for t in coding)
+    # long loops, and short ones, where the task and the newest rounds are more of the ceiling
+    assert sum(t.model_turns >= 60 for t in coding) >= 8
+    assert any(t.model_turns < 40 for t in coding)
     # the harness's own user messages in the middle of the loop
     assert any(sum(1 for m in t.messages[2:] if m["role"] == "user") >= 10 for t in coding)
 
@@ -162,7 +164,16 @@ def histories(draw: st.DrawFn) -> tuple[UnitCosts, int, int]:
 def _states(cut: HistoryCut, n: int) -> list[int]:
     """0 whole, 1 cleared, 2 dropped, per unit."""
     return [
-        0 if u in cut.kept else 2 if u < cut.drop else 1 if u < cut.clear else 0 for u in range(n)
+        0
+        if u in cut.kept
+        else 1
+        if u in cut.lifted
+        else 2
+        if u < cut.drop
+        else 1
+        if u < cut.clear
+        else 0
+        for u in range(n)
     ]
 
 
@@ -182,6 +193,8 @@ def test_a_unit_cut_at_one_turn_stays_cut_at_every_later_one(
         states = _states(cut, e)
         assert all(s >= p for s, p in zip(states, previous, strict=False)), e
         assert all(s == 0 for s in states[costs.protect[e] :]), "protected units stay"
+        for u in costs.keep[e]:  # the newest tool uses go last
+            assert states[u] == 0 or all(states[:u]), (e, u)
         previous = states
         if drop:
             before = history_cut(costs, budget=budget, step=step, drop=drop, clear=clear, units=e)

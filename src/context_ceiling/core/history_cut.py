@@ -9,7 +9,7 @@ from the trimmer so the rule can be read, tested and simulated on numbers alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 __all__ = ["HistoryCut", "UnitCosts", "history_cut", "history_cuts"]
@@ -18,11 +18,13 @@ __all__ = ["HistoryCut", "UnitCosts", "history_cut", "history_cuts"]
 @dataclass(frozen=True, slots=True)
 class HistoryCut:
     """One plan over a history's units: ``[0, drop)`` dropped, ``[drop, clear)`` cleared, the
-    rest sent as they are; the units in ``kept`` are sent as they are wherever they fall."""
+    rest sent as they are; the units in ``kept`` are sent as they are wherever they fall, those
+    in ``lifted`` (newest tool uses an event had to clear) with their tool results cleared."""
 
     drop: int = 0
     clear: int = 0
     kept: frozenset[int] = frozenset()
+    lifted: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,26 @@ def _sums(values: list[int]) -> list[int]:
     for v in values:
         out.append(out[-1] + v)
     return out
+
+
+def _released(
+    c: HistoryCut, enough: Callable[[HistoryCut], bool], clearable: list[int]
+) -> HistoryCut:
+    """``c`` with the units it holds back let go until ``enough``: everything older is gone and
+    the room is still short of a step, so the newest tool uses' results are cleared too, oldest
+    first, in the same event, rather than one more event (or a shortened result, which differs
+    every turn) on the turns to come; a unit with nothing worth clearing goes whole, so no older
+    result outlives a newer one; still short, the cleared ones go whole, oldest first."""
+    for u in sorted(c.kept):
+        if enough(c):
+            return c
+        lifted = c.lifted | {u} if clearable[u] > 0 else c.lifted
+        c = HistoryCut(c.drop, c.clear, c.kept - {u}, lifted)
+    for u in sorted(c.lifted):
+        if enough(c):
+            return c
+        c = HistoryCut(c.drop, c.clear, c.kept, c.lifted - {u})
+    return c
 
 
 def history_cut(
@@ -83,7 +105,11 @@ def history_cuts(
     much, all of them cleared and the oldest units dropped in the same event; when nothing
     more can go, everything before the protected units. The units of the newest tool uses
     (``costs.keep``) are passed over when the cut grows, and stay as they are until the next
-    event.
+    event; only when everything older is gone and the room is still short of ``step`` does the
+    same event clear their results too, oldest first (their calls stay; a unit with nothing
+    worth clearing goes whole), and, still short, drop them whole, oldest first (with
+    ``clear`` off, neither): a history whose newest results are most of what can go still gets
+    one event per step instead of one a turn.
 
     Why: replicas keep no conversation state, so the cut must follow from the history; read
     this way, it is what the previous turn was sent (the provider's prefix cache keeps hitting
@@ -95,7 +121,10 @@ def history_cuts(
     step = max(1, step)
 
     def freed(c: HistoryCut) -> int:
-        held = sum(costs.drop[u] if u < c.drop else costs.clear[u] for u in c.kept)
+        def out(u: int) -> int:
+            return costs.drop[u] if u < c.drop else costs.clear[u]
+
+        held = sum(out(u) for u in c.kept) + sum(out(u) - costs.clear[u] for u in c.lifted)
         return dropped[c.drop] + cleared[max(c.drop, c.clear)] - cleared[c.drop] - held
 
     cut = HistoryCut()
@@ -105,13 +134,22 @@ def history_cuts(
         if over <= 0:
             yield cut
             continue
-        q = max(costs.protect[e], cut.drop, cut.clear)
-        keep = costs.keep[e]
+        reached = max(cut.drop, cut.clear)
+        q = max(costs.protect[e], reached)
+        # the newest tool uses' units stay whole, but never come back once an event cleared
+        # them (a cleared one stays cleared while it is among the newest, then goes as any)
+        keep = frozenset(u for u in costs.keep[e] if u >= reached or u in cut.kept)
+        lifted = frozenset(u for u in cut.lifted if u in costs.keep[e])
         target = now + over + step
 
-        def grown(d: int, c: int, keep: frozenset[int] = keep) -> HistoryCut:
-            held = frozenset(u for u in keep if u < max(d, c))
-            return HistoryCut(d, c, held)
+        def grown(
+            d: int, c: int, keep: frozenset[int] = keep, lifted: frozenset[int] = lifted
+        ) -> HistoryCut:
+            r = max(d, c)
+            return HistoryCut(d, c, frozenset(u for u in keep if u < r), lifted)
+
+        def released(c: HistoryCut, target: int = target) -> HistoryCut:
+            return _released(c, lambda c: freed(c) >= target, costs.clear) if clear else c
 
         # clearing alone, as little as leaves the room
         lo = max(cut.clear, cut.drop)
@@ -123,9 +161,9 @@ def history_cuts(
                 continue
         reach = q if clear else lo
         if not drop:
-            cut = grown(cut.drop, reach)
+            cut = released(grown(cut.drop, reach))
             yield cut
             continue
         d = next((d for d in range(cut.drop, q + 1) if freed(grown(d, max(d, reach))) >= target), q)
-        cut = grown(d, max(d, reach))
+        cut = released(grown(d, max(d, reach)))
         yield cut

@@ -84,8 +84,10 @@ class Policy(Strict):
     keep_first_user: bool = True
     #: never edit what sits before an Anthropic cache_control breakpoint
     protect_cache_prefix: bool = True
-    #: the latest tool uses whose rounds are never cleared or dropped, and whose results are
-    #: the last thing the ``tool_results`` stage shortens
+    #: the latest tool uses, cut last: their rounds are cleared (then dropped), oldest first,
+    #: only once everything older is gone and a clearing event still lacks ``clear_at_least``
+    #: of room (fewer events, the prompt cache kept between them), and their results are the
+    #: last thing the ``tool_results`` stage shortens
     keep: int = Field(default=3, ge=0)
     #: tools whose results are never cleared
     exclude_tools: list[str] = Field(default_factory=list)
@@ -461,8 +463,8 @@ class _Trimmer:
         for k, unit in enumerate(units):
             if unit.fixed or k in cut.kept:
                 continue
-            if k < cut.drop:
-                changed = event and (k >= before.drop or k in before.kept)
+            if k < cut.drop and k not in cut.lifted:
+                changed = event and (k >= before.drop or k in before.kept or k in before.lifted)
                 for i in range(unit.start, unit.end):
                     if self._system(i) or i in self.drop_messages:
                         continue
@@ -472,7 +474,7 @@ class _Trimmer:
                     self._take(stage, i, -1, self._left(i), cut=changed)
                 if stage == "clear":
                     self.report.dropped_tool_rounds += 1
-            elif k < cut.clear:
+            elif k < cut.clear or k in cut.lifted:
                 changed = event and (k >= before.clear or k in before.kept)
                 for u, gain, text in unit.results:
                     i, j = u.result
