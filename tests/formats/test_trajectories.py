@@ -6,6 +6,7 @@ results last; and the cut itself only grows as the history does."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -163,18 +164,15 @@ def histories(draw: st.DrawFn) -> tuple[UnitCosts, int, int]:
 
 def _states(cut: HistoryCut, n: int) -> list[int]:
     """0 whole, 1 cleared, 2 dropped, per unit."""
-    return [
-        0
-        if u in cut.kept
-        else 1
-        if u in cut.lifted
-        else 2
-        if u < cut.drop
-        else 1
-        if u < cut.clear
-        else 0
-        for u in range(n)
-    ]
+
+    def state(u: int) -> int:
+        if u in cut.kept:
+            return 0
+        if u in cut.lifted:
+            return 1
+        return 2 if u < cut.drop else 1 if u < cut.clear else 0
+
+    return [state(u) for u in range(n)]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -199,3 +197,19 @@ def test_a_unit_cut_at_one_turn_stays_cut_at_every_later_one(
         if drop:
             before = history_cut(costs, budget=budget, step=step, drop=drop, clear=clear, units=e)
             assert before == cut, "the cut is a function of the history"
+
+
+def test_the_newest_results_go_in_the_same_event_once_nothing_older_is_left() -> None:
+    """Every unit a tool use of 1,000 tokens (900 of them its result), the three newest held
+    back: once the older units are gone and the room is still short of a step, the same event
+    clears the newest results too, oldest first (the newest kept whole), instead of freeing just
+    enough at every turn to come; with clearing off they stay."""
+    n = 12
+    protect = [0, *range(n)]
+    keep = [frozenset[int](), *(frozenset(range(max(0, e - 4), e - 1)) for e in range(1, n + 1))]
+    costs = UnitCosts([1000] * n, [1000] * n, [900] * n, protect, keep, base=2000)
+    cuts = list(history_cuts(costs, budget=7000, step=2500))
+    assert cuts[5] == HistoryCut(5, 5, frozenset({4}), frozenset({2, 3}))
+    events = sum(a != b for a, b in itertools.pairwise(cuts))
+    assert events == 3 <= 1 + (n * 1000 + 2000 - 7000) / 2500
+    assert not any(c.lifted for c in history_cuts(costs, budget=7000, step=2500, clear=False))
