@@ -213,3 +213,19 @@ def test_the_newest_results_go_in_the_same_event_once_nothing_older_is_left() ->
     events = sum(a != b for a, b in itertools.pairwise(cuts))
     assert events == 3 <= 1 + (n * 1000 + 2000 - 7000) / 2500
     assert not any(c.lifted for c in history_cuts(costs, budget=7000, step=2500, clear=False))
+
+
+@pytest.mark.parametrize("name", ["tau-bench-airline-task7", "tau-bench-airline-task9"])
+def test_gemini_fits_wherever_the_openai_shape_fits_at_the_same_budget(name: str) -> None:
+    """A multi-turn agent whose system prompt is most of a 40% ceiling: the same conversation in
+    Gemini's shape counts as it does in OpenAI's (calls and results as the other APIs count
+    them, no ids, a text result as text), so no Gemini turn is refused that fits as OpenAI."""
+    t = TRAJECTORIES[name]
+    chat, gemini = list(turns(t, "openai")), list(turns(t, "gemini"))
+    peak = max(count(b, shape="openai").total for b in chat)
+    assert max(count(b, shape="gemini").total for b in gemini) <= 1.02 * peak
+    for ceiling in CEILINGS:
+        budget = int(ceiling * peak)
+        for k, (a, g) in enumerate(zip(chat, gemini, strict=True)):
+            if fit(a, shape="openai", budget=budget)[1].fits:
+                assert fit(g, shape="gemini", budget=budget)[1].fits, (name, ceiling, k)

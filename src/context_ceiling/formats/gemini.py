@@ -187,10 +187,51 @@ def _content(
             tally.add(i, j, comp, IMAGE_TOKENS)
         elif "fileData" in part:
             tally.add(i, j, Component.RETRIEVED, count(json_text(part)))
-        elif "functionResponse" in part:
-            tally.add(i, j, Component.TOOL_RESULTS, count(json_text(part["functionResponse"])))
+        elif isinstance(part.get("functionResponse"), dict):
+            tally.add(
+                i, j, Component.TOOL_RESULTS, _response_tokens(part["functionResponse"], count)
+            )
+        elif isinstance(part.get("functionCall"), dict):
+            tally.add(i, j, comp, _call_tokens(part, count))
         else:
             tally.add(i, j, comp, count(json_text(part)))
+
+
+#: what a function call's or response's framing costs, as the other APIs count a tool call's
+FUNCTION_FRAME = 3
+
+
+def _call_tokens(part: Mapping[str, Any], count: Callable[[str], int]) -> int:
+    """A ``functionCall`` part as the other APIs count a tool call: its name and its arguments'
+    JSON (the id only pairs it with its response); anything else the part carries (a thought
+    signature) as its JSON."""
+    fc = part["functionCall"]
+    rest = {k: v for k, v in part.items() if k != "functionCall"}
+    return (
+        FUNCTION_FRAME
+        + count(str(fc.get("name") or ""))
+        + count(json_text(fc.get("args") or {}))
+        + (count(json_text(rest)) if rest else 0)
+    )
+
+
+def _response_overhead(fr: Mapping[str, Any], count: Callable[[str], int]) -> int:
+    """What a ``functionResponse`` costs besides its result: its framing, its name and the key
+    of its text field (``result`` once shortened or cleared)."""
+    key = _text_field(fr.get("response")) or "result"
+    return FUNCTION_FRAME + count(str(fr.get("name") or "")) + count(key)
+
+
+def _response_tokens(fr: Mapping[str, Any], count: Callable[[str], int]) -> int:
+    """A ``functionResponse`` as the other APIs count a tool result: a response of one text
+    field as that text (not the JSON escapes of it), any other as its JSON; with its name and
+    framing (the id only pairs it with its call)."""
+    response = fr.get("response")
+    key = _text_field(response)
+    if key is not None and isinstance(response, Mapping):
+        return _response_overhead(fr, count) + count(str(response[key]))
+    body = response if response is not None else {}
+    return FUNCTION_FRAME + count(str(fr.get("name") or "")) + count(json_text(body))
 
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
@@ -484,11 +525,9 @@ class GenerateRules(TrimRules):
                 yield j, json_text(response) if isinstance(response, dict) else None
 
     def result_overhead(self, m: dict[str, Any], j: int, counter: TextCounter) -> int:
-        # the part is counted as its functionResponse's JSON: the id, the name and the keys
-        # stay when the result is replaced or shortened
-        fr = m["parts"][j]["functionResponse"]
-        key = _text_field(fr.get("response")) or "result"
-        return counter.count(json_text({**fr, "response": {key: ""}}))
+        # the name, the framing and the text field's key stay when the result is replaced or
+        # shortened (see _response_tokens)
+        return _response_overhead(m["parts"][j]["functionResponse"], counter.count)
 
     def call_input(self, m: dict[str, Any], k: int) -> Any:
         return m["parts"][k]["functionCall"].get("args", {})
