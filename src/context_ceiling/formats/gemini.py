@@ -197,7 +197,7 @@ def _content(
             tally.add(i, j, comp, count(json_text(part)))
 
 
-#: what a function call's or response's framing costs, as the other APIs count a tool call's
+#: the tokens of a function call's or response's framing (the other APIs count a tool call's so)
 FUNCTION_FRAME = 3
 
 
