@@ -201,6 +201,11 @@ def _content(
 FUNCTION_FRAME = 3
 
 
+def _framed(named: Mapping[str, Any], count: Callable[[str], int]) -> int:
+    """A function call's or response's framing and its name."""
+    return FUNCTION_FRAME + count(str(named.get("name") or ""))
+
+
 def _call_tokens(part: Mapping[str, Any], count: Callable[[str], int]) -> int:
     """A ``functionCall`` part as the other APIs count a tool call: its name and its arguments'
     JSON (the id only pairs it with its response); anything else the part carries (a thought
@@ -208,8 +213,7 @@ def _call_tokens(part: Mapping[str, Any], count: Callable[[str], int]) -> int:
     fc = part["functionCall"]
     rest = {k: v for k, v in part.items() if k != "functionCall"}
     return (
-        FUNCTION_FRAME
-        + count(str(fc.get("name") or ""))
+        _framed(fc, count)
         + count(json_text(fc.get("args") or {}))
         + (count(json_text(rest)) if rest else 0)
     )
@@ -219,7 +223,7 @@ def _response_overhead(fr: Mapping[str, Any], count: Callable[[str], int]) -> in
     """What a ``functionResponse`` costs besides its result: its framing, its name and the key
     of its text field (``result`` once shortened or cleared)."""
     key = _text_field(fr.get("response")) or "result"
-    return FUNCTION_FRAME + count(str(fr.get("name") or "")) + count(key)
+    return _framed(fr, count) + count(key)
 
 
 def _response_tokens(fr: Mapping[str, Any], count: Callable[[str], int]) -> int:
@@ -231,7 +235,7 @@ def _response_tokens(fr: Mapping[str, Any], count: Callable[[str], int]) -> int:
     if key is not None and isinstance(response, Mapping):
         return _response_overhead(fr, count) + count(str(response[key]))
     body = response if response is not None else {}
-    return FUNCTION_FRAME + count(str(fr.get("name") or "")) + count(json_text(body))
+    return _framed(fr, count) + count(json_text(body))
 
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
