@@ -9,8 +9,9 @@ known exactly, at a 128k-token window:
   per 0.1 of fill), a plateau with a 6-point dip before a cliff, a fifth of the items fragile
   early, bimodal items (nearly always right or nearly always wrong), repeats that agree fully and
   repeats that are independent, drops just past a grid level, task sets of 60, 200 and 960 items,
-  and a fixed budget; and, kept out of the "all" row, a model below the accuracy floor and a
-  reference level that reads 4 points high; knees uniform over 0.3-0.9, base accuracy over 0.6-0.98, item difficulty
+  and a fixed budget; and, kept out of the "all" row, a model below the accuracy floor, a
+  reference level that reads 4 points high, and an 8-point dip that recovers within 3-6% of the
+  window (narrower than the dip scan's spacing), at the default resolution and at 0.025; knees uniform over 0.3-0.9, base accuracy over 0.6-0.98, item difficulty
   with a logit SD of 1, 5% of items known closed-book, repeats copying the first call with
   probability 0.5 unless the regime says otherwise;
 - **truth**: the population accuracy curve; the true drop point is the highest fill up to which
@@ -107,6 +108,15 @@ def _high_reference(rng: random.Random, k: int) -> Truth:
     )
 
 
+def _narrow_dip(rng: random.Random, k: int) -> Truth:
+    """An 8-point dip that recovers, narrower than the dip scan's spacing at the default
+    resolution (3-6% of the window wide, starting between 0.22 and 0.45)."""
+    del k
+    return random_truth(
+        rng, "recover", dip_at=rng.uniform(0.22, 0.45), dip_width=rng.uniform(0.03, 0.06)
+    )
+
+
 Regime = tuple[str, Callable[[random.Random, int], Truth], dict[str, Any]]
 
 REGIMES: list[Regime] = [
@@ -120,9 +130,18 @@ REGIMES: list[Regime] = [
     # reported after "all" (they are not in it): what the design must refuse or report
     ("model below the floor", _below_floor, {}),
     ("reference reads 4 points high", _high_reference, {}),
+    # a dip narrower than the scan's spacing, at the default resolution and at half of it
+    ("dip narrower than the scan", _narrow_dip, {}),
+    ("the same at --resolution 0.025", _narrow_dip, {"resolution": 0.025}),
 ]
-#: regimes kept out of the "all" row: a model below the floor, a reference that reads high
-APART = ("model below the floor", "reference reads 4 points high")
+#: regimes kept out of the "all" row: a model below the floor, a reference that reads high,
+#: dips narrower than the scan's spacing (a limit of the default resolution, and its remedy)
+APART = (
+    "model below the floor",
+    "reference reads 4 points high",
+    "dip narrower than the scan",
+    "the same at --resolution 0.025",
+)
 
 # -- the previous release's rule, for the cost baseline -----------------------------------------
 
