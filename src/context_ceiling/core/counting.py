@@ -421,6 +421,17 @@ def json_text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+#: the tokens of a tool call's or a tool result's framing, besides its name, arguments or text:
+#: every API's counter frames them alike, so one conversation counts the same in each
+TOOL_FRAME = 3
+
+
+def call_tokens(name: str, arguments: str, count: Callable[[str], int]) -> int:
+    """A tool call as every API's counter counts it: its framing, its name and its arguments'
+    text (their JSON where the API carries an object); its id only pairs it with its result."""
+    return TOOL_FRAME + count(name) + count(arguments)
+
+
 def require_messages(body: Mapping[str, Any]) -> list[Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):

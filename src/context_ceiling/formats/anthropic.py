@@ -14,9 +14,11 @@ from typing import Any
 import orjson
 
 from context_ceiling.core.counting import (
+    TOOL_FRAME,
     Prior,
     RequestCount,
     Tally,
+    call_tokens,
     count_context,
     json_text,
     last_index,
@@ -211,14 +213,10 @@ def _block(
                 tally.add(i, j, Component.TOOL_RESULTS, count(text))
             else:  # a block type this counter does not know: its JSON is the best estimate
                 tally.add(i, j, Component.TOOL_RESULTS, count(json_text(sub)))
-        tally.add(i, j, Component.TOOL_RESULTS, 3)
+        tally.add(i, j, Component.TOOL_RESULTS, TOOL_FRAME)
     elif kind == "tool_use":
-        tally.add(
-            i,
-            j,
-            comp,
-            3 + count(str(block.get("name", ""))) + count(json_text(block.get("input", {}))),
-        )
+        name, arguments = str(block.get("name", "")), json_text(block.get("input", {}))
+        tally.add(i, j, comp, call_tokens(name, arguments, count))
     elif kind in ("thinking", "redacted_thinking") and stripped:
         # an earlier turn's thinking: the API removes it from the context window
         # (context_window = input - previous thinking + this turn), so it counts nothing

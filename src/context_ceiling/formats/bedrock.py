@@ -32,9 +32,11 @@ from urllib.parse import quote, unquote
 import orjson
 
 from context_ceiling.core.counting import (
+    TOOL_FRAME,
     Prior,
     RequestCount,
     Tally,
+    call_tokens,
     count_context,
     json_text,
     last_index,
@@ -251,11 +253,10 @@ def _block(
         tally.add(i, j, Component.RETRIEVED, _document_tokens(b["document"], count))
     elif kind == "toolUse":
         tu = b["toolUse"]
-        tally.add(
-            i, j, comp, 3 + count(str(tu.get("name") or "")) + count(json_text(tu.get("input", {})))
-        )
+        name, arguments = str(tu.get("name") or ""), json_text(tu.get("input", {}))
+        tally.add(i, j, comp, call_tokens(name, arguments, count))
     elif kind == "toolResult":
-        n = 3
+        n = TOOL_FRAME
         for x in b["toolResult"].get("content") or ():
             text = _result_item_text(x)
             if text is not None:

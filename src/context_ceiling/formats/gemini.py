@@ -13,9 +13,11 @@ from typing import Any
 import orjson
 
 from context_ceiling.core.counting import (
+    TOOL_FRAME,
     Prior,
     RequestCount,
     Tally,
+    call_tokens,
     count_context,
     json_text,
     walk_items,
@@ -197,13 +199,9 @@ def _content(
             tally.add(i, j, comp, count(json_text(part)))
 
 
-#: the tokens of a function call's or response's framing (the other APIs count a tool call's so)
-FUNCTION_FRAME = 3
-
-
 def _framed(named: Mapping[str, Any], count: Callable[[str], int]) -> int:
-    """A function call's or response's framing and its name."""
-    return FUNCTION_FRAME + count(str(named.get("name") or ""))
+    """A function response's framing and its name, as the other APIs frame a tool result."""
+    return TOOL_FRAME + count(str(named.get("name") or ""))
 
 
 def _call_tokens(part: Mapping[str, Any], count: Callable[[str], int]) -> int:
@@ -212,11 +210,8 @@ def _call_tokens(part: Mapping[str, Any], count: Callable[[str], int]) -> int:
     signature) as its JSON."""
     fc = part["functionCall"]
     rest = {k: v for k, v in part.items() if k != "functionCall"}
-    return (
-        _framed(fc, count)
-        + count(json_text(fc.get("args") or {}))
-        + (count(json_text(rest)) if rest else 0)
-    )
+    call = call_tokens(str(fc.get("name") or ""), json_text(fc.get("args") or {}), count)
+    return call + (count(json_text(rest)) if rest else 0)
 
 
 def _response_overhead(fr: Mapping[str, Any], count: Callable[[str], int]) -> int:

@@ -16,6 +16,7 @@ from context_ceiling.core.counting import (
     Prior,
     RequestCount,
     Tally,
+    call_tokens,
     count_context,
     json_text,
     last_index,
@@ -233,17 +234,12 @@ def _message(
         raise RequestShapeError(f"messages[{i}].content must be a string, an array or null")
     for k, call in enumerate(msg.get("tool_calls") or []):
         fn = (call.get("function") or {}) if isinstance(call, dict) else {}
-        tally.add(
-            i,
-            1000 + k,
-            comp,
-            3 + count(str(fn.get("name", ""))) + count(str(fn.get("arguments", ""))),
-        )
+        name, arguments = str(fn.get("name", "")), str(fn.get("arguments", ""))
+        tally.add(i, 1000 + k, comp, call_tokens(name, arguments, count))
     if isinstance(msg.get("function_call"), dict):
         fc = msg["function_call"]
-        tally.add(
-            i, 999, comp, 3 + count(str(fc.get("name", ""))) + count(str(fc.get("arguments", "")))
-        )
+        name, arguments = str(fc.get("name", "")), str(fc.get("arguments", ""))
+        tally.add(i, 999, comp, call_tokens(name, arguments, count))
 
 
 def requested_output(body: Mapping[str, Any]) -> int | None:

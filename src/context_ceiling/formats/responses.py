@@ -12,9 +12,11 @@ from typing import Any
 import orjson
 
 from context_ceiling.core.counting import (
+    TOOL_FRAME,
     Prior,
     RequestCount,
     Tally,
+    call_tokens,
     count_context,
     json_text,
     walk_items,
@@ -222,16 +224,12 @@ def _item(
                 else:
                     tally.add(i, j, comp, count(json_text(part)))
     elif kind == "function_call":
-        tally.add(
-            i,
-            -1,
-            Component.HISTORY,
-            3 + count(str(it.get("name") or "")) + count(str(it.get("arguments") or "")),
-        )
+        name, arguments = str(it.get("name") or ""), str(it.get("arguments") or "")
+        tally.add(i, -1, Component.HISTORY, call_tokens(name, arguments, count))
     elif kind == "function_call_output":
         out = it.get("output")
         text = out if isinstance(out, str) else json_text(out)
-        tally.add(i, -1, Component.TOOL_RESULTS, 3 + count(text))
+        tally.add(i, -1, Component.TOOL_RESULTS, TOOL_FRAME + count(text))
     elif kind == "compaction":
         tally.add(i, -1, Component.HISTORY, compaction_tokens(it))
     elif kind == "reasoning" and earlier:
