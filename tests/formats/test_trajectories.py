@@ -229,3 +229,24 @@ def test_gemini_fits_wherever_the_openai_shape_fits_at_the_same_budget(name: str
         for k, (a, g) in enumerate(zip(chat, gemini, strict=True)):
             if fit(a, shape="openai", budget=budget)[1].fits:
                 assert fit(g, shape="gemini", budget=budget)[1].fits, (name, ceiling, k)
+
+
+def test_a_tool_calls_arguments_count_alike_in_every_api() -> None:
+    """The same call with longer arguments adds the same tokens in every API's counter (each
+    counts a call through ``core.counting.call_tokens``: framing, name, the arguments' text)."""
+
+    def conversation(path: str) -> list[dict[str, Any]]:
+        call = {"id": "call_1", "name": "read_file", "args": {"path": path}}
+        return [
+            {"role": "system", "text": "You are a coding agent."},
+            {"role": "user", "text": "Read the file."},
+            {"role": "assistant", "text": "", "calls": [call]},
+            {"role": "tool", "call_id": "call_1", "name": "read_file", "text": "done"},
+        ]
+
+    added = {
+        api: count(to_api(conversation("src/" + "module/" * 40 + "a.py"), api), shape=api).total
+        - count(to_api(conversation("a.py"), api), shape=api).total
+        for api in ("openai", "anthropic", "responses", "converse", "gemini")
+    }
+    assert len(set(added.values())) == 1 and min(added.values()) > 40, added
