@@ -76,7 +76,7 @@ bench: venv tools  ## side by side: direct, bare pass-through, LiteLLM's proxy, 
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
-bench-validity: venv  ## the sweep's statistics and cost against known truth (simulation study, ~8 min)
+bench-validity: venv  ## the sweep's statistics and cost against known truth (simulation study, ~20 min on 2 cores)
 	$(PY) -m benchmarks.validity $(VALIDITY_ARGS)
 
 bench-soak: venv  ## RSS and open fds of the sidecar over 10 minutes of mixed, failing load
