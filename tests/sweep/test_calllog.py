@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from context_ceiling.core.errors import UserError
+from context_ceiling.sweep.batch import Ledger, Pending
 from context_ceiling.sweep.calllog import CallLog, CallRecord
 
 
@@ -105,3 +106,17 @@ def test_an_answer_holding_a_unicode_line_separator_stays_one_record(
     lines = tmp_path / "items.jsonl"
     lines.write_text(f'{{"id": "x", "text": "a{separator}b"}}\r\n\n{{"id": "y"}}\n')
     assert read_jsonl(lines) == [(1, {"id": "x", "text": f"a{separator}b"}), (3, {"id": "y"})]
+
+
+def test_a_ledger_line_torn_by_a_kill_is_not_read(tmp_path: Path) -> None:
+    """A process killed inside the ledger's write leaves a line without its newline: the
+    batches recorded whole are still pending, the torn one is not read (and does not fail)."""
+    ledger = Ledger(tmp_path / "batches.jsonl")
+    ledger.sent(Pending("b1", "openai", {"c0": {"item": 1}}, 1.0))
+    ledger.sent(Pending("b2", "openai", {"c1": {"item": 2}}, 2.0))
+    ledger.done("b1")
+    whole = ledger.path.read_text()
+    ledger.path.write_text(whole + '{"id": "b3", "api": "ope')
+    assert [p.id for p in ledger.pending()] == ["b2"]
+    ledger.sent(Pending("b4", "openai", {}, 3.0))
+    assert [p.id for p in ledger.pending()] == ["b2", "b4"], "a line after the torn one reads"

@@ -41,6 +41,10 @@ def _texts(out: Path) -> dict[str, str | None]:
     return {k: r.text for k, r in CallLog(out / "calls.jsonl").records().items()}
 
 
+def _recorded(ledger: Path) -> bool:
+    return ledger.exists() and ledger.read_text().endswith("\n")
+
+
 def test_an_openai_batch_run_logs_what_a_synchronous_run_logs(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -78,9 +82,10 @@ def test_a_restart_waits_on_the_batches_already_sent(
     )
     ledger = out / "batches.jsonl"
     deadline = time.monotonic() + 120
-    while not ledger.exists() and time.monotonic() < deadline:
+    # the file can exist before its first line is whole: wait for the record itself
+    while not _recorded(ledger) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert ledger.exists(), "the batch was recorded before it was waited on"
+    assert _recorded(ledger), "the batch was recorded before it was waited on"
     child.send_signal(signal.SIGKILL)
     child.wait()
     [first] = d.batches

@@ -91,6 +91,20 @@ def _jsonl(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
+def _whole_lines(text: str) -> list[dict[str, Any]]:
+    """The ledger's records; a line a killed process left unfinished does not parse and is not
+    read (that batch's record never completed)."""
+    rows = []
+    for line in text.split("\n"):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 class _OpenAI:
     """``POST /files`` (purpose ``batch``), ``POST /batches``, ``GET /batches/{id}``,
     ``GET /files/{id}/content``; the base URL is the one calls go to (``.../v1``)."""
@@ -228,7 +242,7 @@ class Ledger:
         if not self.path.exists():
             return []
         sent: dict[str, Pending] = {}
-        for row in _jsonl(self.path.read_text()):
+        for row in _whole_lines(self.path.read_text()):
             if row.get("done"):
                 sent.pop(row["id"], None)
             else:
@@ -237,10 +251,15 @@ class Ledger:
 
     def _append(self, row: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # one write on an append-only descriptor: a reader sees the whole line or none of it
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            # after a line torn by a kill, the next record starts a line of its own
+            torn = os.fstat(fd).st_size > 0 and os.pread(fd, 1, os.fstat(fd).st_size - 1) != b"\n"
+            os.write(fd, ("\n" if torn else "").encode() + (json.dumps(row) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def sent(self, p: Pending) -> None:
         self._append({"id": p.id, "api": p.api, "calls": p.calls, "sent_at": p.sent_at})
