@@ -80,7 +80,7 @@ def repeat_icc(rows: Iterable[Row], reference: float | None = None) -> float | N
             ref = by.get((item, reference), {})
             cells.append([float(x - ref[k]) for k, x in reps.items() if k in ref])
     values = [x for xs in cells for x in xs]
-    within = sum(sum((x - mean(xs)) ** 2 for x in xs) for xs in cells if len(xs) > 1)
+    within = sum(_squares(xs) for xs in cells if len(xs) > 1)
     dof = sum(len(xs) - 1 for xs in cells if len(xs) > 1)
     if not dof or len(values) < 2:
         return None
@@ -89,6 +89,12 @@ def repeat_icc(rows: Iterable[Row], reference: float | None = None) -> float | N
     if total <= 0:
         return None
     return round(min(1.0, max(0.0, 1 - (within / dof) / total)), 4)
+
+
+def _squares(xs: list[float]) -> float:
+    """The sum of squared deviations from the mean (the mean taken once)."""
+    m = mean(xs)
+    return sum((x - m) ** 2 for x in xs)
 
 
 def item_means(rows: Iterable[Row]) -> dict[float, dict[str, float]]:
@@ -250,11 +256,11 @@ def _level(
     by_key: dict[str, Row],
     window: int,
 ) -> LevelStats:
-    keys = [
-        sample_key(i, lv, r) for i in design.levels[lv] for r in range(design.repeats_of(i, lv))
-    ]
-    missing = sum(1 for k in keys if k not in by_key)
-    errored = sum(1 for k in keys if k in by_key and by_key[k].get("status") != "ok")
+    at = sample_key("", lv, 0)[:-1]  # "@{level}#": the key's level part, formatted once
+    keys = [f"{i}{at}{r}" for i in design.levels[lv] for r in range(design.repeats_of(i, lv))]
+    found = [by_key.get(k) for k in keys]
+    missing = found.count(None)
+    errored = sum(1 for f in found if f is not None and f.get("status") != "ok")
     per_repeat: dict[int, list[int]] = defaultdict(list)
     pos: dict[str, list[int]] = defaultdict(list)
     for r in rs:
