@@ -221,6 +221,17 @@ class ScriptedModelDouble:
         self.batches[bid] = {"id": bid, "object": "batch", "status": "validating", **body}
         return JSONResponse(self.batches[bid])
 
+    async def list_batches(self, request: Request) -> Response:
+        """OpenAI ``GET /v1/batches``: newest first, ``limit`` and ``after`` as documented."""
+        rows = list(reversed(self.batches.values()))
+        rows = [b for b in rows if b.get("object") == "batch"]
+        after = request.query_params.get("after")
+        if after is not None:
+            ids = [b["id"] for b in rows]
+            rows = rows[ids.index(after) + 1 :] if after in ids else []
+        limit = int(request.query_params.get("limit", "20"))
+        return JSONResponse({"object": "list", "data": rows[:limit], "has_more": len(rows) > limit})
+
     async def get_batch(self, request: Request) -> Response:
         b = self.batches[request.path_params["id"]]
         if b["status"] == "validating":
@@ -300,6 +311,7 @@ class ScriptedModelDouble:
                 Route("/v1/files", self.upload, methods=["POST"]),
                 Route("/v1/files/{id}/content", self.file_content),
                 Route("/v1/batches", self.create_batch, methods=["POST"]),
+                Route("/v1/batches", self.list_batches, methods=["GET"]),
                 Route("/v1/batches/{id}", self.get_batch),
                 Route("/v1/messages/batches", self.create_message_batch, methods=["POST"]),
                 Route("/v1/messages/batches/{id}", self.get_message_batch),

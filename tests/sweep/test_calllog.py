@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from context_ceiling.core.errors import UserError
-from context_ceiling.sweep.batch import Ledger, Pending
+from context_ceiling.sweep.batch import Ledger, Pending, Unconfirmed
 from context_ceiling.sweep.calllog import CallLog, CallRecord
 
 
@@ -120,3 +120,17 @@ def test_a_ledger_line_torn_by_a_kill_is_not_read(tmp_path: Path) -> None:
     assert [p.id for p in ledger.pending()] == ["b2"]
     ledger.sent(Pending("b4", "openai", {}, 3.0))
     assert [p.id for p in ledger.pending()] == ["b2", "b4"], "a line after the torn one reads"
+
+
+def test_a_batch_about_to_be_sent_stays_unconfirmed_until_sent_or_closed(tmp_path: Path) -> None:
+    """The ledger's line before a send: unconfirmed until a sent line carries its tag, or it
+    is closed (the provider has no such batch, so its calls go again)."""
+    ledger = Ledger(tmp_path / "batches.jsonl")
+    ledger.sending(Unconfirmed("t1", "openai", {"c0": {"item": 1}}, 1.0))
+    ledger.sending(Unconfirmed("t2", "openai", {"c1": {"item": 2}}, 2.0))
+    assert [u.tag for u in ledger.unconfirmed()] == ["t1", "t2"] and not ledger.pending()
+    ledger.sent(Pending("b1", "openai", {"c0": {"item": 1}}, 1.0, "t1"))
+    assert [u.tag for u in ledger.unconfirmed()] == ["t2"]
+    assert [(p.id, p.tag) for p in ledger.pending()] == [("b1", "t1")]
+    ledger.closed("t2")
+    assert ledger.unconfirmed() == []

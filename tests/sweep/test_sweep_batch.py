@@ -42,7 +42,11 @@ def _texts(out: Path) -> dict[str, str | None]:
 
 
 def _recorded(ledger: Path) -> bool:
-    return ledger.exists() and ledger.read_text().endswith("\n")
+    """The ledger holds a whole line saying a batch was sent (the intent before it is not)."""
+    if not ledger.exists():
+        return False
+    text = ledger.read_text()
+    return any("id" in json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines())
 
 
 def test_an_openai_batch_run_logs_what_a_synchronous_run_logs(
@@ -57,8 +61,10 @@ def test_an_openai_batch_run_logs_what_a_synchronous_run_logs(
     assert d.calls - calls_before == len(_texts(sync)), "every call sent once"
     assert any(b["status"] == "completed" for b in d.batches.values())
     ledger = [json.loads(x) for x in (batched / "batches.jsonl").read_text().splitlines()]
-    sent = [x for x in ledger if not x.get("done")]
+    sent = [x for x in ledger if "id" in x and not x.get("done")]
     assert sent and {x["id"] for x in ledger if x.get("done")} == {x["id"] for x in sent}
+    # each batch's intent came first, and its sent line names the same tag
+    assert [x["sending"] for x in ledger if "sending" in x] == [x["tag"] for x in sent]
     a = json.loads((batched / "summary.json").read_text())["analysis"]
     b = json.loads((sync / "summary.json").read_text())["analysis"]
     assert a["ceiling_level"] == b["ceiling_level"]
@@ -103,6 +109,45 @@ def test_a_restart_waits_on_the_batches_already_sent(
         if "input_file_id" in b
     )
     assert requests == planned, "no call sent twice"
+    assert d.batches[first]["status"] == "completed"
+
+
+def test_a_batch_sent_but_never_recorded_as_sent_is_found_by_its_tag(
+    model: tuple[ScriptedModelDouble, str], tmp_path: Path
+) -> None:
+    """The process dies after the provider took the batch and before the ledger's line saying
+    so (here: that line removed after the kill): ``--resume`` finds the batch by the tag it was
+    sent with (OpenAI's batch ``metadata``) and waits on it, sending nothing again."""
+    d, url = model
+    out = tmp_path / "run"
+    d.hold_batches = True
+    args = common(url + "/v1", out, *SMALL, "--batch", "--batch-poll", "0.05")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "context_ceiling.cli", "sweep", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ledger = out / "batches.jsonl"
+    deadline = time.monotonic() + 120
+    while not _recorded(ledger) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    [first] = d.batches
+    rows = [json.loads(x) for x in ledger.read_text().splitlines()]
+    intents = [r for r in rows if "sending" in r]
+    assert len(intents) == 1 and d.batches[first]["metadata"] == {
+        "context_ceiling_batch": intents[0]["sending"]
+    }
+    ledger.write_text("".join(json.dumps(r) + "\n" for r in intents))  # the kill came earlier
+    d.hold_batches = False
+    assert (
+        run_cli("run", "--resume", "--out", str(out), "--batch-poll", "0.01", "--no-progress") == 0
+    )
+    assert len(_texts(out)) == 12 * (1 + 2)
+    assert list(d.batches) == [first], "no batch sent again"
     assert d.batches[first]["status"] == "completed"
 
 

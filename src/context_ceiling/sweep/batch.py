@@ -43,6 +43,10 @@ __all__ = [
 MAX_BATCH_BYTES = 150_000_000
 #: requests per batch (OpenAI takes 50,000, Anthropic 100,000)
 MAX_BATCH_REQUESTS = 10_000
+#: the metadata key a batch is sent with, to find it after a restart (OpenAI's ``metadata``)
+TAG_KEY = "context_ceiling_batch"
+#: pages of 100 batches read to find one, newest first
+FIND_PAGES = 10
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,17 @@ class BatchApi(Protocol):
         headers: dict[str, str],
         path: str,
         requests: list[tuple[str, dict[str, Any]]],
+        tag: str,
     ) -> str:
-        """Send the requests (custom id, body) as one batch; its id."""
+        """Send the requests (custom id, body) as one batch marked with ``tag`` where the API
+        keeps a batch's metadata; its id."""
+        ...
+
+    async def find(
+        self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], tag: str
+    ) -> str | None:
+        """The id of the batch sent with ``tag``, if the provider has it (None: it was never
+        created, or the API keeps no metadata to find it by)."""
         ...
 
     async def poll(
@@ -119,6 +132,7 @@ class _OpenAI:
         headers: dict[str, str],
         path: str,
         requests: list[tuple[str, dict[str, Any]]],
+        tag: str,
     ) -> str:
         lines = "".join(
             json.dumps({"custom_id": cid, "method": "POST", "url": path, "body": body}) + "\n"
@@ -134,9 +148,32 @@ class _OpenAI:
         made = await client.post(
             f"{base_url}/batches",
             headers=headers,
-            json={"input_file_id": file_id, "endpoint": path, "completion_window": "24h"},
+            json={
+                "input_file_id": file_id,
+                "endpoint": path,
+                "completion_window": "24h",
+                "metadata": {TAG_KEY: tag},
+            },
         )
         return str(_check(made, "create")["id"])
+
+    async def find(
+        self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], tag: str
+    ) -> str | None:
+        after: str | None = None
+        for _ in range(FIND_PAGES):
+            params = {"limit": "100", **({"after": after} if after else {})}
+            page = _check(
+                await client.get(f"{base_url}/batches", headers=headers, params=params), "list"
+            )
+            rows = page.get("data") or []
+            for b in rows:
+                if (b.get("metadata") or {}).get(TAG_KEY) == tag:
+                    return str(b["id"])
+            if not page.get("has_more") or not rows:
+                return None
+            after = str(rows[-1]["id"])
+        return None
 
     async def poll(
         self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], batch_id: str
@@ -182,14 +219,21 @@ class _Anthropic:
         headers: dict[str, str],
         path: str,
         requests: list[tuple[str, dict[str, Any]]],
+        tag: str,
     ) -> str:
-        del path
+        del path, tag  # Message Batches keep no metadata
         made = await client.post(
             f"{base_url}/v1/messages/batches",
             headers=headers,
             json={"requests": [{"custom_id": cid, "params": body} for cid, body in requests]},
         )
         return str(_check(made, "create")["id"])
+
+    async def find(
+        self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], tag: str
+    ) -> str | None:
+        del client, base_url, headers, tag
+        return None
 
     async def poll(
         self, client: httpx.AsyncClient, base_url: str, headers: dict[str, str], batch_id: str
@@ -230,10 +274,24 @@ class Pending:
     api: str
     calls: dict[str, dict[str, Any]]
     sent_at: float
+    tag: str | None = None
+
+
+@dataclass
+class Unconfirmed:
+    """A batch about to be sent whose id never reached the ledger (the process ended between
+    the provider's answer and the ledger's line): its tag, to find it by, and its calls."""
+
+    tag: str
+    api: str
+    calls: dict[str, dict[str, Any]]
+    at: float
 
 
 class Ledger:
-    """``batches.jsonl``: one line when a batch is sent, one when its results are logged."""
+    """``batches.jsonl``: one line before a batch is sent (its tag and calls), one when it is
+    sent (its id), one when its results are logged; a batch whose send was never confirmed is
+    looked up by its tag on resume, or its line closed when the provider has no such batch."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -241,13 +299,32 @@ class Ledger:
     def pending(self) -> list[Pending]:
         if not self.path.exists():
             return []
+        return self._read()[0]
+
+    def unconfirmed(self) -> list[Unconfirmed]:
+        """Batches about to be sent whose send was never confirmed (nor closed)."""
+        return self._read()[1]
+
+    def _read(self) -> tuple[list[Pending], list[Unconfirmed]]:
+        if not self.path.exists():
+            return [], []
         sent: dict[str, Pending] = {}
+        sending: dict[str, Unconfirmed] = {}
         for row in _whole_lines(self.path.read_text()):
-            if row.get("done"):
+            if "sending" in row:
+                sending[row["sending"]] = Unconfirmed(
+                    row["sending"], row["api"], row["calls"], row["at"]
+                )
+            elif row.get("closed"):
+                sending.pop(row["tag"], None)
+            elif row.get("done"):
                 sent.pop(row["id"], None)
             else:
-                sent[row["id"]] = Pending(row["id"], row["api"], row["calls"], row["sent_at"])
-        return list(sent.values())
+                tag = row.get("tag")
+                sent[row["id"]] = Pending(row["id"], row["api"], row["calls"], row["sent_at"], tag)
+                if tag is not None:
+                    sending.pop(tag, None)
+        return list(sent.values()), list(sending.values())
 
     def _append(self, row: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,8 +338,16 @@ class Ledger:
         finally:
             os.close(fd)
 
+    def sending(self, u: Unconfirmed) -> None:
+        self._append({"sending": u.tag, "api": u.api, "calls": u.calls, "at": u.at})
+
     def sent(self, p: Pending) -> None:
-        self._append({"id": p.id, "api": p.api, "calls": p.calls, "sent_at": p.sent_at})
+        row = {"id": p.id, "api": p.api, "calls": p.calls, "sent_at": p.sent_at}
+        self._append(row | ({"tag": p.tag} if p.tag is not None else {}))
+
+    def closed(self, tag: str) -> None:
+        """The batch about to be sent under ``tag`` does not exist: its calls go again."""
+        self._append({"tag": tag, "closed": True, "at": time.time()})
 
     def done(self, batch_id: str) -> None:
         self._append({"id": batch_id, "done": True, "at": time.time()})

@@ -13,6 +13,7 @@ import random
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -405,6 +406,13 @@ class Runner:
         base = self.ep.base_url.rstrip("/")
         path = "/v1/chat/completions" if self.ep.api == "openai" else "/v1/messages"
         async with httpx.AsyncClient(trust_env=False, timeout=self.ep.timeout_s) as client:
+            for u in ledger.unconfirmed():
+                # sent or not? the provider says, where it keeps the tag; else its calls go again
+                found = await api.find(client, base, headers, u.tag)
+                if found is None:
+                    ledger.closed(u.tag)
+                else:
+                    ledger.sent(batch.Pending(found, u.api, u.calls, u.at, u.tag))
             for p in ledger.pending():
                 await self._collect(api, client, base, headers, p, ledger)
             done = self.log.done()
@@ -424,10 +432,13 @@ class Runner:
                 fields[cid] = self._fields(s, prompt)
             sent = []
             for chunk in batch.chunks(requests):
-                bid = await api.submit(client, base, headers, path, chunk)
-                p = batch.Pending(
-                    bid, api.name, {cid: fields[cid] for cid, _ in chunk}, time.time()
-                )
+                calls = {cid: fields[cid] for cid, _ in chunk}
+                # the intent first: a restart between the provider's answer and the next line
+                # finds the batch by its tag instead of sending its calls again
+                intent = batch.Unconfirmed(uuid.uuid4().hex, api.name, calls, time.time())
+                ledger.sending(intent)
+                bid = await api.submit(client, base, headers, path, chunk, intent.tag)
+                p = batch.Pending(bid, api.name, calls, intent.at, intent.tag)
                 ledger.sent(p)
                 sent.append(p)
                 print(f"batch {bid}: {len(chunk)} calls sent", file=sys.stderr, flush=True)
