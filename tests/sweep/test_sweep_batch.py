@@ -49,6 +49,30 @@ def _recorded(ledger: Path) -> bool:
     return any("id" in json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines())
 
 
+def _killed_after_a_batch_is_sent(d: ScriptedModelDouble, url: str, out: Path) -> str:
+    """A batch sweep into ``out`` whose process is killed once the ledger records a batch as
+    sent (the batch held in progress at the double); that batch's id."""
+    d.hold_batches = True
+    args = common(url + "/v1", out, *SMALL, "--batch", "--batch-poll", "0.05")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "context_ceiling.cli", "sweep", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ledger = out / "batches.jsonl"
+    deadline = time.monotonic() + 120
+    # the file can exist before its first line is whole: wait for the record itself
+    while not _recorded(ledger) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _recorded(ledger), "the batch was recorded before it was waited on"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    [first] = d.batches
+    return first
+
+
 def test_an_openai_batch_run_logs_what_a_synchronous_run_logs(
     model: tuple[ScriptedModelDouble, str], tmp_path: Path
 ) -> None:
@@ -77,24 +101,7 @@ def test_a_restart_waits_on_the_batches_already_sent(
     to the log once) instead of sending its calls again."""
     d, url = model
     out = tmp_path / "run"
-    d.hold_batches = True
-    args = common(url + "/v1", out, *SMALL, "--batch", "--batch-poll", "0.05")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "context_ceiling.cli", "sweep", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    ledger = out / "batches.jsonl"
-    deadline = time.monotonic() + 120
-    # the file can exist before its first line is whole: wait for the record itself
-    while not _recorded(ledger) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _recorded(ledger), "the batch was recorded before it was waited on"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    [first] = d.batches
+    first = _killed_after_a_batch_is_sent(d, url, out)
     assert not (out / "calls.jsonl").exists() or not _texts(out)
     d.hold_batches = False
     assert (
@@ -120,22 +127,8 @@ def test_a_batch_sent_but_never_recorded_as_sent_is_found_by_its_tag(
     sent with (OpenAI's batch ``metadata``) and waits on it, sending nothing again."""
     d, url = model
     out = tmp_path / "run"
-    d.hold_batches = True
-    args = common(url + "/v1", out, *SMALL, "--batch", "--batch-poll", "0.05")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "context_ceiling.cli", "sweep", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    first = _killed_after_a_batch_is_sent(d, url, out)
     ledger = out / "batches.jsonl"
-    deadline = time.monotonic() + 120
-    while not _recorded(ledger) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    [first] = d.batches
     rows = [json.loads(x) for x in ledger.read_text().splitlines()]
     intents = [r for r in rows if "sending" in r]
     assert len(intents) == 1 and d.batches[first]["metadata"] == {

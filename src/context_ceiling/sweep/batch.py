@@ -34,6 +34,7 @@ __all__ = [
     "BatchResult",
     "Ledger",
     "Pending",
+    "Unconfirmed",
     "api_for",
     "chunks",
     "wait",
