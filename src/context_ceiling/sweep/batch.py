@@ -298,8 +298,7 @@ class Ledger:
         self.path = path
 
     def pending(self) -> list[Pending]:
-        if not self.path.exists():
-            return []
+        """Batches sent whose results are not logged yet."""
         return self._read()[0]
 
     def unconfirmed(self) -> list[Unconfirmed]:
@@ -333,7 +332,8 @@ class Ledger:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             # after a line torn by a kill, the next record starts a line of its own
-            torn = os.fstat(fd).st_size > 0 and os.pread(fd, 1, os.fstat(fd).st_size - 1) != b"\n"
+            size = os.fstat(fd).st_size
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
             os.write(fd, ("\n" if torn else "").encode() + (json.dumps(row) + "\n").encode())
             os.fsync(fd)
         finally:
