@@ -118,6 +118,8 @@ def test_a_ledger_line_torn_by_a_kill_is_not_read(tmp_path: Path) -> None:
     whole = ledger.path.read_text()
     ledger.path.write_text(whole + '{"id": "b3", "api": "ope')
     assert [p.id for p in ledger.pending()] == ["b2"]
+    ledger = Ledger(ledger.path)  # the restart: the torn line is dropped before appending
+    assert ledger.path.read_text() == whole
     ledger.sent(Pending("b4", "openai", {}, 3.0))
     assert [p.id for p in ledger.pending()] == ["b2", "b4"], "a line after the torn one reads"
 

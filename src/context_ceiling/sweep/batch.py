@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Protocol
 import httpx
 
 from context_ceiling.core.errors import UserError
+from context_ceiling.sweep.calllog import append_line, drop_torn_tail
 
 __all__ = [
     "ANTHROPIC",
@@ -103,20 +103,6 @@ def _jsonl(text: str) -> list[dict[str, Any]]:
     # split on newlines only: str.splitlines() also splits on U+2028 and U+0085, which JSON
     # writers leave unescaped inside strings (a model's answer can hold them)
     return [json.loads(line) for line in text.split("\n") if line.strip()]
-
-
-def _whole_lines(text: str) -> list[dict[str, Any]]:
-    """The ledger's records; a line a killed process left unfinished does not parse and is not
-    read (that batch's record never completed)."""
-    rows = []
-    for line in text.split("\n"):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 class _OpenAI:
@@ -296,6 +282,7 @@ class Ledger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        drop_torn_tail(path)
 
     def pending(self) -> list[Pending]:
         """Batches sent whose results are not logged yet."""
@@ -310,7 +297,8 @@ class Ledger:
             return [], []
         sent: dict[str, Pending] = {}
         sending: dict[str, Unconfirmed] = {}
-        for row in _whole_lines(self.path.read_text()):
+        text = self.path.read_text()
+        for row in _jsonl(text[: text.rfind("\n") + 1]):  # a line still being written waits
             if "sending" in row:
                 sending[row["sending"]] = Unconfirmed(
                     row["sending"], row["api"], row["calls"], row["at"]
@@ -327,17 +315,7 @@ class Ledger:
         return list(sent.values()), list(sending.values())
 
     def _append(self, row: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # one write on an append-only descriptor: a reader sees the whole line or none of it
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            # after a line torn by a kill, the next record starts a line of its own
-            size = os.fstat(fd).st_size
-            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-            os.write(fd, ("\n" if torn else "").encode() + (json.dumps(row) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, json.dumps(row))
 
     def sending(self, u: Unconfirmed) -> None:
         self._append({"sending": u.tag, "api": u.api, "calls": u.calls, "at": u.at})

@@ -107,6 +107,26 @@ class CallRecord(Strict):
         return cast(Row, self.model_dump())
 
 
+def drop_torn_tail(path: Path) -> None:
+    """A kill mid-write leaves a partial last line in an append-only log: drop it before
+    appending again (the record it began never completed)."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def append_line(path: Path, line: str) -> None:
+    """One line appended to an append-only log and flushed to disk before it returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 _PARSED_FILES = 8
 """Logs whose parsed records are kept (a run's own, and the shards a merge reads)."""
 
@@ -138,13 +158,7 @@ class CallLog:
         self._repair()
 
     def _repair(self) -> None:
-        """A kill mid-write leaves a partial last line: drop it before appending again."""
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+        drop_torn_tail(self.path)
 
     def records(self) -> dict[str, CallRecord]:
         """The last record of every key. The log is only ever appended to, so a read parses only
@@ -191,9 +205,4 @@ class CallLog:
         return {k for k, r in self.records().items() if r.status == "ok"}
 
     def append(self, record: CallRecord) -> None:
-        line = record.model_dump_json() + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, record.model_dump_json())
