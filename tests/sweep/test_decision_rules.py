@@ -141,6 +141,34 @@ def test_a_model_shown_below_the_floor_stops_the_design_at_once() -> None:
     assert any("not shown above the floor" in r for r in above.refusals)
 
 
+def test_the_opening_s_second_stage_waits_for_the_floor() -> None:
+    """The opening measures the low-fill control and the reference first; the first level above
+    the reference (the opening's second stage) comes once the reference is shown above the
+    accuracy floor. Not yet shown (55% on 40 items), the reference's items come first; reading
+    far below it (20%), the design stops with the level above never paid for."""
+
+    def step(a: Analysis) -> object:
+        return next_step(
+            a,
+            drawn=40,
+            target_items=400,
+            refine=True,
+            adaptive=True,
+            resolution=0.05,
+            batch=20,
+            grid=(0.5, 0.8, 0.95),
+        )
+
+    held = analysed(lambda i, lv: int(i % 10 < 9), [0.1, 0.2], 40, reference=0.2, cap=400)
+    got = step(held)
+    assert getattr(got, "kind", None) == "stage" and getattr(got, "levels", None) == (0.5,)
+    near = analysed(lambda i, lv: int(i % 20 < 11), [0.1, 0.2], 40, reference=0.2, cap=400)
+    got = step(near)
+    assert getattr(got, "kind", None) == "items" and getattr(got, "levels", None) == (0.2,)
+    below = analysed(lambda i, lv: int(i % 5 == 0), [0.1, 0.2], 40, reference=0.2, cap=400)
+    assert below.hopeless is not None and step(below) is None
+
+
 def test_a_level_that_narrowly_missed_above_the_reference_is_tried_wider() -> None:
     """One point down with a margin of error as planned: at the asked tolerance only the
     reference holds, which says nothing about the drop; the level passes at a tolerance a

@@ -17,7 +17,7 @@ import pytest
 
 from context_ceiling.ceilings.document import load_document
 from context_ceiling.sweep.calllog import CallLog, Row
-from context_ceiling.sweep.design import asked_few, deferred
+from context_ceiling.sweep.design import asked_few, deferred, staged
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.simulate import SHAPES, SimSweep, Truth, forecast, random_truth
 from context_ceiling.sweep.solver import Endpoint, _result, request_of
@@ -203,15 +203,19 @@ def test_a_gentle_drop_is_bisected_with_every_midpoint_tested() -> None:
 
 
 def test_grid_levels_above_a_failing_level_are_never_measured() -> None:
-    """An adaptive design opens on the grid up to the first level above the reference; 0.8 and
-    the practical limit are measured only once every level below them passes, each on the
-    opening's items (as the opening would have measured them). A cliff at 0.35 never pays for
-    either; one past 0.8 measures both, the limit asked once per item."""
-    assert deferred([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.8, 0.95]
-    assert deferred([0.2, 0.5], 0.2) == []
+    """An adaptive design opens on the grid up to the first level above the reference (that
+    one as the opening's second stage); 0.8 and the practical limit are measured only once every
+    level below them passes, each on the opening's items (as the opening would have measured
+    them). A cliff at 0.35 never pays for either; one past 0.8 measures both, the limit asked
+    once per item."""
+    assert deferred([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.5, 0.8, 0.95]
+    assert staged([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.5]
+    assert deferred([0.2], 0.2) == staged([0.2], 0.2) == []
     early = SimSweep(Truth("cliff", base=0.9, knee=0.35), seed=3)
     a = early.run()
     assert early.grid_left == [0.8, max(early.levels)]
+    stage = [r for r in early.records if r["level"] == 0.5][: early.batches[0] * early.repeats]
+    assert {r["item"] for r in stage} == {f"i{i}" for i in early.order[: early.batches[0]]}
     assert {r["level"] for r in early.records}.isdisjoint(early.grid_left)
     assert all(a.level(lv) is None for lv in early.grid_left)
     assert a.ceiling_level is not None and a.ceiling_level < 0.5
@@ -233,6 +237,48 @@ def test_grid_levels_above_a_failing_level_are_never_measured() -> None:
     assert fresh._opening_tokens(180) < 0.5 * 180 * whole
     fixed = SimSweep(Truth("cliff", base=0.9, knee=0.35), items=200, adaptive=False)
     assert fixed.grid_left == []
+
+
+@pytest.mark.e2e
+def test_a_run_below_the_accuracy_floor_never_pays_for_the_levels_above_the_reference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real ``ceiling sweep run``, adaptive, on a model right 30% of the time at every fill
+    (the floor: 50%): the opening's first stage (the low-fill control and the reference) shows
+    it below the floor, the design stops, and no call is made at 0.5 or above; the dry run
+    priced the opening with 0.5 in it (what a model past the floor spends at once)."""
+    d = ScriptedModelDouble(TS, WINDOW, knee=0.95, high=0.3)
+    out = tmp_path / "floor"
+    with serve(d.app()) as url:
+        args = common(url + "/v1", out, "--tolerance", "0.1")
+        assert run_cli(*args, "--dry-run", "--json") == 0
+        printed = capsys.readouterr()
+        dry = json.loads(printed.out[printed.out.index("{") :])
+        run_cli(*args)
+    recs = list(CallLog(out / "calls.jsonl").records().values())
+    measured = {r.level for r in recs if r.level is not None}
+    assert measured and max(measured) < 0.5, measured
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["grid_left"] == dry["deferred_levels"] and 0.5 in plan["grid_left"]
+    # three of the opening's four sets of calls, and the cheapest: well under half its tokens
+    assert len(recs) < dry["calls"]
+    spent = sum(r.prompt_tokens for r in recs)
+    assert spent < 0.5 * dry["input_tokens"], (spent, dry["input_tokens"])
+    summary = json.loads((out / "summary.json").read_text())
+    refusals = summary["analysis"]["refusals"]
+    assert summary["analysis"]["hopeless"] and any("floor" in r for r in refusals), refusals
+
+
+def test_a_model_below_the_floor_is_refused_on_the_opening_s_first_stage() -> None:
+    """A model reading 30% against the 50% floor is refused on the low-fill control and the
+    reference alone: 0.5, the opening's dearest level, is never asked, and the sweep spends well
+    under half of what the opening on both stages would have."""
+    sim = SimSweep(Truth("cliff", base=0.3, knee=0.8), seed=4)
+    a = sim.run()
+    assert a.hopeless is not None and "floor" in a.hopeless and a.blocking()
+    assert {r["level"] for r in sim.records} <= {None, 0.1, 0.2}
+    assert sim.grid_left == deferred(sim.levels, sim.reference)
+    assert sim.spend.input_tokens < 0.5 * sim._opening_tokens(sim.batches[0])
 
 
 def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> None:
@@ -359,9 +405,10 @@ def test_a_run_whose_drop_lies_below_0_5_never_pays_for_the_levels_above(
     # (more than the opening scaled to every item)
     cost = priced["cost_usd"]
     assert cost["max"] > cost["min"] * priced["items_max"] / priced["items"] * 1.5
-    deferred = dry["deferred_levels"]
-    assert deferred == [0.8, max(dry["levels"])], dry
-    assert "0.8, 0.9858 once every level below passes" in " ".join(printed.err.split())
+    assert dry["deferred_levels"] == [0.5, 0.8, max(dry["levels"])], dry
+    said = " ".join(printed.err.split())
+    assert "(0.5 once the reference holds the floor; 0.8, 0.9858 once every level below" in said
+    deferred = dry["deferred_levels"][1:]
     plan = json.loads((out / "plan.json").read_text())
     assert plan["grid_left"] == deferred
     recs = CallLog(out / "calls.jsonl").records().values()

@@ -346,6 +346,10 @@ def judge(
             )
     if a.ceiling_level is None and not no:
         no.append("no level passed: the reference level could not be scored")
+    if a.errors:
+        w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
+    if a.hopeless:  # refused on what no more data lifts: nothing more to say of a ceiling
+        return
     if a.ceiling_level is not None and not a.resolved:
         no.append(f"{UNRESOLVED}: {_unresolved_why(a)}")
     elif a.stated_tolerance is not None and a.stated_tolerance > tolerance + 1e-9:
@@ -367,8 +371,6 @@ def judge(
                 else "no level above it was measured"
             )
         )
-    if a.errors:
-        w.append(f"{a.errors} call(s) failed after retries; --resume retries them")
 
 
 def _unresolved_why(a: Analysis) -> str:

@@ -1,14 +1,16 @@
 """Where the next calls go (the experimental design): refinement and adaptive allocation.
 
 A sweep's grid is the low-fill control, the reference, 0.5, 0.8 and the practical limit. It
-opens on a quarter of the items its tolerance needs, at the grid up to the first level above
-the reference (the higher ones wait: :func:`deferred`), then, one step at a time, until nothing
-is open or the budget or the task set runs out:
+opens on a quarter of the items its tolerance needs, at the low-fill control and the reference
+(the levels above wait: :func:`deferred`), then, one step at a time, until nothing is open or
+the budget or the task set runs out:
 
 0. while the reference is not shown above the accuracy floor (its 95% interval reaches below
    it) and does not read far enough below it to stop (``decision.FLOOR_FUTILITY_Z``), add
    items at the reference alone: no ceiling is written without it, and it is the grid's
-   cheapest fill;
+   cheapest fill; then the opening's second stage, the first level above the reference on the
+   opening's items (:func:`staged`), so a model below the floor is refused before the
+   opening's dearest level is paid for;
 1. while the level that decides the ceiling failed but not clearly (its paired interval still
    contains ``-tolerance``), add a batch of items there and at the reference it is paired with,
    never at levels already decided, up to every item of the task set;
@@ -52,7 +54,8 @@ from context_ceiling.sweep.statistics import MAX_REFINEMENTS, MIN_ITEMS
 class Step:
     """Add ``new_items`` items at ``levels`` (kind ``items``), measure ``levels`` on the next
     batch of the items already drawn (kind ``extend``), measure a deferred grid level on the
-    opening's items (kind ``grid``), or measure the new ``levels`` on the items
+    opening's items (kind ``grid``; kind ``stage``: the opening's second stage, :func:`staged`),
+    or measure the new ``levels`` on the items
     :func:`first_items` gives (kind ``levels``: the refinement's midpoints; kind ``probe``: the
     refinement's probes; kind ``scan``: the dip scan's points)."""
 
@@ -213,13 +216,23 @@ def asked_few(levels: list[float], reference: float) -> list[float]:
 
 
 def deferred(levels: list[float], reference: float) -> list[float]:
-    """The grid levels an adaptive design does not open on: those above the first level past
-    the reference. Each is measured (step kind ``grid``) once every level below it passes; a
-    sweep whose drop lies below 0.5 never pays for 0.8 and the practical limit, the two
-    dearest levels of the grid (at the default three repeats, more than half of what opening on
-    the whole grid costs)."""
-    above = sorted(lv for lv in levels if lv > reference)
-    return above[1:]
+    """The grid levels an adaptive design does not measure first: every level above the
+    reference. The first of them (:func:`staged`) is the opening's second stage, measured on
+    the opening's items as soon as the reference is shown above the accuracy floor (step kind
+    ``stage``): a model below the floor is refused on the low-fill control and the reference
+    alone, the grid's cheapest fills (about a third of the opening's tokens at the default
+    levels). Each higher one is measured (step kind ``grid``) once every level below it
+    passes; a sweep whose drop lies below 0.5 never pays for 0.8 and the practical limit, the
+    two dearest levels of the grid (at the default three repeats, more than half of what
+    opening on the whole grid costs)."""
+    return sorted(lv for lv in levels if lv > reference)
+
+
+def staged(levels: list[float], reference: float) -> list[float]:
+    """The opening's second stage: the first grid level above the reference (none when the
+    grid has no level above it). The opening's price and a budget's opening count it: every
+    sweep that passes the floor measures it at once."""
+    return sorted(lv for lv in levels if lv > reference)[:1]
 
 
 START_SHARE = 4
@@ -307,6 +320,11 @@ def next_step(
         step = _more_items(ref, (ref.level,), drawn, target_items, batch)
         if step is not None:
             return step
+    if grid and ref is not None and not any(s.level > ref.level for s in a.levels):
+        # the opening's second stage (the first level above the reference), once the floor
+        # holds or no more items can be drawn to show it: what follows is as if the opening
+        # had measured it with the reference
+        return Step("stage", (min(grid),))
     open_ = open_levels(a) if adaptive else []
     at = a.level(open_[0]) if open_ else None
     if at is not None and a.reference_level is not None:

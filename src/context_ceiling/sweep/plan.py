@@ -102,7 +102,8 @@ class Plan(Strict):
     #: of an adaptive design: ``design.asked_few``)
     few_repeats: list[float] = Field(default_factory=list)
     #: grid levels an adaptive design has not measured yet (``design.deferred``): each is
-    #: measured on the opening's items once every level below it passes
+    #: measured on the opening's items, the first (``design.staged``) once the reference holds
+    #: the accuracy floor, the others once every level below them passes
     grid_left: list[float] = Field(default_factory=list)
 
     @model_validator(mode="before")

@@ -330,11 +330,16 @@ def spend_of(rows: list[Row], model: str) -> dict[str, Any]:
     }
 
 
-def unmeasured_line(plan: Plan) -> str | None:
+def unmeasured_line(plan: Plan, a: Analysis) -> str | None:
     """The grid levels the adaptive design left unmeasured (``plan.grid_left``), and why."""
     if not plan.grid_left:
         return None
     levels = ", ".join(f"{lv:g}" for lv in plan.grid_left)
+    if a.hopeless:  # refused on what was measured: nothing above could lift it
+        return (
+            f"grid level(s) {levels} not measured: the design stopped at a refusal no more "
+            "data can lift"
+        )
     return (
         f"grid level(s) {levels} not measured: the sweep ended before every level below them "
         "passed, so they could not move the ceiling (--no-adaptive measures every grid level)"
@@ -374,7 +379,7 @@ def write(
         + "</tr>"
         for s in a.levels
     )
-    notes = [*a.warnings, *filter(None, [unmeasured_line(plan)])]
+    notes = [*a.warnings, *filter(None, [unmeasured_line(plan, a)])]
     warn = "".join(f"<li><b>refused:</b> {html.escape(w)}</li>" for w in a.refusals) + "".join(
         f"<li>{html.escape(w)}</li>" for w in notes
     )

@@ -37,6 +37,7 @@ from context_ceiling.sweep.design import (
     first_items,
     next_step,
     opening,
+    staged,
 )
 from context_ceiling.sweep.external import open_taskset
 from context_ceiling.sweep.plan import (
@@ -397,25 +398,32 @@ class _Sweep:
         return [g for groups, _ in self.batch_groups(n) for g in groups]
 
     def samples_for(
-        self, levels: list[float], control_n: int = 0, whole: bool = False
+        self, levels: list[float], control_n: int = 0, whole: bool = False, second: bool = False
     ) -> list[Sample]:
         """The calls that measure ``levels`` on their items (and the closed-book control on the
         first ``control_n``); ``whole``: a deferred grid level on the opening's items, as a
-        fixed design measures it."""
+        fixed design measures it; ``second``: the opening's second stage too
+        (``design.staged``), as every sweep past the accuracy floor measures it."""
         runner, plan = self.runner, self.plan
         got = runner.plan(self.groups_upto(control_n), [], 0, controls=True) if control_n else []
+        later = set(plan.grid_left) if whole else set(plan.grid_left) & set(self._second(second))
         for lv in sorted(levels):
             at = plan.repeats_at_level(lv)
-            n = plan.batches[0] if whole and lv in plan.grid_left else plan.items_at(lv)
+            n = plan.batches[0] if lv in later else plan.items_at(lv)
             for groups, repeats in self.batch_groups(n):
                 got += runner.plan(groups, [lv], min(repeats, at), False)
         return got
 
+    def _second(self, wanted: bool) -> list[float]:
+        return staged(self.plan.levels, self.plan.chain_reference) if wanted else []
+
     def opening_estimate(self, whole: bool = False) -> Estimate:
-        """The opening's calls and input tokens (``whole``: on the whole grid, the levels the
-        adaptive design defers included)."""
+        """The opening's calls and input tokens, both its stages (``whole``: on the whole grid,
+        the levels the adaptive design defers included)."""
         plan = self.plan
-        return self.runner.estimate(self.samples_for(plan.levels, plan.n_control or 0, whole))
+        return self.runner.estimate(
+            self.samples_for(plan.levels, plan.n_control or 0, whole, second=True)
+        )
 
     def estimates(self) -> tuple[Estimate, Estimate]:
         """The opening's calls and input tokens, and the same on the whole grid (what the
@@ -440,11 +448,7 @@ class _Sweep:
         )
         cost = self.pricing.costs(calls, tokens, spend, grid)
         budgets = self.pricing.budgets(*grid)
-        later = (
-            f" ({', '.join(f'{lv:g}' for lv in plan.grid_left)} once every level below passes)"
-            if plan.grid_left
-            else ""
-        )
+        later = _waiting(plan.grid_left, self._second(True))
         self.console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens to open (window {self.window:,}, "
             f"levels {', '.join(f'{lv:g}' for lv in plan.levels)}{later}, "
@@ -555,14 +559,17 @@ class _Sweep:
                 "decision is open"
             )
             return self.samples_for([lv])
-        if step.kind == "grid":
+        if step.kind in ("grid", "stage"):
             [lv] = step.levels
             n = plan.batches[0]
             plan.grid_left = [x for x in plan.grid_left if x != lv]
             plan.n_at = plan.n_at | {level_key(lv): n}
-            self.console.print(
-                f"measuring {where} on the opening's {n} items: every level below it passes"
+            why = (
+                "the opening's second stage"
+                if step.kind == "stage"
+                else "every level below it passes"
             )
+            self.console.print(f"measuring {where} on the opening's {n} items: {why}")
             return self.samples_for([lv])
         if step.kind == "scan":
             self.console.print(f"scanning {where} for a dip between passing levels")
@@ -587,6 +594,18 @@ class _Sweep:
             }
         plan.levels = sorted(set(plan.levels) | set(step.levels))
         return self.samples_for(list(step.levels))
+
+
+def _waiting(grid_left: list[float], second: list[float]) -> str:
+    """The dry run's note on the levels the opening does not measure first (empty: none)."""
+    parts = []
+    stage = [f"{lv:g}" for lv in grid_left if lv in second]
+    rest = [f"{lv:g}" for lv in grid_left if lv not in second]
+    if stage:
+        parts.append(f"{', '.join(stage)} once the reference holds the floor")
+    if rest:
+        parts.append(f"{', '.join(rest)} once every level below passes")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _endpoint(plan: Plan, opts: RunOptions) -> Endpoint:

@@ -35,6 +35,7 @@ from context_ceiling.sweep.design import (
     first_items,
     next_step,
     opening,
+    staged,
 )
 from context_ceiling.sweep.plan import levels_for
 from context_ceiling.sweep.statistics import ADDED_REPEATS, items_for
@@ -299,8 +300,10 @@ class SimSweep:
         return self._opening_tokens(n) <= self.budget_tokens
 
     def _opening_tokens(self, n: int) -> int:
+        second = [lv for lv in staged(self.levels, self.reference) if lv in self.grid_left]
+        opening = [*self._measured_levels(), *second]
         return n * (
-            1 + sum(self._reps(lv) * round(lv * self.window) for lv in self._measured_levels())
+            1 + sum(self._reps(lv) * round(lv * self.window) for lv in opening)
         ) + n * round(0.002 * self.window)
 
     def _measured_levels(self) -> list[float]:
@@ -406,7 +409,7 @@ class SimSweep:
             )
             if step is None:
                 break
-            if step.kind == "grid":
+            if step.kind in ("grid", "stage"):
                 [lv] = step.levels
                 n = self.batches[0]
                 if not self._fits(n * self._reps(lv) * self._call_tokens(lv)):
