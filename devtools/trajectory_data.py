@@ -1,15 +1,17 @@
 """Rebuild ``testkit/data/trajectories`` from the public trajectories it was made from, or
 convert more of them for ``python -m benchmarks.agent_trajectories --data DIR``.
 
-``python -m devtools.trajectory_data mini-swe-agent REPO_DIR COMMIT PATH [PATH ...]`` or
+``python -m devtools.trajectory_data mini-swe-agent REPO_DIR COMMIT PATH [PATH ...]``, the same
+with ``swe-agent``, or
 ``python -m devtools.trajectory_data tau-bench REPO_DIR COMMIT PATH --pick N [--task ID ...]``:
 reads each file at that commit of a local clone (``git show``), converts it to the neutral form
 of ``testkit.traffic.trajectories`` and writes it gzipped with its source, into ``--out``
 (default: the shipped set). A mini-swe-agent ``PATH`` that is a folder stands for every
-``*.traj.json`` under it; ``--sample N --seed S`` takes N of them at random (with at least
-``--min-turns`` model turns). ``--pick N`` takes the N longest conversations of a tau-bench file
-(ties by task id), one per task; ``--task ID`` adds the longest conversation of that task
-(shorter conversations, whose system prompt is a larger share of the ceiling).
+``*.traj.json`` under it, a SWE-agent one for every ``*.traj``; ``--min-turns T`` keeps those
+with at least T model turns, and ``--sample N --seed S`` takes N mini-swe-agent runs at random.
+``--pick N`` takes the N longest conversations of a tau-bench file (ties by task id), one per
+task; ``--task ID`` adds the longest conversation of that task (shorter conversations, whose
+system prompt is a larger share of the ceiling).
 """
 
 from __future__ import annotations
@@ -18,15 +20,26 @@ import argparse
 import gzip
 import json
 import random
+import re
 import subprocess
 from pathlib import Path
 
-from testkit.traffic.trajectories import DATA, Trajectory, from_mini_swe_agent, from_tau_bench
+from testkit.traffic.trajectories import (
+    DATA,
+    Trajectory,
+    from_mini_swe_agent,
+    from_swe_agent,
+    from_tau_bench,
+)
 
 REPOS = {
     "mini-swe-agent": ("gruckion/mini-swe-agent", "MIT"),
+    "swe-agent": ("SWE-agent/SWE-agent", "MIT"),
     "tau-bench": ("sierra-research/tau-bench", "MIT"),
 }
+#: what a SWE-agent trajectory's name keeps of its path: not the folders every one shares, nor
+#: the sampling settings in a run folder's name
+_SWE_NOISE = re.compile(r"^(trajectories/demonstrations|tests/test_data/trajectories)/|__t-[^/]*")
 
 
 def _write(out: Path, t: Trajectory) -> None:
@@ -56,6 +69,23 @@ def _mini_swe_agent(args: argparse.Namespace, source: dict[str, str]) -> list[Tr
         raw = json.loads(_git(args.repo_dir, "show", f"{args.commit}:{path}"))
         name = "mini-swe-agent-" + Path(path).name.removesuffix(".traj.json")
         t = from_mini_swe_agent(raw, name, {**source, "path": path})
+        if t.model_turns >= args.min_turns:
+            out.append(t)
+    return out
+
+
+def _swe_agent(args: argparse.Namespace, source: dict[str, str]) -> list[Trajectory]:
+    paths: list[str] = []
+    for path in args.paths:
+        listed = _git(args.repo_dir, "ls-tree", "-r", "--name-only", args.commit, path).split()
+        paths += [p for p in listed if p.endswith(".traj")]
+    out: list[Trajectory] = []
+    for path in sorted(paths):
+        raw = json.loads(_git(args.repo_dir, "show", f"{args.commit}:{path}"))
+        stem = Path(path).stem
+        short = _SWE_NOISE.sub("", path.removesuffix(".traj")).replace(f"{stem}__", "", 1)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", short)
+        t = from_swe_agent(raw, f"swe-agent-{slug}", {**source, "path": path})
         if t.model_turns >= args.min_turns:
             out.append(t)
     return out
@@ -95,7 +125,9 @@ def main() -> None:
     args = ap.parse_args()
     repo, licence = REPOS[args.framework]
     source = {"repository": repo, "commit": args.commit, "licence": licence}
-    convert = _mini_swe_agent if args.framework == "mini-swe-agent" else _tau_bench
+    convert = {"mini-swe-agent": _mini_swe_agent, "swe-agent": _swe_agent}.get(
+        args.framework, _tau_bench
+    )
     for t in convert(args, source):
         _write(args.out, t)
 

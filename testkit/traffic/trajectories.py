@@ -1,6 +1,6 @@
 """Real agent trajectories from public repositories, replayed in every API's wire format.
 
-Two agent frameworks, both model-generated, neither written here:
+Three agent frameworks, all model-generated, none written here:
 
 - ``mini-swe-agent`` (MIT): a bash-only coding agent on SWE-bench tasks. Its model writes one
   bash block per reply and the harness answers with the command's output as a user message, or
@@ -13,6 +13,11 @@ Two agent frameworks, both model-generated, neither written here:
   within a conversation (a call id of an earlier round used again); every provider requires
   them unique in one request, so a repeated id gets a suffix.
 
+- ``SWE-agent`` (MIT): a coding agent on SWE-bench and CTF tasks, in two of its modes: function
+  calling (OpenAI-shaped tool calls answered by tool messages; the recorded call ids repeat, and
+  get a suffix as tau-bench's do) and a thought with one command per reply, whose output comes
+  back as the next user message (converted as mini-swe-agent's: a ``bash`` call and its result).
+
 Each trajectory ships once, in a neutral form (``testkit/data/trajectories/*.json.gz``, with
 its repository, commit, path and licence in ``SOURCES.md``), and :func:`turns` writes the
 request the agent sent before each model reply in the shape of any API.
@@ -20,6 +25,7 @@ request the agent sent before each model reply in the shape of any API.
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import re
@@ -34,6 +40,7 @@ __all__ = [
     "DATA",
     "Trajectory",
     "from_mini_swe_agent",
+    "from_swe_agent",
     "from_tau_bench",
     "load",
     "load_all",
@@ -110,6 +117,60 @@ def from_tau_bench(raw: dict[str, Any], name: str, source: dict[str, str]) -> Tr
         else:
             out.append({"role": role, "text": text})
     return Trajectory(name, "tau-bench", source, out)
+
+
+def from_swe_agent(raw: dict[str, Any], name: str, source: dict[str, str]) -> Trajectory:
+    """A SWE-agent ``.traj`` (its ``history``) as a tool-calling loop (see the module's
+    docstring)."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    current: dict[str, str] = {}  # the recorded id -> the id of its latest call
+    pending: str | None = None  # a text action waiting for its output
+    for m in raw["history"]:
+        role, text = m["role"], _text(m.get("content"))
+        calls = m.get("tool_calls")
+        if isinstance(calls, str):  # some versions store the list's Python repr
+            calls = ast.literal_eval(calls)
+        if role == "assistant" and calls:
+            pending = None
+            made = []
+            for tc in calls:
+                fn = tc["function"]
+                cid = tc["id"] if tc["id"] not in names else f"{tc['id']}_{len(names)}"
+                current[tc["id"]] = cid
+                names[cid] = fn["name"]
+                made.append(
+                    {"id": cid, "name": fn["name"], "args": json.loads(fn["arguments"] or "{}")}
+                )
+            out.append({"role": "assistant", "text": str(m.get("thought") or ""), "calls": made})
+        elif role == "assistant" and m.get("action"):
+            pending = f"call_{len(names) + 1}"
+            names[pending] = "bash"
+            call = {"id": pending, "name": "bash", "args": {"command": str(m["action"])}}
+            out.append({"role": "assistant", "text": str(m.get("thought") or ""), "calls": [call]})
+        elif role == "tool":
+            ids = m.get("tool_call_ids") or [m.get("tool_call_id")]
+            if isinstance(ids, str):
+                ids = ast.literal_eval(ids)
+            cid = current.get(ids[0], ids[0])
+            out.append({"role": "tool", "call_id": cid, "name": names.get(cid, ""), "text": text})
+        elif role == "user" and pending is not None:
+            out.append({"role": "tool", "call_id": pending, "name": "bash", "text": text})
+            pending = None
+        elif role == "assistant":  # a reply with no command: the harness answers as a user
+            pending = None
+            out.append({"role": "assistant", "text": text, "calls": []})
+        else:
+            pending = None
+            out.append({"role": "system" if role == "system" else "user", "text": text})
+    return Trajectory(name, "swe-agent", source, out)
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (a list of parts: their text joined)."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 def load(path: Path) -> Trajectory:

@@ -76,7 +76,7 @@ def test_every_shipped_trajectory(name: str) -> None:
 
 def test_the_shipped_trajectories_are_real_and_sourced() -> None:
     frameworks = {t.framework for t in TRAJECTORIES.values()}
-    assert frameworks == {"mini-swe-agent", "tau-bench"}
+    assert frameworks == {"mini-swe-agent", "swe-agent", "tau-bench"}
     for t in TRAJECTORIES.values():
         assert {"repository", "commit", "path", "licence"} <= set(t.source)
         assert len(t.source["commit"]) == 40
@@ -88,6 +88,26 @@ def test_the_shipped_trajectories_are_real_and_sourced() -> None:
     assert any(t.model_turns < 40 for t in coding)
     # the harness's own user messages in the middle of the loop
     assert any(sum(1 for m in t.messages[2:] if m["role"] == "user") >= 10 for t in coding)
+
+
+def test_swe_agent_runs_keep_both_of_its_modes() -> None:
+    """SWE-agent's function-calling runs keep their own tools (ids made unique where the record
+    repeats one), its thought-and-command runs become ``bash`` calls answered by the command's
+    output; every call is answered once (but the last reply's, which ends the run)."""
+    runs = load_all("swe-agent")
+    tools = [
+        {c["name"] for m in t.messages if m["role"] == "assistant" for c in m["calls"]}
+        for t in runs
+    ]
+    assert any(names == {"bash"} for names in tools)
+    assert any({"open", "submit"} <= names for names in tools)
+    for t in runs:
+        replies = [m for m in t.messages if m["role"] == "assistant"]
+        calls = [c["id"] for m in replies for c in m["calls"]]
+        answered = [m["call_id"] for m in t.messages if m["role"] == "tool"]
+        assert len(set(calls)) == len(calls) and len(set(answered)) == len(answered), t.name
+        last = {c["id"] for c in replies[-1]["calls"]}
+        assert set(calls) - last <= set(answered) <= set(calls), t.name
 
 
 def test_a_kept_user_message_keeps_the_reply_it_answers() -> None:
