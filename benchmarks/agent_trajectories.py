@@ -1,10 +1,11 @@
 """Real agent trajectories, and generated loops beside them, replayed turn by turn through the
 real sidecar in enforce mode at ceilings of 40% and 70% of each conversation's peak.
 
-The trajectories (``testkit/traffic/trajectories.py``) are model-generated runs of two agent
+The trajectories (``testkit/traffic/trajectories.py``) are model-generated runs of three agent
 frameworks from public repositories: a bash-only coding agent on SWE-bench tasks (its harness
-inserts format errors as user messages mid-loop) and a multi-turn customer-service agent with a
-simulated user and 14 tools. Each is written in every API's shape. The generated loops
+inserts format errors as user messages mid-loop), a multi-turn customer-service agent with a
+simulated user and 14 tools, and SWE-agent's short coding and CTF runs (function calling, and a
+command per reply). Each is written in every API's shape. The generated loops
 (``testkit/traffic/agent_loops.py``) run 60, 150 and 300 rounds, with tool results dominating
 the history and with tool results a third of it (the rest the model's own text and tool inputs).
 

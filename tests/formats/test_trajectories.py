@@ -1,5 +1,6 @@
 """Enforcement on real agent trajectories (a coding agent whose harness inserts user messages
-mid-loop, a multi-turn tool agent with a simulated user), in every API's shape: no turn rejected
+mid-loop, a multi-turn tool agent with a simulated user, a coding agent's short runs with its own
+tools), in every API's shape: no turn rejected
 where the task and the newest rounds fit, nothing invalid or over, the prompt cache kept between
 clearing events, no more events than the growth asks for, nothing cut coming back, the newest
 results last; and the cut itself only grows as the history does."""
