@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,6 +240,13 @@ def test_grid_levels_above_a_failing_level_are_never_measured() -> None:
     assert fixed.grid_left == []
 
 
+def _dry_run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
+    """``ceiling sweep run ARGS --dry-run --json``: its JSON, and its terminal text on one line."""
+    assert run_cli(*args, "--dry-run", "--json") == 0
+    printed = capsys.readouterr()
+    return json.loads(printed.out[printed.out.index("{") :]), " ".join(printed.err.split())
+
+
 @pytest.mark.e2e
 def test_a_run_below_the_accuracy_floor_never_pays_for_the_levels_above_the_reference(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -251,9 +259,7 @@ def test_a_run_below_the_accuracy_floor_never_pays_for_the_levels_above_the_refe
     out = tmp_path / "floor"
     with serve(d.app()) as url:
         args = common(url + "/v1", out, "--tolerance", "0.1")
-        assert run_cli(*args, "--dry-run", "--json") == 0
-        printed = capsys.readouterr()
-        dry = json.loads(printed.out[printed.out.index("{") :])
+        dry, _ = _dry_run(args, capsys)
         run_cli(*args)
     recs = list(CallLog(out / "calls.jsonl").records().values())
     measured = {r.level for r in recs if r.level is not None}
@@ -395,9 +401,7 @@ def test_a_run_whose_drop_lies_below_0_5_never_pays_for_the_levels_above(
     out = tmp_path / "early"
     with serve(d.app()) as url:
         args = common(url + "/v1", out, "--tolerance", "0.1")
-        assert run_cli(*args, "--dry-run", "--json") == 0
-        printed = capsys.readouterr()
-        dry = json.loads(printed.out[printed.out.index("{") :])
+        dry, said = _dry_run(args, capsys)
         assert run_cli(*args, "--dry-run", "--json", "--price", "2,8") == 0
         priced = json.loads(capsys.readouterr().out)
         assert run_cli(*args) == 0
@@ -406,7 +410,6 @@ def test_a_run_whose_drop_lies_below_0_5_never_pays_for_the_levels_above(
     cost = priced["cost_usd"]
     assert cost["max"] > cost["min"] * priced["items_max"] / priced["items"] * 1.5
     assert dry["deferred_levels"] == [0.5, 0.8, max(dry["levels"])], dry
-    said = " ".join(printed.err.split())
     assert "(0.5 once the reference holds the floor; 0.8, 0.9858 once every level below" in said
     deferred = dry["deferred_levels"][1:]
     plan = json.loads((out / "plan.json").read_text())
