@@ -406,7 +406,12 @@ class _Sweep:
         (``design.staged``), as every sweep past the accuracy floor measures it."""
         runner, plan = self.runner, self.plan
         got = runner.plan(self.groups_upto(control_n), [], 0, controls=True) if control_n else []
-        later = set(plan.grid_left) if whole else set(plan.grid_left) & set(self._second(second))
+        # the deferred levels measured here on the opening's items
+        later: set[float] = set()
+        if whole:
+            later = set(plan.grid_left)
+        elif second:
+            later = set(plan.grid_left) & set(self._second_stage())
         for lv in sorted(levels):
             at = plan.repeats_at_level(lv)
             n = plan.batches[0] if lv in later else plan.items_at(lv)
@@ -414,8 +419,9 @@ class _Sweep:
                 got += runner.plan(groups, [lv], min(repeats, at), False)
         return got
 
-    def _second(self, wanted: bool) -> list[float]:
-        return staged(self.plan.levels, self.plan.chain_reference) if wanted else []
+    def _second_stage(self) -> list[float]:
+        """The opening's second stage (``design.staged``)."""
+        return staged(self.plan.levels, self.plan.chain_reference)
 
     def opening_estimate(self, whole: bool = False) -> Estimate:
         """The opening's calls and input tokens, both its stages (``whole``: on the whole grid,
@@ -448,7 +454,7 @@ class _Sweep:
         )
         cost = self.pricing.costs(calls, tokens, spend, grid)
         budgets = self.pricing.budgets(*grid)
-        later = _waiting(plan.grid_left, self._second(True))
+        later = _waiting(plan.grid_left, self._second_stage())
         self.console.print(
             f"dry run: {calls} calls, about {tokens:,} tokens to open (window {self.window:,}, "
             f"levels {', '.join(f'{lv:g}' for lv in plan.levels)}{later}, "
