@@ -210,8 +210,9 @@ def test_grid_levels_above_a_failing_level_are_never_measured() -> None:
     them). A cliff at 0.35 never pays for either; one past 0.8 measures both, the limit asked
     once per item."""
     assert deferred([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.5, 0.8, 0.95]
-    assert staged([0.1, 0.2, 0.5, 0.8, 0.95], 0.2) == [0.5]
-    assert deferred([0.2], 0.2) == staged([0.2], 0.2) == []
+    assert staged([0.1, 0.2, 0.5, 0.8, 0.95], 0.2, [0.5, 0.8, 0.95]) == [0.5]
+    assert staged([0.1, 0.2, 0.5, 0.8, 0.95], 0.2, [0.8, 0.95]) == []  # measured: not waiting
+    assert deferred([0.2], 0.2) == staged([0.2], 0.2, []) == []
     early = SimSweep(Truth("cliff", base=0.9, knee=0.35), seed=3)
     a = early.run()
     assert early.grid_left == [0.8, max(early.levels)]

@@ -228,11 +228,12 @@ def deferred(levels: list[float], reference: float) -> list[float]:
     return sorted(lv for lv in levels if lv > reference)
 
 
-def staged(levels: list[float], reference: float) -> list[float]:
-    """The opening's second stage: the first grid level above the reference (none when the
-    grid has no level above it). The opening's price and a budget's opening count it: every
-    sweep that passes the floor measures it at once."""
-    return sorted(lv for lv in levels if lv > reference)[:1]
+def staged(levels: list[float], reference: float, waiting: Sequence[float]) -> list[float]:
+    """The opening's second stage while it waits: the first grid level above the reference,
+    when it is among the ``waiting`` grid levels (none once it is measured, or when the grid
+    has no level above the reference). The opening's price and a budget's opening count it:
+    every sweep that passes the floor measures it at once."""
+    return [lv for lv in sorted(lv for lv in levels if lv > reference)[:1] if lv in waiting]
 
 
 START_SHARE = 4

@@ -411,7 +411,7 @@ class _Sweep:
         if whole:
             later = set(plan.grid_left)
         elif second:
-            later = set(plan.grid_left) & set(self._second_stage())
+            later = set(self._second_stage())
         for lv in sorted(levels):
             at = plan.repeats_at_level(lv)
             n = plan.batches[0] if lv in later else plan.items_at(lv)
@@ -420,8 +420,8 @@ class _Sweep:
         return got
 
     def _second_stage(self) -> list[float]:
-        """The opening's second stage (``design.staged``)."""
-        return staged(self.plan.levels, self.plan.chain_reference)
+        """The opening's second stage while it waits (``design.staged``)."""
+        return staged(self.plan.levels, self.plan.chain_reference, self.plan.grid_left)
 
     def opening_estimate(self, whole: bool = False) -> Estimate:
         """The opening's calls and input tokens, both its stages (``whole``: on the whole grid,

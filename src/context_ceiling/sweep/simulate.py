@@ -300,8 +300,7 @@ class SimSweep:
         return self._opening_tokens(n) <= self.budget_tokens
 
     def _opening_tokens(self, n: int) -> int:
-        second = [lv for lv in staged(self.levels, self.reference) if lv in self.grid_left]
-        opening = [*self._measured_levels(), *second]
+        opening = [*self._measured_levels(), *staged(self.levels, self.reference, self.grid_left)]
         return n * (
             1 + sum(self._reps(lv) * round(lv * self.window) for lv in opening)
         ) + n * round(0.002 * self.window)
