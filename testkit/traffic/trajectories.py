@@ -97,23 +97,14 @@ def from_mini_swe_agent(raw: dict[str, Any], name: str, source: dict[str, str]) 
 def from_tau_bench(raw: dict[str, Any], name: str, source: dict[str, str]) -> Trajectory:
     """A tau-bench trajectory (OpenAI chat messages with tool calls)."""
     out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
-    current: dict[str, str] = {}  # the recorded id -> the id of its latest call
+    ids = _CallIds()
     for m in raw["traj"]:
         role, text = m["role"], str(m.get("content") or "")
         if role == "assistant":
-            calls = []
-            for tc in m.get("tool_calls") or []:
-                fn = tc["function"]
-                cid = tc["id"] if tc["id"] not in names else f"{tc['id']}_{len(names)}"
-                current[tc["id"]] = cid
-                names[cid] = fn["name"]
-                args = json.loads(fn["arguments"])
-                calls.append({"id": cid, "name": fn["name"], "args": args})
+            calls = ids.calls(m.get("tool_calls") or [])
             out.append({"role": "assistant", "text": text, "calls": calls})
         elif role == "tool":
-            cid = current.get(m["tool_call_id"], m["tool_call_id"])
-            out.append({"role": "tool", "call_id": cid, "name": names.get(cid, ""), "text": text})
+            out.append(ids.result(m["tool_call_id"], text))
         else:
             out.append({"role": role, "text": text})
     return Trajectory(name, "tau-bench", source, out)
@@ -123,37 +114,27 @@ def from_swe_agent(raw: dict[str, Any], name: str, source: dict[str, str]) -> Tr
     """A SWE-agent ``.traj`` (its ``history``) as a tool-calling loop (see the module's
     docstring)."""
     out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
-    current: dict[str, str] = {}  # the recorded id -> the id of its latest call
+    ids = _CallIds()
     pending: str | None = None  # a text action waiting for its output
     for m in raw["history"]:
         role, text = m["role"], _text(m.get("content"))
         calls = m.get("tool_calls")
         if isinstance(calls, str):  # some versions store the list's Python repr
             calls = ast.literal_eval(calls)
+        thought = str(m.get("thought") or "")
         if role == "assistant" and calls:
             pending = None
-            made = []
-            for tc in calls:
-                fn = tc["function"]
-                cid = tc["id"] if tc["id"] not in names else f"{tc['id']}_{len(names)}"
-                current[tc["id"]] = cid
-                names[cid] = fn["name"]
-                made.append(
-                    {"id": cid, "name": fn["name"], "args": json.loads(fn["arguments"] or "{}")}
-                )
-            out.append({"role": "assistant", "text": str(m.get("thought") or ""), "calls": made})
+            out.append({"role": "assistant", "text": thought, "calls": ids.calls(calls)})
         elif role == "assistant" and m.get("action"):
-            pending = f"call_{len(names) + 1}"
-            names[pending] = "bash"
+            pending = f"call_{len(ids.names) + 1}"
+            ids.names[pending] = "bash"
             call = {"id": pending, "name": "bash", "args": {"command": str(m["action"])}}
-            out.append({"role": "assistant", "text": str(m.get("thought") or ""), "calls": [call]})
+            out.append({"role": "assistant", "text": thought, "calls": [call]})
         elif role == "tool":
-            ids = m.get("tool_call_ids") or [m.get("tool_call_id")]
-            if isinstance(ids, str):
-                ids = ast.literal_eval(ids)
-            cid = current.get(ids[0], ids[0])
-            out.append({"role": "tool", "call_id": cid, "name": names.get(cid, ""), "text": text})
+            answered = m.get("tool_call_ids") or [m.get("tool_call_id")]
+            if isinstance(answered, str):
+                answered = ast.literal_eval(answered)
+            out.append(ids.result(answered[0], text))
         elif role == "user" and pending is not None:
             out.append({"role": "tool", "call_id": pending, "name": "bash", "text": text})
             pending = None
@@ -164,6 +145,34 @@ def from_swe_agent(raw: dict[str, Any], name: str, source: dict[str, str]) -> Tr
             pending = None
             out.append({"role": "system" if role == "system" else "user", "text": text})
     return Trajectory(name, "swe-agent", source, out)
+
+
+class _CallIds:
+    """A recorded conversation's tool-call ids made unique, as every provider requires within one
+    request: an id an earlier call already used gets a suffix, and a result answers the latest
+    call that had its recorded id."""
+
+    def __init__(self) -> None:
+        #: each call id -> its tool's name
+        self.names: dict[str, str] = {}
+        #: the recorded id -> the id of its latest call
+        self.current: dict[str, str] = {}
+
+    def calls(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """OpenAI-shaped ``tool_calls`` as neutral calls (``id``, ``name``, ``args``)."""
+        out = []
+        for tc in tool_calls:
+            fn = tc["function"]
+            cid = tc["id"] if tc["id"] not in self.names else f"{tc['id']}_{len(self.names)}"
+            self.current[tc["id"]] = cid
+            self.names[cid] = fn["name"]
+            out.append({"id": cid, "name": fn["name"], "args": json.loads(fn["arguments"] or "{}")})
+        return out
+
+    def result(self, recorded: str, text: str) -> dict[str, Any]:
+        """The tool message answering the call recorded as ``recorded``."""
+        cid = self.current.get(recorded, recorded)
+        return {"role": "tool", "call_id": cid, "name": self.names.get(cid, ""), "text": text}
 
 
 def _text(content: Any) -> str:
