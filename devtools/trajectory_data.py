@@ -55,11 +55,18 @@ def _git(repo_dir: Path, *args: str) -> str:
     ).stdout
 
 
-def _mini_swe_agent(args: argparse.Namespace, source: dict[str, str]) -> list[Trajectory]:
+def _files(args: argparse.Namespace, suffix: str) -> list[str]:
+    """The ``PATH`` arguments at the commit: a file as given, a folder as every file under it
+    whose name ends with ``suffix``."""
     paths: list[str] = []
     for path in args.paths:
         listed = _git(args.repo_dir, "ls-tree", "-r", "--name-only", args.commit, path).split()
-        paths += [p for p in listed if p.endswith(".traj.json")] if listed != [path] else [path]
+        paths += [p for p in listed if p.endswith(suffix)] if listed != [path] else [path]
+    return paths
+
+
+def _mini_swe_agent(args: argparse.Namespace, source: dict[str, str]) -> list[Trajectory]:
+    paths = _files(args, ".traj.json")
     if args.sample is not None:
         random.Random(args.seed).shuffle(paths)
     out: list[Trajectory] = []
@@ -75,12 +82,8 @@ def _mini_swe_agent(args: argparse.Namespace, source: dict[str, str]) -> list[Tr
 
 
 def _swe_agent(args: argparse.Namespace, source: dict[str, str]) -> list[Trajectory]:
-    paths: list[str] = []
-    for path in args.paths:
-        listed = _git(args.repo_dir, "ls-tree", "-r", "--name-only", args.commit, path).split()
-        paths += [p for p in listed if p.endswith(".traj")]
     out: list[Trajectory] = []
-    for path in sorted(paths):
+    for path in sorted(_files(args, ".traj")):
         raw = json.loads(_git(args.repo_dir, "show", f"{args.commit}:{path}"))
         stem = Path(path).stem
         short = _SWE_NOISE.sub("", path.removesuffix(".traj")).replace(f"{stem}__", "", 1)
