@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: the upstream itself first, then every target of the main table (``answers-off`` is the
 #: baseline of a paired run only: ``python -m benchmarks.paired answers-off sidecar``)
-ORDER = ["direct", *(n for n in tg.NAMES if n != "answers-off")]
+ORDER = ["direct", *(n for n in tg.NAMES if n not in ("answers-off", "unbatched"))]
 
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, Any]:

@@ -161,6 +161,7 @@ def sidecar(
     bpe: str = "riptoken",
     answers: bool = True,
     sample_every: int = 16,
+    batch_size: int = 32,
 ) -> Target:
     """The sidecar, called ``name`` in the tables (its config and ceilings files too); ``cache``
     off by default so every request is counted from scratch (the benchmark repeats one body,
@@ -174,7 +175,8 @@ def sidecar(
     signals (``answers.enabled: false``), the baseline of what reading every answer costs;
     ``sample_every``: of the requests a bound let through, every n-th is counted anyway while
     2% of a core allows (16 in the figures' ``bounded``; 1, the product's default, in
-    ``default``)."""
+    ``default``); ``batch_size``: finished requests recorded together under load at most
+    (``recording.batch_size``; 1 in ``unbatched``: each one as it finishes)."""
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -194,6 +196,7 @@ def sidecar(
             "bpe": bpe,
         },
         "answers": {"enabled": answers},
+        "recording": {"batch_size": batch_size},
     }
     if enforce:
         # a ceiling at half of each request's size: every request is trimmed (retrieved chunks)
@@ -290,6 +293,10 @@ _STARTS: dict[str, Callable[[str, Path], Target | None]] = {
     "cached": lambda up, w: sidecar(up, w, "cached", cache=True),
     "enforce": lambda up, w: sidecar(up, w, "enforce", enforce=True),
     "answers-off": lambda up, w: sidecar(up, w, "answers-off", answers=False),
+    # the default, each request recorded as it finishes: what recording in batches saves
+    "unbatched": lambda up, w: sidecar(
+        up, w, "unbatched", bounded=True, sample_every=1, batch_size=1
+    ),
 }
 #: every target :func:`start` knows
 NAMES = tuple(_STARTS)

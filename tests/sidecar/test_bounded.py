@@ -424,7 +424,7 @@ def _totals(sc: Running) -> dict[str, float | None]:
     out: dict[str, float | None] = {
         "utilization_count": sc.sample("llm_context_utilization_ratio_count", **mw),
         "utilization_sum": sc.sample("llm_context_utilization_ratio_sum", **mw),
-        "over_ceiling_trimmed": sc.sample("llm_context_over_ceiling_total", **mw, action="trim"),
+        "over_ceiling_trimmed": sc.sample("llm_context_over_ceiling_total", **mw, action="trimmed"),
     }
     for c in COMPONENTS:
         out[f"input_{c}"] = sc.sample("llm_context_input_tokens_sum", **mw, component=c)

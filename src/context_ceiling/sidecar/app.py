@@ -194,10 +194,12 @@ def _lifespan(
     group: WorkerGroup | None,
     freeze_heap: bool,
     probing: bool,
+    flush: Callable[[], None],
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """The app's lifespan: SIGHUP reloads the ceilings, SIGTERM drains, the background tasks
     (ceilings watch, upstream probe, the worker group's follower), the capture writer and the
-    answer checker run while the app serves; everything stops in reverse on the way out."""
+    answer checker run while the app serves; everything stops in reverse on the way out, once
+    ``flush`` has recorded the finished requests still waiting for their batch."""
     settings = state.settings
 
     @contextlib.asynccontextmanager
@@ -233,6 +235,7 @@ def _lifespan(
                 finally:
                     tg.cancel_scope.cancel()
         finally:
+            flush()
             undo_drain()
             if group is not None:
                 group.leave()
@@ -274,7 +277,9 @@ def create_app(
     probe = UpstreamProbe(state)
     passthrough = Passthrough(state)
     ops = Ops(state, probe, injected=transport is not None)
-    lifespan = _lifespan(state, probe, group, freeze_heap, probing=transport is None)
+    lifespan = _lifespan(
+        state, probe, group, freeze_heap, probing=transport is None, flush=proxy.rec.flush
+    )
     app = Starlette(
         routes=[
             # HotPath answers the measured POSTs before Starlette; every other method and path

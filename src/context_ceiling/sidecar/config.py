@@ -424,6 +424,19 @@ class Answers(_Section):
     cpu_share: float = Field(default=0.02, gt=0, le=1)
 
 
+class Recording(_Section):
+    """How finished requests are recorded (their metrics, log line, span and answer check)
+    while other requests are in flight: together, in batches, which costs less CPU than recording
+    each one between two others (docs/observability.md). A request that
+    finishes with no other in flight is recorded at once."""
+
+    #: requests recorded together at most; 1: each one as it finishes
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    #: the longest a finished request waits for its batch: every output is at most this far
+    #: behind the traffic
+    max_delay_seconds: float = Field(default=0.05, gt=0, le=10)
+
+
 class Settings(BaseSettings):
     """The whole sidecar configuration."""
 
@@ -472,6 +485,8 @@ class Settings(BaseSettings):
     capture: Capture = Field(default_factory=Capture)
     #: answer signals by fill: stops, empty and malformed answers, repetition
     answers: Answers = Field(default_factory=Answers)
+    #: finished requests recorded in batches under load
+    recording: Recording = Field(default_factory=Recording)
     #: the JSON log's level (one line per request at info)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: worker processes behind the one port (1: a single process). More than one gives a pod

@@ -143,6 +143,7 @@ class Proxy:
             workload=self._workload(request),
             started=time.perf_counter(),
         )
+        self.rec.opened()
         plan: schedule.CountPlan | None = None
         try:
             raw, obj = await self._parse(request, route, ex)

@@ -87,8 +87,9 @@ _handler: logging.StreamHandler[Any] | None = None
 _requests = logging.getLogger(REQUEST_LOGGER)
 
 
-def log_request(fields: dict[str, Any]) -> None:
-    """One request line. While the JSON handler on stdout is the only one the line reaches
+def log_request(fields: dict[str, Any], ts: float | None = None) -> None:
+    """One request line (``ts``: when its request finished, seconds since the epoch; default
+    now). While the JSON handler on stdout is the only one the line reaches
     (the configured process), it is written there directly, the same line the formatter
     writes: a log record, its dispatch and its formatting cost a request more than its
     metrics. Any other handler on the way (a test's capture, an embedding app's) gets the
@@ -98,9 +99,24 @@ def log_request(fields: dict[str, Any]) -> None:
         return
     h = _handler
     if h is None or not _sole(h, logger):
-        logger.info("request", extra={"fields": fields})
+        # as logger.info makes it without a caller lookup, but with the request's own time
+        record = logger.makeRecord(
+            logger.name,
+            logging.INFO,
+            "(unknown file)",
+            0,
+            "request",
+            (),
+            None,
+            "(unknown function)",
+            {"fields": fields},
+        )
+        if ts is not None:
+            record.created = ts
+        logger.handle(record)
         return
-    out = {"ts": round(time.time(), 3), "level": "info", "logger": REQUEST_LOGGER}
+    now = time.time() if ts is None else ts
+    out = {"ts": round(now, 3), "level": "info", "logger": REQUEST_LOGGER}
     out["message"] = "request"
     out.update(fields)
     line = orjson.dumps(out, default=str, option=orjson.OPT_APPEND_NEWLINE).decode()

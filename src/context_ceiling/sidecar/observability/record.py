@@ -1,11 +1,13 @@
 """How an exchange is recorded: response headers, the Prometheus metrics, the staleness tracker,
 the OpenTelemetry span and the JSON log line all come from the same :class:`Exchange`, once per
-request, through one call (:meth:`Recorder.finish`)."""
+request, through one call (:meth:`Recorder.finish`); under load in batches
+(:mod:`~context_ceiling.sidecar.observability.batching`)."""
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from context_ceiling.ceilings.document import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
@@ -17,12 +19,26 @@ from context_ceiling.sidecar.config import Settings
 from context_ceiling.sidecar.enforce import Decision
 from context_ceiling.sidecar.exchange import Exchange
 from context_ceiling.sidecar.observability.answers import AnswerChecker, AnswerLabels, Job
+from context_ceiling.sidecar.observability.batching import Batches
 from context_ceiling.sidecar.observability.costs import InputCost, Pricing, input_cost
 from context_ceiling.sidecar.observability.logs import bounded, log_request
 from context_ceiling.sidecar.observability.metrics import Metrics
 from context_ceiling.sidecar.observability.semconv import RequestModels
 from context_ceiling.sidecar.observability.staleness import StalenessTracker
 from context_ceiling.sidecar.observability.tracing import Tracing
+
+log = logging.getLogger(__name__)
+
+
+class Finished(NamedTuple):
+    """An exchange waiting to be recorded, with when it finished: ``at`` on the
+    :func:`time.perf_counter` clock (its durations), ``wall`` in seconds since the epoch (its
+    log line's and capture's time) and ``wall_ns`` (its span's end)."""
+
+    ex: Exchange
+    at: float
+    wall: float
+    wall_ns: int
 
 
 class RecordDeps(Protocol):
@@ -50,6 +66,16 @@ class Recorder:
 
     def __init__(self, state: RecordDeps) -> None:
         self.state = state
+        r = state.settings.recording
+        self.batches: Batches[Finished] = Batches(self._record, r.batch_size, r.max_delay_seconds)
+
+    def opened(self) -> None:
+        """An exchange started: while it runs, the ones that finish are recorded in batches."""
+        self.batches.opened()
+
+    def flush(self) -> None:
+        """Record every finished exchange still waiting for its batch (shutdown)."""
+        self.batches.flush()
 
     def headers(self, ex: Exchange) -> dict[str, str]:
         h = {"x-ceiling-request-id": ex.request_id}
@@ -84,17 +110,39 @@ class Recorder:
         return h
 
     def finish(self, ex: Exchange, ended: float | None = None) -> None:
-        """Record a finished exchange in every output, once; ``ended``: when its answer ended,
-        when that was earlier than now (a sample recorded once its count landed)."""
+        """Record a finished exchange in every output, once: now, or with the batch it joins
+        while other exchanges are in flight; ``ended``: when its answer ended, when that was
+        earlier than now (a sample recorded once its count landed). What the response's headers
+        read (the utilization of a request a bound let through) is settled here, at once."""
+        u = ex.usage
+        native = u.native_edits or u.compactions  # it counted what was left after its edits
+        if ex.count is None and ex.bounded and u.input_tokens and ex.spec and not native:
+            # not counted (a bound proved it within budget): the provider's count is the input
+            ex.util = u.input_tokens / ex.spec.window
+        ns = time.time_ns()
         now = time.perf_counter() if ended is None else ended
+        self.batches.closed(Finished(ex, now, ns / 1e9, ns))
+
+    def _record(self, f: Finished) -> None:
+        """Record one finished exchange in every output; a failure is logged, never raised (the
+        rest of its batch is still recorded)."""
+        try:
+            self._outputs(f)
+        except Exception:
+            log.exception(
+                "recording an exchange failed", extra={"fields": {"request_id": f.ex.request_id}}
+            )
+
+    def _outputs(self, f: Finished) -> None:
+        ex, now = f.ex, f.at
         est_error = self._metrics(ex, now)
         # the input and the ceiling it is judged against: the price and the answer's labels
         tokens, entry = self._input_tokens(ex), self._entry(ex)
         cost = self._cost(ex, tokens, entry)
         stale = self._staleness(ex)
-        self._genai(ex, now, stale)
-        self._log(ex, now, est_error, cost)
-        self._capture(ex)
+        self._genai(ex, now, stale, f.wall_ns)
+        self._log(ex, now, est_error, cost, f.wall)
+        self._capture(ex, f.wall)
         self._answer(ex, tokens, entry)
 
     @staticmethod
@@ -182,14 +230,14 @@ class Recorder:
             )
         return cost
 
-    def _capture(self, ex: Exchange) -> None:
+    def _capture(self, ex: Exchange, wall: float) -> None:
         """A sampled exchange that succeeded, to the capture writer (off this path)."""
         cap = self.state.capture
         if cap is None or ex.capture_body is None or ex.outcome != "ok":
             return
         cap.submit(
             Pending(
-                ts=time.time(),
+                ts=wall,
                 workload=ex.workload,
                 model=ex.label,
                 request_model=ex.model,
@@ -232,9 +280,9 @@ class Recorder:
             m.child(m.utilization, model=ex.label, workload=ex.workload).observe(
                 u.input_tokens / ex.spec.window
             )
-        elif ex.bounded and u.input_tokens and ex.spec:
-            # not counted (a bound proved it within budget): the provider's count is the input
-            ex.util = u.input_tokens / ex.spec.window
+        elif ex.count is None and ex.bounded and ex.util is not None and u.input_tokens:
+            # not counted (a bound proved it within budget): the provider's count (settled by
+            # finish) is the input
             m.child(m.utilization, model=ex.label, workload=ex.workload).observe(ex.util)
             d = ex.decision
             if d is not None and d.entry is not None:
@@ -273,7 +321,12 @@ class Recorder:
         return stale
 
     def _log(
-        self, ex: Exchange, now: float, est_error: float | None, cost: InputCost | None
+        self,
+        ex: Exchange,
+        now: float,
+        est_error: float | None,
+        cost: InputCost | None,
+        wall: float,
     ) -> None:
         """The one JSON line per request (no prompt text, bounded fields)."""
         c, u, d = ex.count, ex.usage, ex.decision
@@ -332,10 +385,11 @@ class Recorder:
                 "status": ex.status,
                 "outcome": ex.outcome,
                 "latency_ms": round((now - ex.started) * 1000, 2),
-            }
+            },
+            wall,
         )
 
-    def _genai(self, ex: Exchange, now: float, stale: frozenset[str]) -> None:
+    def _genai(self, ex: Exchange, now: float, stale: frozenset[str], end_ns: int) -> None:
         """GenAI semantic conventions: the client metrics under the names chosen
         (``semconv.GenAiNames``), and the span's closing attributes."""
         if ex.route.count_only:
@@ -360,7 +414,7 @@ class Recorder:
         if m.inference_usage:
             self._inference_usage(u, base)
         if ex.span is not None:
-            self._span(ex, stale)
+            self._span(ex, stale, end_ns)
 
     def _timings(self, ex: Exchange, now: float, base: dict[str, str]) -> None:
         """The operation's duration; a stream's time to its first chunk and between chunks."""
@@ -380,7 +434,7 @@ class Recorder:
                 # the stream ends with its last chunk: its end times the last one
                 m.child(m.inference_tpoc, **base).observe((now - first) / (ex.chunks - 1))
 
-    def _span(self, ex: Exchange, stale: frozenset[str]) -> None:
+    def _span(self, ex: Exchange, stale: frozenset[str], end_ns: int) -> None:
         """The span's closing attributes (under the names chosen), and its end."""
         assert ex.span is not None
         m, u, d = self.state.metrics, ex.usage, ex.decision
@@ -417,7 +471,9 @@ class Recorder:
         if ex.count is not None:
             for comp, tokens in ex.count.components.items():
                 attrs[f"ceiling.input_tokens.{comp.value}"] = tokens
-        self.state.tracing.finish(ex.span, attrs, None if ex.outcome == "ok" else ex.outcome)
+        self.state.tracing.finish(
+            ex.span, attrs, None if ex.outcome == "ok" else ex.outcome, end_ns
+        )
 
     def _inference_usage(self, u: Usage, base: dict[str, str]) -> None:
         """The current conventions' usage: a counter per kind by modality (no upstream here

@@ -73,14 +73,21 @@ class Tracing:
             inject(headers, context=trace.set_span_in_context(span))
 
     @staticmethod
-    def finish(span: Span | None, attributes: Mapping[str, Any], error: str | None) -> None:
+    def finish(
+        span: Span | None,
+        attributes: Mapping[str, Any],
+        error: str | None,
+        end_ns: int | None = None,
+    ) -> None:
+        """End ``span`` with its closing ``attributes`` (None values left out); ``end_ns``: when
+        its request finished (nanoseconds since the epoch), when it is recorded later."""
         if span is None:
             return
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
         if error:
             span.set_attribute("error.type", error)
             span.set_status(Status(StatusCode.ERROR, error))
-        span.end()
+        span.end(end_ns)
 
     def shutdown(self) -> None:
         if self.provider is not None:
