@@ -41,6 +41,7 @@ from context_ceiling.sidecar.observability.answers import (
     YIELD_AFTER,
     AnswerChecker,
     AnswerLabels,
+    HeldBytes,
     Job,
 )
 from context_ceiling.sidecar.state import SidecarState
@@ -907,3 +908,27 @@ def test_streamed_tool_calls_are_assembled_and_server_tools_left_out() -> None:
     a = read_answer("openai", raw, stream=True)
     assert sorted(a.tool_calls) == [("f", '{"a": 1}'), ("g", "{}")]
     assert stop_of(a) == "tool_calls"
+
+
+def test_an_answer_held_before_it_is_queued_is_held_once() -> None:
+    """An answer waiting for its record's batch holds its bytes from the moment its exchange
+    finished (:meth:`AnswerChecker.hold`): queued, it is not held again; dropped because the
+    queue is full, its bytes are given back; past the limit, it is not held at all."""
+    sink = Recording()
+    checker = AnswerChecker(sink, interval=0.01, queue_size=1, held=HeldBytes(1000))
+    first, second = _stopped_answers(2)
+    first.size = checker.hold(first.raw) or 0
+    assert first.size == len(first.raw) and checker.held.held == first.size
+    checker.submit(first)
+    assert checker.held.held == first.size  # held once
+    second.size = checker.hold(second.raw) or 0
+    checker.submit(second)  # the queue is full: dropped, its bytes given back
+    assert checker.held.held == first.size
+    assert checker.hold(b"x" * 2000) is None and checker.held.held == first.size
+    checker.start()
+    try:
+        checker.join()
+    finally:
+        checker.stop()
+    assert checker.held.held == 0
+    assert [c[0] for c in sink.calls].count("answer") == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -209,3 +210,40 @@ def test_records_made_in_batches_are_the_records_made_one_at_a_time(
     assert max(flushed) >= 2, "the default recorded some requests together"
     assert batched == pytest.approx(one_by_one)
     assert batched_lines == one_by_one_lines
+
+
+def test_a_read_of_the_metrics_records_what_waits_for_its_batch(
+    make_sidecar: Callable[..., Running],
+) -> None:
+    """While a slow request is in flight a finished one waits for its batch (here up to
+    10 s); a read of the metrics (a scrape; here from the test's thread) records it first."""
+    sc = make_sidecar(recording={"max_delay_seconds": 10})
+    client = sc.openai(api_key="k", max_retries=0)
+    slow_done = threading.Event()
+
+    def slow() -> None:
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=rag_messages(1),  # type: ignore[arg-type]
+            max_tokens=5,
+            extra_headers={"x-double-delay": "3"},
+        )
+        slow_done.set()
+
+    t = threading.Thread(target=slow)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not sc.double.received and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the slow one reached the upstream
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=rag_messages(1),  # type: ignore[arg-type]
+            max_tokens=5,
+        )
+        assert not slow_done.is_set(), "the slow request is still in flight"
+        labels = {"model": "gpt-4o", "workload": "default", "api": "openai_chat"}
+        assert sc.sample("llm_context_requests_total", **labels, outcome="ok") == 1
+    finally:
+        t.join()
+    assert sc.sample("llm_context_requests_total", **labels, outcome="ok") == 2

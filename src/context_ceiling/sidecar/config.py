@@ -412,9 +412,9 @@ class Answers(_Section):
     max_bytes: int = Field(default=1_048_576, ge=1024)
     #: answers waiting for the checker; past it a check is dropped (``queue_full``), never waited on
     queue_size: int = Field(default=256, ge=1)
-    #: answer bytes held at once, kept by streams being relayed and queued for the checker; past
-    #: it an answer is counted by its stop reason only (``busy``): memory stays bounded however
-    #: many long answers stream at once
+    #: answer bytes held at once, kept by streams being relayed, waiting for their record's
+    #: batch and queued for the checker; past it an answer is counted by its stop reason only
+    #: (``busy``): memory stays bounded however many long answers stream at once
     max_held_mib: float = Field(default=64, gt=0)
     #: the share of one core the checker's thread may take (reading answers, counting them),
     #: averaged over 10 s (per worker): past it an answer is counted by its stop reason only

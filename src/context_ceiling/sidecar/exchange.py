@@ -91,6 +91,9 @@ class Exchange:
     #: why ``answer_raw`` is None: ``too_large`` (over answers.max_bytes), ``busy`` (over
     #: answers.max_held_mib) or ``cpu`` (the checker's share of a core spent: answers.cpu_share)
     answer_unread: str = "too_large"
+    #: the bytes of ``answer_raw`` held against answers.max_held_mib from the moment the
+    #: exchange finished (while it waits for its batch, then in the checker's queue)
+    answer_held: int = 0
     #: the request body's size
     body_bytes: int = 0
     #: sent to a fallback model over its own ceiling: the model the client asked for, and

@@ -162,17 +162,27 @@ class AnswerChecker:
         keeping nor the reading; it is counted by its stop reason (``cpu``)."""
         return self.credit is None or self.credit.ok()
 
+    def hold(self, raw: bytes | list[bytes]) -> int | None:
+        """Hold an answer's bytes against :class:`HeldBytes` until it is read: its size, or
+        None when that would pass the limit (then it is counted by its stop alone, ``busy``)."""
+        size = len(raw) if isinstance(raw, bytes) else sum(map(len, raw))
+        return size if self.held.take(size) else None
+
     def submit(self, job: Job) -> None:
+        """Queue ``job`` to be read; its bytes held already (``job.size``, :meth:`hold`) or
+        held here."""
+        if not job.size:
+            size = self.hold(job.raw)
+            if size is None:  # too much held already: counted by its stop alone
+                self.count_unread(
+                    job.labels, job.finish, job.output_tokens, job.reasoning_tokens, "busy"
+                )
+                return
+            job.size = size
         if len(self._jobs) >= self.size:
+            self.held.give(job.size)
             self.sink.answer_skipped("queue_full")
             return
-        size = len(job.raw) if isinstance(job.raw, bytes) else sum(map(len, job.raw))
-        if not self.held.take(size):  # too much held already: counted by its stop alone
-            self.count_unread(
-                job.labels, job.finish, job.output_tokens, job.reasoning_tokens, "busy"
-            )
-            return
-        job.size = size
         self._jobs.append(job)
         self._submitted += 1
 

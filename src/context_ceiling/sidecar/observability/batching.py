@@ -17,6 +17,7 @@ is also called at shutdown, so nothing that finished is lost.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -40,6 +41,8 @@ class Batches(Generic[T]):
         self.open = 0
         self._waiting: list[T] = []
         self._timer: asyncio.TimerHandle | None = None
+        #: the loop the items finish on (seen when one first waited)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def waiting(self) -> int:
@@ -60,7 +63,7 @@ class Batches(Generic[T]):
             self.flush()
         elif self._timer is None:
             try:
-                loop = asyncio.get_running_loop()
+                loop = self._loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop to wait on (a request finished outside one)
                 self.flush()
                 return
@@ -74,3 +77,36 @@ class Batches(Generic[T]):
         items, self._waiting = self._waiting, []
         for item in items:
             self.record(item)
+
+    def flush_from_any_thread(self, timeout: float = 1.0) -> None:
+        """Record every waiting item before returning, called from any thread (a read of the
+        metrics): on the loop's own thread, or with the loop stopped, at once; from another
+        thread, on the loop, waited on for up to ``timeout`` seconds (the items stay the
+        loop's alone)."""
+        loop = self._loop
+        if not self._waiting:
+            return
+        if loop is None or not loop.is_running() or _running_loop() is loop:
+            self.flush()
+            return
+        done = threading.Event()
+
+        def flush_then_signal() -> None:
+            try:
+                self.flush()
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(flush_then_signal)
+        except RuntimeError:  # the loop closed meanwhile: nothing appends any more
+            self.flush()
+            return
+        done.wait(timeout)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -186,6 +186,10 @@ class Metrics:
         self.exposed = self.registry
         self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry
+        #: runs before a read of the registry (a scrape, a test's sample): the recorder records
+        #: the requests that finished and wait for their batch, so no read misses them
+        self.before_collect = _BeforeCollect()
+        r.register(self.before_collect)
         # process_* (CPU, resident memory, open fds, start time), python_gc_*, python_info: the
         # standard runtime families, on the app's own registry like everything else
         ProcessCollector(registry=r)
@@ -651,6 +655,22 @@ class _CountCacheCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         c = self.cache
         return count_cache_families(c.hits, c.misses, c.bytes)
+
+
+class _BeforeCollect(Collector):
+    """A collector of no families, first on the registry: its ``hook`` runs before the
+    families are read."""
+
+    def __init__(self) -> None:
+        self.hook: Callable[[], None] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        if self.hook is not None:
+            self.hook()
+        return []
 
 
 class _CeilingCollector(Collector):

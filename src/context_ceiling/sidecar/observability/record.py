@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol
 from context_ceiling.ceilings.document import CeilingEntry
 from context_ceiling.core.utilization import UNKNOWN_FILL, Component, fill_bucket
 from context_ceiling.core.vocabulary import STAGE_COMPONENT
-from context_ceiling.formats.base import Usage
+from context_ceiling.formats.base import Expect, Usage
 from context_ceiling.sidecar.bounded_count import Calibration, Sampler
 from context_ceiling.sidecar.capture.writer import Capturer, Pending
 from context_ceiling.sidecar.config import Settings
@@ -68,6 +68,8 @@ class Recorder:
         self.state = state
         r = state.settings.recording
         self.batches: Batches[Finished] = Batches(self._record, r.batch_size, r.max_delay_seconds)
+        # a read of the metrics records what waits first: a scrape never misses a finished request
+        state.metrics.before_collect.hook = self.batches.flush_from_any_thread
 
     def opened(self) -> None:
         """An exchange started: while it runs, the ones that finish are recorded in batches."""
@@ -119,9 +121,23 @@ class Recorder:
         if ex.count is None and ex.bounded and u.input_tokens and ex.spec and not native:
             # not counted (a bound proved it within budget): the provider's count is the input
             ex.util = u.input_tokens / ex.spec.window
+        checker = self.state.answers
+        if checker is not None and ex.answer_raw is not None and self._checked(ex) is not None:
+            # held from now: memory stays bounded while answers wait for their batch
+            held = checker.hold(ex.answer_raw)
+            if held is None:
+                ex.answer_raw, ex.answer_unread = None, "busy"
+            else:
+                ex.answer_held = held
         ns = time.time_ns()
         now = time.perf_counter() if ended is None else ended
         self.batches.closed(Finished(ex, now, ns / 1e9, ns))
+
+    @staticmethod
+    def _checked(ex: Exchange) -> Expect | None:
+        """What the exchange's answer is checked against, when it goes to the answer checker
+        (read, or counted by its stop reason); else None."""
+        return ex.answer_expect if ex.outcome == "ok" and ex.status == 200 else None
 
     def _record(self, f: Finished) -> None:
         """Record one finished exchange in every output; a failure is logged, never raised (the
@@ -132,6 +148,10 @@ class Recorder:
             log.exception(
                 "recording an exchange failed", extra={"fields": {"request_id": f.ex.request_id}}
             )
+            checker, held = self.state.answers, f.ex.answer_held
+            if checker is not None and held:  # its answer never reached the checker
+                checker.held.give(held)
+                f.ex.answer_held = 0
 
     def _outputs(self, f: Finished) -> None:
         ex, now = f.ex, f.at
@@ -162,8 +182,8 @@ class Recorder:
     def _answer(self, ex: Exchange, tokens: int | None, entry: CeilingEntry | None) -> None:
         """A relayed answer, to the answer checker (off this path): labelled by the fill of the
         request (``tokens``) and its side of the running ceiling (``entry``)."""
-        checker = self.state.answers
-        if checker is None or ex.answer_expect is None or ex.outcome != "ok" or ex.status != 200:
+        checker, expect = self.state.answers, self._checked(ex)
+        if checker is None or expect is None:
             return
         fill = (
             fill_bucket(tokens / ex.spec.window)
@@ -186,13 +206,15 @@ class Recorder:
                 labels=labels,
                 shape=ex.route.format,
                 stream=ex.stream,
-                expect=ex.answer_expect,
+                expect=expect,
                 raw=ex.answer_raw,
                 finish=u.finish_reason,
                 output_tokens=u.output_tokens,
                 reasoning_tokens=u.reasoning_tokens,
+                size=ex.answer_held,
             )
         )
+        ex.answer_held = 0  # the job holds them now
 
     def _cost(
         self, ex: Exchange, tokens: int | None, entry: CeilingEntry | None
