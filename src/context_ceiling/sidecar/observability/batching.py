@@ -2,8 +2,8 @@
 
 Recording a request (its metrics, log line, span, staleness check and answer job) is cheap on
 its own, but done between two requests it runs with the request path's code and data pushed
-out of the processor's caches, and costs several times what the same work costs done for many
-requests in a row. So while other requests are in flight a finished one waits, and the waiting
+out of the processor's caches, and costs more than the same work done for many requests in a
+row (docs/benchmarks.md, "Recording in batches"). So while other requests are in flight a finished one waits, and the waiting
 ones are recorded together: once ``size`` are waiting, once the oldest has waited ``delay``
 seconds, or once the last request in flight has finished. A request that finishes alone (no
 other in flight, none waiting) is recorded at once, as before, so at low rates nothing waits,
@@ -11,7 +11,9 @@ and every output is at most ``delay`` behind the traffic under load: far inside 
 interval, so what the metrics show over one is the same.
 
 Everything here runs on the event loop (requests open and finish there); :meth:`Batches.flush`
-is also called at shutdown, so nothing that finished is lost.
+is also called at shutdown, so nothing that finished is lost, and before a read of the metrics
+(:meth:`Batches.flush_from_any_thread`, which hands the flush to the loop), so a scrape never
+misses a request that finished.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def log_request(fields: dict[str, Any], ts: float | None = None) -> None:
             {"fields": fields},
         )
         if ts is not None:
-            record.created = ts
+            record.created, record.msecs = ts, (ts - int(ts)) * 1000
         logger.handle(record)
         return
     now = time.time() if ts is None else ts
