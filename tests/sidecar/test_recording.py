@@ -26,7 +26,7 @@ IN_PROCESS = True
 
 def test_a_request_that_finishes_alone_is_recorded_at_once() -> None:
     seen: list[str] = []
-    b: Batches[str] = Batches(seen.append, size=32, delay=10)
+    b: Batches[str] = Batches(seen.extend, size=32, delay=10)
     b.opened()
     b.closed("a")
     assert seen == ["a"] and b.waiting == 0
@@ -34,7 +34,7 @@ def test_a_request_that_finishes_alone_is_recorded_at_once() -> None:
 
 def test_while_others_are_in_flight_a_finished_request_waits_for_the_last_one() -> None:
     seen: list[str] = []
-    b: Batches[str] = Batches(seen.append, size=32, delay=10)
+    b: Batches[str] = Batches(seen.extend, size=32, delay=10)
 
     async def traffic() -> None:
         for _ in range(3):
@@ -50,7 +50,7 @@ def test_while_others_are_in_flight_a_finished_request_waits_for_the_last_one() 
 
 def test_a_full_batch_is_recorded_without_waiting() -> None:
     seen: list[int] = []
-    b: Batches[int] = Batches(seen.append, size=4, delay=10)
+    b: Batches[int] = Batches(seen.extend, size=4, delay=10)
 
     async def traffic() -> None:
         for _ in range(10):
@@ -64,7 +64,7 @@ def test_a_full_batch_is_recorded_without_waiting() -> None:
 
 def test_no_record_waits_longer_than_the_delay() -> None:
     seen: list[str] = []
-    b: Batches[str] = Batches(seen.append, size=32, delay=0.02)
+    b: Batches[str] = Batches(seen.extend, size=32, delay=0.02)
 
     async def traffic() -> None:
         b.opened()
@@ -81,7 +81,7 @@ def test_no_record_waits_longer_than_the_delay() -> None:
 
 def test_batch_size_one_records_each_request_as_it_finishes() -> None:
     seen: list[str] = []
-    b: Batches[str] = Batches(seen.append, size=1, delay=10)
+    b: Batches[str] = Batches(seen.extend, size=1, delay=10)
     b.opened()
     b.opened()
     b.closed("a")
@@ -90,7 +90,7 @@ def test_batch_size_one_records_each_request_as_it_finishes() -> None:
 
 def test_flush_records_every_waiting_request() -> None:
     seen: list[str] = []
-    b: Batches[str] = Batches(seen.append, size=32, delay=10)
+    b: Batches[str] = Batches(seen.extend, size=32, delay=10)
 
     async def traffic() -> None:
         b.opened()

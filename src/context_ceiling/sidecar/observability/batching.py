@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 __all__ = ["Batches"]
@@ -29,13 +29,14 @@ T = TypeVar("T")
 
 
 class Batches(Generic[T]):
-    """Hands finished items to ``record`` one at a time, in batches while others are in flight.
+    """Hands finished items to ``record``: one at a time, or in batches (oldest first) while
+    others are in flight.
 
     ``record`` must not raise (a batch would lose the items after the one that did): the
     recorder logs its own failures. :meth:`opened` when a request starts, :meth:`closed` with
     its item when it finishes, exactly once each; ``size`` 1 records every item at once."""
 
-    def __init__(self, record: Callable[[T], None], size: int, delay: float) -> None:
+    def __init__(self, record: Callable[[Sequence[T]], None], size: int, delay: float) -> None:
         self.record = record
         self.size = size
         self.delay = delay
@@ -58,7 +59,7 @@ class Batches(Generic[T]):
         """A request finished with ``item`` to record: now, or with the batch it joins."""
         self.open = max(0, self.open - 1)
         if self.size <= 1 or (self.open == 0 and not self._waiting):
-            self.record(item)
+            self.record((item,))
             return
         self._waiting.append(item)
         if len(self._waiting) >= self.size or self.open == 0:
@@ -77,8 +78,8 @@ class Batches(Generic[T]):
             self._timer.cancel()
             self._timer = None
         items, self._waiting = self._waiting, []
-        for item in items:
-            self.record(item)
+        if items:
+            self.record(items)
 
     def flush_from_any_thread(self, timeout: float = 1.0) -> None:
         """Record every waiting item before returning, called from any thread (a read of the

@@ -7,11 +7,14 @@ Only numbers, bounded names and ids are logged: never prompt or completion text,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -87,6 +90,31 @@ _handler: logging.StreamHandler[Any] | None = None
 _requests = logging.getLogger(REQUEST_LOGGER)
 
 
+class _Pending(threading.local):
+    #: request lines held for one write (:func:`one_write`); None: each written at once
+    lines: list[str] | None = None
+
+
+_pending = _Pending()
+
+
+@contextlib.contextmanager
+def one_write() -> Iterator[None]:
+    """Request lines logged inside (on this thread) are written together at its end: one write
+    and one flush for a batch of records instead of one each (each is a system call, and the
+    handler's lock taken and released)."""
+    if _pending.lines is not None:  # nested: the outer one writes
+        yield
+        return
+    _pending.lines = []
+    try:
+        yield
+    finally:
+        lines, _pending.lines = _pending.lines, None
+        if lines and _handler is not None:
+            _write(_handler, "".join(lines))
+
+
 def log_request(fields: dict[str, Any], ts: float | None = None) -> None:
     """One request line (``ts``: when its request finished, seconds since the epoch; default
     now). While the JSON handler on stdout is the only one the line reaches
@@ -120,9 +148,18 @@ def log_request(fields: dict[str, Any], ts: float | None = None) -> None:
     out["message"] = "request"
     out.update(fields)
     line = orjson.dumps(out, default=str, option=orjson.OPT_APPEND_NEWLINE).decode()
+    held = _pending.lines
+    if held is not None:
+        held.append(line)
+        return
+    _write(h, line)
+
+
+def _write(h: logging.StreamHandler[Any], text: str) -> None:
+    """``text`` (whole lines) to the handler's stream, as the handler writes a record."""
     h.acquire()
     try:
-        h.stream.write(line)
+        h.stream.write(text)
         h.stream.flush()
     except Exception:  # as the handler would: reported on stderr, the request goes on
         h.handleError(logging.makeLogRecord({"msg": "request", "name": REQUEST_LOGGER}))

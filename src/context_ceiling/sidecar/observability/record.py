@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 from context_ceiling.ceilings.document import CeilingEntry
@@ -21,7 +22,7 @@ from context_ceiling.sidecar.exchange import Exchange
 from context_ceiling.sidecar.observability.answers import AnswerChecker, AnswerLabels, Job
 from context_ceiling.sidecar.observability.batching import Batches
 from context_ceiling.sidecar.observability.costs import InputCost, Pricing, input_cost
-from context_ceiling.sidecar.observability.logs import bounded, log_request
+from context_ceiling.sidecar.observability.logs import bounded, log_request, one_write
 from context_ceiling.sidecar.observability.metrics import Metrics
 from context_ceiling.sidecar.observability.semconv import RequestModels
 from context_ceiling.sidecar.observability.staleness import StalenessTracker
@@ -67,7 +68,7 @@ class Recorder:
     def __init__(self, state: RecordDeps) -> None:
         self.state = state
         r = state.settings.recording
-        self.batches: Batches[Finished] = Batches(self._record, r.batch_size, r.max_delay_seconds)
+        self.batches: Batches[Finished] = Batches(self._records, r.batch_size, r.max_delay_seconds)
         # a read of the metrics records what waits first: a scrape never misses a finished request
         state.metrics.before_collect.hook = self.batches.flush_from_any_thread
 
@@ -138,6 +139,12 @@ class Recorder:
         """What the exchange's answer is checked against, when it goes to the answer checker
         (read, or counted by its stop reason); else None."""
         return ex.answer_expect if ex.outcome == "ok" and ex.status == 200 else None
+
+    def _records(self, batch: Sequence[Finished]) -> None:
+        """Record finished exchanges, oldest first, their log lines in one write."""
+        with one_write():
+            for f in batch:
+                self._record(f)
 
     def _record(self, f: Finished) -> None:
         """Record one finished exchange in every output; a failure is logged, never raised (the
