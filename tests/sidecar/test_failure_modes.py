@@ -24,12 +24,14 @@ from hypothesis import strategies as st
 
 from context_ceiling.sidecar.app import create_app
 from context_ceiling.sidecar.config import Settings
+from context_ceiling.sidecar.observability import logs
 from context_ceiling.sidecar.observability.logs import (
     OURS,
     REQUEST_LOGGER,
     JsonFormatter,
     configure,
     log_request,
+    one_write,
 )
 from context_ceiling.sidecar.server import uvicorn_options
 from context_ceiling.sidecar.state import SidecarState
@@ -746,3 +748,36 @@ def test_at_shutdown_connections_queued_in_the_kernel_are_answered(
         assert all(answered), answers
     else:
         assert not any(answered), answers
+
+
+def test_a_batch_s_request_lines_leave_in_one_write(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Inside ``one_write`` (a batch of records) request lines are held and written together at
+    its end, in order, in one write; a nested one leaves the writing to the outer; outside it
+    each line is written at once."""
+    _restored_after(monkeypatch)
+    configure("info")
+    writes: list[str] = []
+    assert logs._handler is not None
+    stream = logs._handler.stream
+
+    class Counted:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return int(stream.write(text))
+
+        def flush(self) -> None:
+            stream.flush()
+
+    monkeypatch.setattr(logs._handler, "stream", Counted())
+    with one_write():
+        log_request({"request_id": "r1"})
+        with one_write():
+            log_request({"request_id": "r2"})
+        assert writes == []
+        log_request({"request_id": "r3"})
+    assert len(writes) == 1
+    assert [json.loads(x)["request_id"] for x in writes[0].splitlines()] == ["r1", "r2", "r3"]
+    log_request({"request_id": "r4"})
+    assert len(writes) == 2 and json.loads(writes[1])["request_id"] == "r4"
