@@ -162,6 +162,7 @@ def sidecar(
     answers: bool = True,
     sample_every: int = 16,
     batch_size: int = 32,
+    answers_share: float = 0.02,
 ) -> Target:
     """The sidecar, called ``name`` in the tables (its config and ceilings files too); ``cache``
     off by default so every request is counted from scratch (the benchmark repeats one body,
@@ -176,7 +177,9 @@ def sidecar(
     ``sample_every``: of the requests a bound let through, every n-th is counted anyway while
     2% of a core allows (16 in the figures' ``bounded``; 1, the product's default, in
     ``default``); ``batch_size``: finished requests recorded together under load at most
-    (``recording.batch_size``; 1 in ``unbatched``: each one as it finishes)."""
+    (``recording.batch_size``; 1 in ``unbatched``: each one as it finishes); ``answers_share``:
+    the answer checker's share of a core (``answers.cpu_share``; a thousandth in
+    ``answers-tiny``: signals on, next to nothing read, no stream's reads kept)."""
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -195,7 +198,7 @@ def sidecar(
             "overlap_bytes": 65536 if overlap else 0,
             "bpe": bpe,
         },
-        "answers": {"enabled": answers},
+        "answers": {"enabled": answers, "cpu_share": answers_share},
         "recording": {"batch_size": batch_size},
     }
     if enforce:
@@ -296,6 +299,10 @@ _STARTS: dict[str, Callable[[str, Path], Target | None]] = {
     # the default, each request recorded as it finishes: what recording in batches saves
     "unbatched": lambda up, w: sidecar(
         up, w, "unbatched", bounded=True, sample_every=1, batch_size=1
+    ),
+    # the default with the answer checker at a thousandth of a core: what reading answers costs
+    "answers-tiny": lambda up, w: sidecar(
+        up, w, "answers-tiny", bounded=True, sample_every=1, answers_share=0.001
     ),
 }
 #: every target :func:`start` knows
