@@ -426,9 +426,9 @@ class Answers(_Section):
 
 class Recording(_Section):
     """How finished requests are recorded (their metrics, log line, span and answer check)
-    while other requests are in flight: together, in batches, which costs less CPU than recording
-    each one between two others (docs/observability.md). A request that
-    finishes with no other in flight is recorded at once."""
+    while other requests are in flight: together, in batches, which costs less CPU than
+    recording each one between two others (docs/observability.md). A request that finishes with
+    no other in flight is recorded at once."""
 
     #: requests recorded together at most; 1: each one as it finishes
     batch_size: int = Field(default=32, ge=1, le=4096)

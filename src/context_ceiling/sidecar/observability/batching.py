@@ -3,12 +3,12 @@
 Recording a request (its metrics, log line, span, staleness check and answer job) is cheap on
 its own, but done between two requests it runs with the request path's code and data pushed
 out of the processor's caches, and costs more than the same work done for many requests in a
-row (docs/benchmarks.md, "Recording in batches"). So while other requests are in flight a finished one waits, and the waiting
-ones are recorded together: once ``size`` are waiting, once the oldest has waited ``delay``
-seconds, or once the last request in flight has finished. A request that finishes alone (no
-other in flight, none waiting) is recorded at once, as before, so at low rates nothing waits,
-and every output is at most ``delay`` behind the traffic under load: far inside a scrape
-interval, so what the metrics show over one is the same.
+row (docs/benchmarks.md, "Recording in batches"). So while other requests are in flight a
+finished one waits, and the waiting ones are recorded together: once ``size`` are waiting, once
+the oldest has waited ``delay`` seconds, or once the last request in flight has finished. A
+request that finishes alone (no other in flight, none waiting) is recorded at once, so at low
+rates nothing waits, and every output is at most ``delay`` behind the traffic under load: far
+inside a scrape interval, so what the metrics show over one is the same.
 
 Everything here runs on the event loop (requests open and finish there); :meth:`Batches.flush`
 is also called at shutdown, so nothing that finished is lost, and before a read of the metrics
@@ -65,9 +65,8 @@ class Batches(Generic[T]):
         if len(self._waiting) >= self.size or self.open == 0:
             self.flush()
         elif self._timer is None:
-            try:
-                loop = self._loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop to wait on (a request finished outside one)
+            loop = self._loop = _running_loop()
+            if loop is None:  # no loop to wait on (a request finished outside one)
                 self.flush()
                 return
             self._timer = loop.call_later(self.delay, self.flush)

@@ -33,13 +33,17 @@ log = logging.getLogger(__name__)
 
 class Finished(NamedTuple):
     """An exchange waiting to be recorded, with when it finished: ``at`` on the
-    :func:`time.perf_counter` clock (its durations), ``wall`` in seconds since the epoch (its
-    log line's and capture's time) and ``wall_ns`` (its span's end)."""
+    :func:`time.perf_counter` clock (its durations), ``wall_ns`` in nanoseconds since the epoch
+    (its span's end, its log line's and capture's time)."""
 
     ex: Exchange
     at: float
-    wall: float
     wall_ns: int
+
+    @property
+    def wall(self) -> float:
+        """``wall_ns`` in seconds."""
+        return self.wall_ns / 1e9
 
 
 class RecordDeps(Protocol):
@@ -130,9 +134,8 @@ class Recorder:
                 ex.answer_raw, ex.answer_unread = None, "busy"
             else:
                 ex.answer_held = held
-        ns = time.time_ns()
         now = time.perf_counter() if ended is None else ended
-        self.batches.closed(Finished(ex, now, ns / 1e9, ns))
+        self.batches.closed(Finished(ex, now, time.time_ns()))
 
     @staticmethod
     def _checked(ex: Exchange) -> Expect | None:
