@@ -19,6 +19,7 @@ cannot resolve either.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,31 +41,38 @@ def measure(
     wrk_bin: str,
     concurrency: int = 1,
     lead: float = LEAD_IN,
+    pause: float = 0.0,
 ) -> dict[str, Any]:
     """``rounds`` rounds of ``names`` at ``concurrency``, back to back, the order reversed every
     other round, each measured round right after ``lead`` seconds of the same load
     (:func:`benchmarks.load.lead_in`); per target the p50, the throughput and the CPU per
     request of each round, and per target after the first (the baseline) the paired
-    differences against it (and the baseline's throughput over its own, the slowdown)."""
+    differences against it (and the baseline's throughput over its own, the slowdown).
+    ``pause``: each target idles at least this many seconds before its lead-in (traffic that
+    returns after a pause: what a target saved up while idle, it spends then)."""
     per: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     errors = dict.fromkeys(names, 0)
     for n in names:  # warm: connections, caches
         wrk(wrk_bin, started[n].url, body, concurrency, 1)
+    idle_since = dict.fromkeys(names, time.monotonic())
     for r in range(rounds):
         for n in names if r % 2 == 0 else names[::-1]:
             t = started[n]
+            time.sleep(max(0.0, pause - (time.monotonic() - idle_since[n])))
             lead_in(wrk_bin, t.url, body, concurrency, lead)
             cpu0 = t.cpu_seconds()
             load = wrk(wrk_bin, t.url, body, concurrency, seconds)
             cpu = t.cpu_seconds() - cpu0
             per[n].append((load.p50 * 1e3, cpu / max(1, load.requests) * 1e3, load.rps))
             errors[n] += load.errors
+            idle_since[n] = time.monotonic()
     base = names[0]
     out: dict[str, Any] = {
         "baseline": base,
         "rounds": rounds,
         "seconds": seconds,
         "lead_in": lead,
+        "pause": pause,
         "concurrency": concurrency,
         "targets": {},
     }
@@ -92,6 +100,7 @@ def pairs_of_every_cell(
     work: Path,
     compared: tuple[str, ...] = COMPARED,
     concurrency: int = 1,
+    pause: float = 0.0,
 ) -> list[dict[str, Any]]:
     """:func:`measure` for every size, streamed and not, on the bodies the run wrote."""
     names = [n for n in compared if n in started]
@@ -102,7 +111,14 @@ def pairs_of_every_cell(
     for size in sizes:
         for stream in (False, True):
             m = measure(
-                started, names, body_path(work, size, stream), rounds, 1.0, wrk_bin, concurrency
+                started,
+                names,
+                body_path(work, size, stream),
+                rounds,
+                1.0,
+                wrk_bin,
+                concurrency,
+                pause=pause,
             )
             out.append({"tokens": size, "stream": stream, **m})
             print(
@@ -143,10 +159,12 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
             ("slowdown", lambda r: f"x{fmt(r['slowdown'])}"),
             ("added CPU ms/req", lambda r: fmt(r["added_cpu_ms"])),
         ]
+    pause = first.get("pause", 0)
+    idle = f"each target idle {pause:g} s before its round, then " if pause else "each "
     out = [
         "",
         f"At concurrency {c} in tight pairs against `{base}` ({first['rounds']} "
-        f"rounds of {first['seconds']:g} s, each after {first.get('lead_in', 0):g} s of the "
+        f"rounds of {first['seconds']:g} s, {idle}after {first.get('lead_in', 0):g} s of the "
         "same load, back to back in alternating order; median "
         f"(min-max) of the per-round differences; {what}):",
         "",
@@ -166,30 +184,56 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    import sys
+    import argparse
     import tempfile
 
     names = [n for n in tg.NAMES if n != "litellm"]
-    concurrency = 1
-    if argv[:1] == ["-c"] and len(argv) > 1 and argv[1].isdigit() and int(argv[1]) > 0:
-        concurrency, argv = int(argv[1]), argv[2:]
-    if len(argv) < 2 or any(n not in names for n in argv):
-        print(
-            f"usage: python -m benchmarks.paired [-c N] BASELINE TARGET... ({', '.join(names)})",
-            file=sys.stderr,
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.paired",
+        description="Targets measured in tight pairs against the first (the baseline).",
+    )
+    ap.add_argument("targets", nargs="+", metavar="TARGET", help=f"({', '.join(names)})")
+    ap.add_argument("-c", "--concurrency", type=int, default=1, help="wrk connections")
+    ap.add_argument("--rounds", type=int, default=15, help="pairs per cell")
+    ap.add_argument("--sizes", default=",".join(str(s) for s in tg.SIZES), help="tokens")
+    ap.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds each target idles before its round (traffic after a pause)",
+    )
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip().isdigit()]
+    bad = [n for n in args.targets if n not in names]
+    if len(args.targets) < 2 or bad or args.concurrency < 1 or args.rounds < 1 or args.pause < 0:
+        ap.error(
+            f"unknown target {bad[0]}"
+            if bad
+            else "a baseline and at least one target; -c, --rounds at least 1, --pause >= 0"
         )
-        return 2
+    if (
+        not sizes
+        or len(sizes) != len(args.sizes.split(","))
+        or any(s not in tg.SIZES for s in sizes)
+    ):
+        ap.error(f"--sizes: each of {', '.join(str(s) for s in tg.SIZES)}")
     work = Path(tempfile.mkdtemp(prefix="ceiling-pairs-"))
     up = tg.upstream(work)
     base = up.url.removesuffix("/v1/chat/completions")
-    started = {n: t for n in argv if (t := tg.start(n, base, work)) is not None}
-    sizes = list(tg.SIZES)
+    started = {n: t for n in args.targets if (t := tg.start(n, base, work)) is not None}
     try:
         for size in sizes:
             for stream in (False, True):
                 body_path(work, size, stream).write_bytes(body_of(size, stream)[0])
         pairs = pairs_of_every_cell(
-            started, sizes, 15, tg.binary("wrk"), work, tuple(argv), concurrency
+            started,
+            sizes,
+            args.rounds,
+            tg.binary("wrk"),
+            work,
+            tuple(args.targets),
+            args.concurrency,
+            args.pause,
         )
         print("\n".join(pairs_table(pairs)))
     finally:

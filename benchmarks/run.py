@@ -38,10 +38,9 @@ from context_ceiling.formats.openai_chat import count as count_openai
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: the upstream itself first, then every target of the main table (``answers-off``,
-#: ``unbatched`` and ``answers-tiny`` are baselines of a paired run only:
-#: ``python -m benchmarks.paired answers-off sidecar``)
-ORDER = ["direct", *(n for n in tg.NAMES if n not in ("answers-off", "unbatched", "answers-tiny"))]
+#: the upstream itself first, then every target of the main table (the baselines of a paired
+#: run only, ``targets.PAIRED_ONLY``, left out: ``python -m benchmarks.paired answers-off sidecar``)
+ORDER = ["direct", *(n for n in tg.NAMES if n not in tg.PAIRED_ONLY)]
 
 
 def counting(body: bytes, text: str, reps: int) -> dict[str, Any]:

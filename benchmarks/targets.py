@@ -163,6 +163,7 @@ def sidecar(
     sample_every: int = 16,
     batch_size: int = 32,
     answers_share: float = 0.02,
+    credit_burst: float = 1.0,
 ) -> Target:
     """The sidecar, called ``name`` in the tables (its config and ceilings files too); ``cache``
     off by default so every request is counted from scratch (the benchmark repeats one body,
@@ -179,7 +180,10 @@ def sidecar(
     ``default``); ``batch_size``: finished requests recorded together under load at most
     (``recording.batch_size``; 1 in ``unbatched``: each one as it finishes); ``answers_share``:
     the answer checker's share of a core (``answers.cpu_share``; a thousandth in
-    ``answers-tiny``: signals on, next to nothing read, no stream's reads kept)."""
+    ``answers-tiny``: signals on, next to nothing read, no stream's reads kept);
+    ``credit_burst``: the seconds of those two shares an idle sidecar saves up
+    (``counting.sample_cpu_burst_seconds`` and ``answers.cpu_burst_seconds``; 10 in
+    ``credit-10s``)."""
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -195,10 +199,15 @@ def sidecar(
             "cache_mib": 64 if cache else 0,
             "strategy": "bounded" if bounded else "exact",
             "sample_every": sample_every,
+            "sample_cpu_burst_seconds": credit_burst,
             "overlap_bytes": 65536 if overlap else 0,
             "bpe": bpe,
         },
-        "answers": {"enabled": answers, "cpu_share": answers_share},
+        "answers": {
+            "enabled": answers,
+            "cpu_share": answers_share,
+            "cpu_burst_seconds": credit_burst,
+        },
         "recording": {"batch_size": batch_size},
     }
     if enforce:
@@ -304,9 +313,17 @@ _STARTS: dict[str, Callable[[str, Path], Target | None]] = {
     "answers-tiny": lambda up, w: sidecar(
         up, w, "answers-tiny", bounded=True, sample_every=1, answers_share=0.001
     ),
+    # the default saving up ten seconds of its CPU shares while idle: what it spends when the
+    # traffic returns after a pause (``python -m benchmarks.paired --pause 10``)
+    "credit-10s": lambda up, w: sidecar(
+        up, w, "credit-10s", bounded=True, sample_every=1, credit_burst=10.0
+    ),
 }
 #: every target :func:`start` knows
 NAMES = tuple(_STARTS)
+#: the targets that are a paired run's baseline only (``python -m benchmarks.paired``), not in
+#: the main table
+PAIRED_ONLY = ("answers-off", "unbatched", "answers-tiny", "credit-10s")
 
 
 def start(name: str, up: str, workdir: Path) -> Target | None:

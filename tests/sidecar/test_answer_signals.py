@@ -566,6 +566,39 @@ def test_past_the_checkers_share_of_a_core_an_answer_counts_its_stop_only() -> N
             assert sc.state.answers.held.held == 0
 
 
+@pytest.mark.e2e
+def test_while_others_are_in_flight_the_checker_spends_only_its_busy_burst() -> None:
+    """What the checker saved up while idle (ten seconds of its share) is spent on answers that
+    come one at a time; while other requests are in flight only ``answers.cpu_burst_seconds``
+    of it (a second's). A credit at half its saving: an answer alone is read, one beside
+    another request is counted by its stop reason (``cpu``)."""
+    d = AnswerProviderDouble()
+    with serve(d.app()) as durl:
+        app = create_app(_settings(durl))
+        with serve(app) as url:
+            sc = Sidecar(url, app.state.sidecar, d)
+            assert sc.state.answers is not None and sc.state.answers.credit is not None
+            sc.state.answers.credit.spend(0.1)  # 0.1 of 0.2 left: under the busy pod's 0.18
+            c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+            msgs: Any = [{"role": "user", "content": "hi"}]
+            c.chat.completions.create(model="gpt-4o", messages=msgs)
+            sc.settle()
+            assert sc.count("llm_context_answer_checks_skipped_total", reason="cpu") == 0
+            rec = app.proxy.rec
+            rec.opened()  # another request in flight: each one asks beside it
+            try:
+                c.chat.completions.create(model="gpt-4o", messages=msgs)
+                for _ in c.chat.completions.create(model="gpt-4o", messages=msgs, stream=True):
+                    pass
+            finally:
+                rec.batches.open -= 1
+                rec.flush()
+            sc.settle()
+            assert sc.count("llm_context_answer_checks_skipped_total", reason="cpu") == 2
+            labels = {"model": "gpt-4o", "workload": "default", "fill": "0.1-0.2", "side": "none"}
+            assert sc.count("llm_context_answers_total", **labels) == 3
+
+
 class Recording:
     """The answer checker's sink, as a list of what it was told."""
 
@@ -713,6 +746,51 @@ def test_a_cpu_credit_refills_at_its_share_and_saves_up_a_burst() -> None:
     assert credit.ok()
     credit.spend(0.01)
     assert not credit.ok()
+
+
+def test_a_busy_pod_spends_a_second_of_what_it_saved_up() -> None:
+    """What an idle pod saves up (ten seconds of its share) goes to work that starts one request
+    at a time; while other requests are in flight at most ``busy_burst`` seconds of it is spent
+    at once, beside the traffic that came back."""
+    now = [0.0]
+    credit = CpuCredit(0.02, clock=lambda: now[0], busy_burst=1.0)
+    now[0] += 3600.0  # 0.2 saved up
+    credit.spend(0.015)
+    assert credit.ok(busy=True)  # 0.185 >= 0.18
+    credit.spend(0.01)
+    assert not credit.ok(busy=True)  # 0.175: the rest is kept back
+    assert credit.ok()  # one at a time, it is there
+    now[0] += 0.3  # refilled at the share: 0.181
+    assert credit.ok(busy=True)
+    credit.spend(0.3)  # a long piece of work, started while the credit allowed it
+    assert not credit.ok() and not credit.ok(busy=True)
+    assert CpuCredit(0.02, busy_burst=10.0).ok(busy=True)  # all of it: as one at a time
+
+
+def test_the_busy_bursts_of_both_cpu_shares_are_settings() -> None:
+    """``answers.cpu_burst_seconds`` and ``counting.sample_cpu_burst_seconds``: how much of each
+    share a pod spends at once while other requests are in flight. By default a second's (0.02 s
+    at 2%) of the ten it saves up; all ten when set so."""
+    from context_ceiling.sidecar.state import SidecarState
+
+    def credits(**over: Any) -> list[CpuCredit]:
+        st = SidecarState.build(_settings("http://127.0.0.1:9", **over))
+        assert st.answers is not None and st.answers.credit is not None
+        return [st.answers.credit, st.sampler.credit]
+
+    for credit in credits():
+        credit.spend(0.025)  # 5 ms past a second's share: a quarter second to refill
+        assert not credit.ok(busy=True)
+        assert credit.ok()
+    for credit in credits(
+        answers={"cpu_burst_seconds": 10}, counting={"sample_cpu_burst_seconds": 10}
+    ):
+        credit.spend(0.15)
+        assert credit.ok(busy=True)
+        credit.spend(0.06)
+        assert not credit.ok(busy=True)
+    with pytest.raises(ValueError, match="cpu_burst_seconds"):
+        _settings("http://127.0.0.1:9", answers={"cpu_burst_seconds": 0})
 
 
 @pytest.mark.e2e

@@ -194,6 +194,14 @@ def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
     s.due()
     s.spend(0.56)
     assert [s.due() for _ in range(4)] == [False] * 4
+    # while other requests are in flight, at most a second's worth of the saving goes at once
+    now[0] = 7200.0
+    assert s.due(busy=True)  # the request left due in debt
+    s.spend(0.04)  # 0.46 left: above the 0.45 a busy pod keeps back
+    assert [s.due(busy=True) for _ in range(4)] == [False, False, False, True]
+    s.spend(0.02)  # 0.44: below it
+    assert not any(s.due(busy=True) for _ in range(8))
+    assert s.due()  # one at a time, the rest of the saving is there
 
 
 def test_the_sampler_holds_samples_in_flight_to_its_cap() -> None:
@@ -259,6 +267,24 @@ def test_sampled_counts_stay_within_their_cpu_share(
         assert kinds.count(kind) == counted, kinds
         assert kinds[0] == kind
         assert kinds.count("bound") == 6 - counted
+
+
+def test_beside_other_requests_a_sample_spends_only_the_busy_burst(
+    make_sidecar: Callable[..., Running],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``counting.sample_cpu_burst_seconds``: of the ten seconds' share a pod saves up, a
+    request that arrives while others are in flight may spend a second's. With half the saving
+    spent, a request alone is still sampled, one beside others goes through on the bound."""
+    from context_ceiling.sidecar.observability.record import Recorder
+
+    sc = _sampling(make_sidecar, 0.02, 65536)
+    sc.state.sampler.credit.spend(0.1)  # 0.1 of 0.2 left: under the 0.18 a busy pod keeps back
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        assert _counted(sc, caplog, 4) == "exact"
+        monkeypatch.setattr(Recorder, "busy", property(lambda self: True))
+        assert [_counted(sc, caplog, 4) for _ in range(3)] == ["bound"] * 3
 
 
 def test_a_sample_pays_for_all_that_only_a_counted_request_does(

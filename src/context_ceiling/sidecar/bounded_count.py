@@ -61,8 +61,11 @@ class Sampler:
 
     Every ``every``-th such request is due, as long as the sampled counts have used no more than
     ``share`` of one core on average: a sampled count's seconds are spent from a
-    :class:`CpuCredit` (at most ``BURST`` seconds' worth saved up, so a quiet pod still samples a
-    burst of long requests), and while it is spent no request is due. Why: a fixed 1-in-16
+    :class:`CpuCredit` (ten seconds' worth saved up while idle, of which at most
+    ``busy_burst``, ``counting.sample_cpu_burst_seconds``, is spent at once while other
+    requests are in flight: a quiet pod still samples a burst of long requests, and a pod whose
+    traffic returns after a pause does not spend its saving beside it), and while it is spent
+    no request is due. Why: a fixed 1-in-16
     costs in proportion to the bodies' length (long bodies at a high rate would take a large
     share of a core); the credit bounds the cost whatever the sizes.
     The sample is not biased by size: the first request due after the credit recovers is
@@ -74,31 +77,30 @@ class Sampler:
     holding its request's body, faster than the credit could notice (None: no samples go in
     flight, they are counted first)."""
 
-    #: seconds of refill the credit saves up at most
-    BURST = 10.0
-
     def __init__(
         self,
         every: int,
         share: float,
         clock: Callable[[], float] = time.monotonic,
         max_inflight: int | None = 4,
+        busy_burst: float = 1.0,
     ) -> None:
         self.every = every
         self.max_inflight = max_inflight
         #: samples whose count has not landed yet
         self.inflight = 0
         self._seen = 0
-        self.credit = CpuCredit(share, clock, self.BURST)
+        self.credit = CpuCredit(share, clock, busy_burst=busy_burst)
 
-    def due(self) -> bool:
-        """Whether this request (one a bound let through) is counted anyway."""
+    def due(self, busy: bool = False) -> bool:
+        """Whether this request (one a bound let through) is counted anyway; ``busy``: other
+        requests are in flight (:meth:`CpuCredit.ok`)."""
         self._seen += 1
         if self._seen < self.every:
             return False
         if self.max_inflight is not None and self.inflight >= self.max_inflight:
             return False  # stays due
-        if not self.credit.ok():
+        if not self.credit.ok(busy):
             return False  # stays due: the next request after the credit recovers is counted
         self._seen = 0
         return True

@@ -253,6 +253,10 @@ class Counting(_Section):
     strategy: Literal["exact", "bounded"] = "bounded"
     sample_every: int = Field(default=1, ge=1)
     sample_cpu: float = Field(default=0.02, gt=0, le=1)
+    #: seconds of ``sample_cpu`` the sampled counts may spend at once while other requests are
+    #: in flight: of the ten seconds' worth an idle pod saves up (a quiet pod samples a burst of
+    #: long requests), what traffic returning after a pause sees spent beside it; 10: all of it
+    sample_cpu_burst_seconds: float = Field(default=1.0, gt=0, le=10)
     #: how many reported requests the observe bound needs before it is used (and keeps)
     calibration: int = Field(default=32, ge=1)
     overlap_bytes: int = Field(default=65536, ge=0)
@@ -422,6 +426,10 @@ class Answers(_Section):
     #: with CPU to spare every answer is read, and under load the checker's cost stops at this
     #: share instead of growing with the traffic; 1: no limit
     cpu_share: float = Field(default=0.02, gt=0, le=1)
+    #: seconds of ``cpu_share`` the checker may spend at once while other requests are in
+    #: flight: of the ten seconds' worth an idle pod saves up (a quiet pod reads a burst of
+    #: long answers), what traffic returning after a pause sees spent beside it; 10: all of it
+    cpu_burst_seconds: float = Field(default=1.0, gt=0, le=10)
 
 
 class Recording(_Section):

@@ -15,26 +15,44 @@ __all__ = ["CpuCredit"]
 
 class CpuCredit:
     """CPU seconds a kind of work may still spend: refilled at ``share`` seconds per second,
-    saved up for at most ``burst`` seconds (a quiet pod still affords a burst of long work), and
-    spent by :meth:`spend`. :meth:`ok` says whether the next piece may start. Safe to spend from
-    one thread while another asks (the answer checker spends on its thread, the event loop
-    asks)."""
+    saved up for at most ``burst`` seconds, and spent by :meth:`spend`. :meth:`ok` says whether
+    the next piece may start; while the pod is ``busy`` (other requests in flight), only
+    ``busy_burst`` seconds of the saving may be spent at once, the rest kept for quiet moments.
+    Safe to spend from one thread while another asks (the answer checker spends on its thread,
+    the event loop asks).
+
+    Why two limits: a quiet pod, serving a request now and then, saves up ten seconds of its
+    share and affords a burst of long work (every answer of a short run read, a burst of long
+    requests counted). But what a pod saved up while idle it would otherwise spend the moment
+    traffic comes back, beside the requests that just arrived (ten seconds of the two 2% shares
+    is 0.4 s of a core in the first seconds of load); while others are in flight at most a
+    second's worth goes. The first piece of work after a pause starts at once either way,
+    however long it runs: its cost is paid after it (the credit may go negative)."""
 
     def __init__(
-        self, share: float, clock: Callable[[], float] = time.monotonic, burst: float = 10.0
+        self,
+        share: float,
+        clock: Callable[[], float] = time.monotonic,
+        burst: float = 10.0,
+        busy_burst: float | None = None,
     ) -> None:
         self.share = share
         self._clock = clock
         self._cap = share * burst
+        #: the credit a busy pod keeps back: all but ``busy_burst`` seconds of the saving
+        self._busy_floor = max(
+            0.0, self._cap - share * (burst if busy_burst is None else busy_burst)
+        )
         self._credit = self._cap
         self._at = clock()
         self._lock = threading.Lock()
 
-    def ok(self) -> bool:
-        """Whether the credit is not spent (refilled to now first)."""
+    def ok(self, busy: bool = False) -> bool:
+        """Whether the next piece of work may start (refilled to now first): the credit is not
+        spent, or, ``busy``, not spent down to what is kept for quiet moments."""
         with self._lock:
             self._refill()
-            return self._credit >= 0
+            return self._credit >= (self._busy_floor if busy else 0.0)
 
     def spend(self, seconds: float) -> None:
         """A piece of work took ``seconds`` of CPU (the credit refilled to now first, so time

@@ -530,7 +530,7 @@ class Proxy:
                 ex.capture_response = plain
             checker = self.state.answers
             if ex.answer_expect is not None and len(plain) <= self._answer_bytes:
-                if checker is None or checker.reading():
+                if checker is None or checker.reading(self.rec.busy):
                     ex.answer_raw = plain
                 else:
                     ex.answer_unread = "cpu"  # counted by its stop reason only
@@ -548,7 +548,7 @@ class Proxy:
         capture = ex.capture_body is not None and self.state.capture is not None
         limit = self.state.capture.cfg.max_request_bytes if self.state.capture and capture else 0
         checker = self.state.answers if ex.answer_expect is not None else None
-        if checker is not None and not checker.reading():
+        if checker is not None and not checker.reading(self.rec.busy):
             checker, ex.answer_unread = None, "cpu"  # counted by its stop reason only
         if checker is not None:
             limit = max(limit, self._answer_bytes)

@@ -112,18 +112,19 @@ def on_threads(st: PlanDeps, route: Route, ex: Exchange, raw: bytes) -> bool:
 
 
 def _schedule(
-    st: PlanDeps, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes
+    st: PlanDeps, route: Route, ex: Exchange, obj: dict[str, Any], raw: bytes, busy: bool
 ) -> Schedule:
     """When this request is counted, from its size, its budget and the counting strategy; sets
     the decision it is forwarded under until a count says otherwise (its mode and budget: "as
-    it is")."""
+    it is"). ``busy``: other requests are in flight (a sample then spends at most the sampler's
+    busy burst)."""
     if route.count_only:
         return Schedule.FIRST
     d = ex.decision = _budget(st, route, ex, obj)
     threads = on_threads(st, route, ex, raw)
     bounded = st.settings.counting.strategy == "bounded"
     if bounded and provably_within(raw, route.shape, ex.spec, d, st.calibration, ex.label):
-        if not st.sampler.due():
+        if not st.sampler.due(busy):
             return Schedule.UNCOUNTED
         # a sampled long body is counted beside the call and recorded after its answer: its
         # count costs the request no latency. A short one is counted first, on the event loop:
@@ -152,7 +153,7 @@ def plan(
     """The request's count plan, decided once from its size, its budget and the counting
     strategy (the exchange's ``schedule``, and the decision it is forwarded under until a count
     says otherwise)."""
-    ex.schedule = _schedule(st, route, ex, obj, raw)
+    ex.schedule = _schedule(st, route, ex, obj, raw, rec.busy)
     if ex.schedule is not Schedule.UNCOUNTED:
         # the trimmer's recount then encodes only what it rewrote (enforce within ~1.1x observe)
         counter = RequestMemo(counter)

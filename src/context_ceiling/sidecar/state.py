@@ -113,7 +113,9 @@ class SidecarState:
                 metrics,
                 settings.answers.queue_size,
                 held=HeldBytes(int(settings.answers.max_held_mib * 2**20)),
-                credit=CpuCredit(settings.answers.cpu_share)
+                credit=CpuCredit(
+                    settings.answers.cpu_share, busy_burst=settings.answers.cpu_burst_seconds
+                )
                 if settings.answers.cpu_share < 1
                 else None,
             )
@@ -135,6 +137,7 @@ class SidecarState:
                 settings.counting.sample_every,
                 settings.counting.sample_cpu,
                 max_inflight=2 * threads or None,  # samples counting at once
+                busy_burst=settings.counting.sample_cpu_burst_seconds,
             ),
             count_cache=cache,
             workloads=frozenset(settings.workloads),

@@ -156,11 +156,12 @@ class AnswerChecker:
         self._thread: threading.Thread | None = None
         self.validators = Validators()
 
-    def reading(self) -> bool:
-        """Whether the next answer is read whole: the checker's CPU credit is not spent. Asked
-        before a stream's events are kept, so an answer past the share costs neither the
-        keeping nor the reading; it is counted by its stop reason (``cpu``)."""
-        return self.credit is None or self.credit.ok()
+    def reading(self, busy: bool = False) -> bool:
+        """Whether the next answer is read whole: the checker's CPU credit is not spent (``busy``:
+        other requests are in flight, :meth:`CpuCredit.ok`). Asked before a stream's events are
+        kept, so an answer past the share costs neither the keeping nor the reading; it is
+        counted by its stop reason (``cpu``)."""
+        return self.credit is None or self.credit.ok(busy)
 
     def hold(self, raw: bytes | list[bytes]) -> int | None:
         """Hold an answer's bytes against :class:`HeldBytes` until it is read: its size, or

@@ -76,6 +76,12 @@ class Recorder:
         # a read of the metrics records what waits first: a scrape never misses a finished request
         state.metrics.before_collect.hook = self.batches.flush_from_any_thread
 
+    @property
+    def busy(self) -> bool:
+        """Whether other requests are in flight beside the one asking (the CPU credits then
+        spend at most their busy burst: :meth:`CpuCredit.ok`)."""
+        return self.batches.open > 1
+
     def opened(self) -> None:
         """An exchange started: while it runs, the ones that finish are recorded in batches."""
         self.batches.opened()
