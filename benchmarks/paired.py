@@ -14,7 +14,9 @@ target alive (e.g. ``bare-aiohttp bounded``). ``-c N`` pairs them at concurrency
 instead, and each round also gives the baseline's throughput over the target's: the instrument for
 "enforcing within 1.2x of observing" (``-c 16 first enforce``), a ratio that three
 rotated rounds of the full run, on a machine whose throughput drifts by a third between rounds,
-cannot resolve either.
+cannot resolve either. ``--pause S`` lets each target idle S seconds before each of its rounds:
+traffic that returns after a pause, where a target spends what it saved up while idle
+(``-c 16 --pause 10 credit-10s default``); ``--rounds`` and ``--sizes`` narrow the run.
 """
 
 from __future__ import annotations

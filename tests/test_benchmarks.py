@@ -102,7 +102,14 @@ def test_tight_pairs_at_a_concurrency_give_the_slowdown(tmp_path: Path) -> None:
         for stream in (False, True):
             body_path(tmp_path, 1000, stream).write_bytes(body_of(1000, stream)[0])
         pairs = pairs_of_every_cell(
-            started, [1000], 2, tg.binary("wrk"), tmp_path, ("bare-aiohttp", "enforce"), 4
+            started,
+            [1000],
+            2,
+            tg.binary("wrk"),
+            tmp_path,
+            ("bare-aiohttp", "enforce"),
+            4,
+            pause=0.3,
         )
         over = tg.over_ceiling(started["enforce"])
     finally:
@@ -119,8 +126,10 @@ def test_tight_pairs_at_a_concurrency_give_the_slowdown(tmp_path: Path) -> None:
         assert "slowdown" not in t["bare-aiohttp"]
         assert t["enforce"]["slowdown"]["min"] > 0
     assert over.get("trimmed", 0) > 0, "the enforcing sidecar trimmed what it was sent"
+    assert all(p["pause"] == 0.3 for p in pairs)
     table = "\n".join(pairs_table(pairs))
     assert "At concurrency 4 in tight pairs against `bare-aiohttp`" in table
+    assert "each target idle 0.3 s before its round" in table
     assert "| enforce slowdown |" in table and "| 1,000 | yes |" in table
 
 
