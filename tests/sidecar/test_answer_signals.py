@@ -570,21 +570,23 @@ def test_past_the_checkers_share_of_a_core_an_answer_counts_its_stop_only() -> N
 def test_while_others_are_in_flight_the_checker_spends_only_its_busy_burst() -> None:
     """What the checker saved up while idle (ten seconds of its share) is spent on answers that
     come one at a time; while other requests are in flight only ``answers.cpu_burst_seconds``
-    of it (a second's). A credit at half its saving: an answer alone is read, one beside
-    another request is counted by its stop reason (``cpu``)."""
+    of it (a second's). Half the saving spent: an answer alone is read, one beside another
+    request is counted by its stop reason (``cpu``) until the busy credit is paid back."""
     d = AnswerProviderDouble()
     with serve(d.app()) as durl:
         app = create_app(_settings(durl))
         with serve(app) as url:
             sc = Sidecar(url, app.state.sidecar, d)
             assert sc.state.answers is not None and sc.state.answers.credit is not None
-            sc.state.answers.credit.spend(0.1)  # 0.1 of 0.2 left: under the busy pod's 0.18
+            credit = sc.state.answers.credit
+            credit.spend(0.1)  # 0.1 of 0.2 left; the busy credit (0.02) owes 0.02
             c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
             msgs: Any = [{"role": "user", "content": "hi"}]
             c.chat.completions.create(model="gpt-4o", messages=msgs)
             sc.settle()
             assert sc.count("llm_context_answer_checks_skipped_total", reason="cpu") == 0
             rec = app.proxy.rec
+            credit.spend(0.05)  # the busy credit owes 0.02 again: a second to pay back
             rec.opened()  # another request in flight: each one asks beside it
             try:
                 c.chat.completions.create(model="gpt-4o", messages=msgs)
@@ -751,20 +753,26 @@ def test_a_cpu_credit_refills_at_its_share_and_saves_up_a_burst() -> None:
 def test_a_busy_pod_spends_a_second_of_what_it_saved_up() -> None:
     """What an idle pod saves up (ten seconds of its share) goes to work that starts one request
     at a time; while other requests are in flight at most ``busy_burst`` seconds of it is spent
-    at once, beside the traffic that came back."""
+    at once, beside the traffic that came back. Work done while quiet holds busy work back no
+    longer than the main credit's debt and one busy burst."""
     now = [0.0]
     credit = CpuCredit(0.02, clock=lambda: now[0], busy_burst=1.0)
-    now[0] += 3600.0  # 0.2 saved up
+    now[0] += 3600.0  # 0.2 saved up, 0.02 of it for busy work
     credit.spend(0.015)
-    assert credit.ok(busy=True)  # 0.185 >= 0.18
+    assert credit.ok(busy=True)  # busy credit 0.005
     credit.spend(0.01)
-    assert not credit.ok(busy=True)  # 0.175: the rest is kept back
-    assert credit.ok()  # one at a time, it is there
-    now[0] += 0.3  # refilled at the share: 0.181
+    assert not credit.ok(busy=True)  # busy credit -0.005: the rest of the saving is kept back
+    assert credit.ok()  # one at a time, it is there (0.175)
+    now[0] += 0.3  # refilled at the share: the busy credit 0.001
     assert credit.ok(busy=True)
     credit.spend(0.3)  # a long piece of work, started while the credit allowed it
-    assert not credit.ok() and not credit.ok(busy=True)
-    assert CpuCredit(0.02, busy_burst=10.0).ok(busy=True)  # all of it: as one at a time
+    assert not credit.ok() and not credit.ok(busy=True)  # -0.119; busy owes at most 0.02
+    now[0] += 6.0  # the main credit paid back (0.001), the busy one full again
+    assert credit.ok(busy=True)
+    assert CpuCredit(0.02, busy_burst=10.0).ok(busy=True)
+    whole = CpuCredit(0.02, clock=lambda: now[0], busy_burst=10.0)
+    whole.spend(0.19)
+    assert whole.ok(busy=True)  # all of it, as one at a time
 
 
 def test_the_busy_bursts_of_both_cpu_shares_are_settings() -> None:

@@ -197,11 +197,11 @@ def test_the_sampler_counts_every_nth_within_its_cpu_share() -> None:
     # while other requests are in flight, at most a second's worth of the saving goes at once
     now[0] = 7200.0
     assert s.due(busy=True)  # the request left due in debt
-    s.spend(0.04)  # 0.46 left: above the 0.45 a busy pod keeps back
+    s.spend(0.04)  # the busy credit (0.05, a second's share) 0.01
     assert [s.due(busy=True) for _ in range(4)] == [False, False, False, True]
-    s.spend(0.02)  # 0.44: below it
+    s.spend(0.02)  # -0.01
     assert not any(s.due(busy=True) for _ in range(8))
-    assert s.due()  # one at a time, the rest of the saving is there
+    assert s.due()  # one at a time, the rest of the saving is there (0.44)
 
 
 def test_the_sampler_holds_samples_in_flight_to_its_cap() -> None:
@@ -276,13 +276,16 @@ def test_beside_other_requests_a_sample_spends_only_the_busy_burst(
 ) -> None:
     """``counting.sample_cpu_burst_seconds``: of the ten seconds' share a pod saves up, a
     request that arrives while others are in flight may spend a second's. With half the saving
-    spent, a request alone is still sampled, one beside others goes through on the bound."""
+    spent, a request alone is still sampled, one beside others goes through on the bound until
+    the busy credit is paid back."""
     from context_ceiling.sidecar.observability.record import Recorder
 
     sc = _sampling(make_sidecar, 0.02, 65536)
-    sc.state.sampler.credit.spend(0.1)  # 0.1 of 0.2 left: under the 0.18 a busy pod keeps back
+    credit = sc.state.sampler.credit
+    credit.spend(0.1)  # 0.1 of 0.2 left; the busy credit (0.02) owes 0.02
     with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
         assert _counted(sc, caplog, 4) == "exact"
+        credit.spend(0.02)  # the busy credit owes 0.02 again: a second to pay back
         monkeypatch.setattr(Recorder, "busy", property(lambda self: True))
         assert [_counted(sc, caplog, 4) for _ in range(3)] == ["bound"] * 3
 
