@@ -21,6 +21,7 @@ traffic that returns after a pause, where a target spends what it saved up while
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -185,8 +186,18 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _sizes(text: str) -> list[int]:
+    """``--sizes``: body sizes of the benchmark's, comma-separated."""
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s not in tg.SIZES for s in sizes):
+        raise argparse.ArgumentTypeError(f"each of {', '.join(str(s) for s in tg.SIZES)}")
+    return sizes
+
+
 def main(argv: list[str]) -> int:
-    import argparse
     import tempfile
 
     names = [n for n in tg.NAMES if n != "litellm"]
@@ -197,7 +208,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("targets", nargs="+", metavar="TARGET", help=f"({', '.join(names)})")
     ap.add_argument("-c", "--concurrency", type=int, default=1, help="wrk connections")
     ap.add_argument("--rounds", type=int, default=15, help="pairs per cell")
-    ap.add_argument("--sizes", default=",".join(str(s) for s in tg.SIZES), help="tokens")
+    ap.add_argument("--sizes", type=_sizes, default=list(tg.SIZES), help="tokens, comma-separated")
     ap.add_argument(
         "--pause",
         type=float,
@@ -205,7 +216,6 @@ def main(argv: list[str]) -> int:
         help="seconds each target idles before its round (traffic after a pause)",
     )
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip().isdigit()]
     bad = [n for n in args.targets if n not in names]
     if len(args.targets) < 2 or bad or args.concurrency < 1 or args.rounds < 1 or args.pause < 0:
         ap.error(
@@ -213,23 +223,17 @@ def main(argv: list[str]) -> int:
             if bad
             else "a baseline and at least one target; -c, --rounds at least 1, --pause >= 0"
         )
-    if (
-        not sizes
-        or len(sizes) != len(args.sizes.split(","))
-        or any(s not in tg.SIZES for s in sizes)
-    ):
-        ap.error(f"--sizes: each of {', '.join(str(s) for s in tg.SIZES)}")
     work = Path(tempfile.mkdtemp(prefix="ceiling-pairs-"))
     up = tg.upstream(work)
     base = up.url.removesuffix("/v1/chat/completions")
     started = {n: t for n in args.targets if (t := tg.start(n, base, work)) is not None}
     try:
-        for size in sizes:
+        for size in args.sizes:
             for stream in (False, True):
                 body_path(work, size, stream).write_bytes(body_of(size, stream)[0])
         pairs = pairs_of_every_cell(
             started,
-            sizes,
+            args.sizes,
             args.rounds,
             tg.binary("wrk"),
             work,

@@ -181,9 +181,9 @@ def sidecar(
     (``recording.batch_size``; 1 in ``unbatched``: each one as it finishes); ``answers_share``:
     the answer checker's share of a core (``answers.cpu_share``; a thousandth in
     ``answers-tiny``: signals on, next to nothing read, no stream's reads kept);
-    ``credit_burst``: the seconds of those two shares an idle sidecar saves up
-    (``counting.sample_cpu_burst_seconds`` and ``answers.cpu_burst_seconds``; 10 in
-    ``credit-10s``)."""
+    ``credit_burst``: the seconds of those two shares spent at once while other requests are
+    in flight (``counting.sample_cpu_burst_seconds`` and ``answers.cpu_burst_seconds``; 10 in
+    ``credit-10s``: all an idle sidecar saves up)."""
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
