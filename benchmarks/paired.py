@@ -186,17 +186,6 @@ def pairs_table(pairs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _sizes(text: str) -> list[int]:
-    """``--sizes``: body sizes of the benchmark's, comma-separated."""
-    try:
-        sizes = [int(s) for s in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or any(s not in tg.SIZES for s in sizes):
-        raise argparse.ArgumentTypeError(f"each of {', '.join(str(s) for s in tg.SIZES)}")
-    return sizes
-
-
 def main(argv: list[str]) -> int:
     import tempfile
 
@@ -208,7 +197,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("targets", nargs="+", metavar="TARGET", help=f"({', '.join(names)})")
     ap.add_argument("-c", "--concurrency", type=int, default=1, help="wrk connections")
     ap.add_argument("--rounds", type=int, default=15, help="pairs per cell")
-    ap.add_argument("--sizes", type=_sizes, default=list(tg.SIZES), help="tokens, comma-separated")
+    ap.add_argument(
+        "--sizes", type=tg.sizes_arg, default=list(tg.SIZES), help="tokens, comma-separated"
+    )
     ap.add_argument(
         "--pause",
         type=float,

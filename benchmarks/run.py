@@ -94,7 +94,9 @@ def main() -> int:
         default=LEAD_IN,
         help="seconds of the same load, not measured, before each measurement (0: none)",
     )
-    ap.add_argument("--sizes", default="1000,8000,64000")
+    ap.add_argument(
+        "--sizes", type=tg.sizes_arg, default=list(tg.SIZES), help="tokens, comma-separated"
+    )
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--targets", default=",".join(ORDER))
     ap.add_argument("--streams", type=int, default=500, help="concurrent slow streams (0: skip)")
@@ -111,7 +113,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ceiling-bench-"))
     hey_bin, wrk_bin = tg.binary("hey"), tg.binary("wrk")
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes: list[int] = args.sizes
     levels = [int(c) for c in args.concurrency.split(",")]
     wanted = args.targets.split(",")
 

@@ -14,6 +14,7 @@ memory are read from the whole process tree (LiteLLM forks), so the figures are 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -37,6 +38,18 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "context-ceiling"
 LITELLM = CACHE / "litellm" / "bin" / "litellm"
 SIZES = (1000, 8000, 64000)
+
+
+def sizes_arg(text: str) -> list[int]:
+    """An argparse type for ``--sizes``: body sizes of the benchmark's (:data:`SIZES`),
+    comma-separated; anything else is argparse's usage error (exit 2)."""
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s not in SIZES for s in sizes):
+        raise argparse.ArgumentTypeError(f"each of {', '.join(str(s) for s in SIZES)}")
+    return sizes
 
 
 def model_name(size: int) -> str:

@@ -194,3 +194,22 @@ def test_the_default_config_is_judged_on_every_throughput_target() -> None:
     cells[2] = cell(64000, False, 600.0)
     rows = {r["target"]: r for r in performance({"cells": cells})}
     assert next(r for t, r in rows.items() if "0.5x" in t)["met"]
+
+
+@pytest.mark.parametrize("module", ["benchmarks.run", "benchmarks.paired"])
+@pytest.mark.parametrize("sizes", ["7", "1000,x", ""])
+def test_a_size_the_benchmark_has_no_body_for_is_a_usage_error(module: str, sizes: str) -> None:
+    """``--sizes`` takes the benchmark's own body sizes only, in both harnesses (one parser,
+    ``targets.sizes_arg``): anything else exits 2 with argparse's line naming them, before a
+    target is started."""
+    r = subprocess.run(
+        [sys.executable, "-m", module, "--sizes", sizes],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
+    assert (
+        r.stderr.strip().splitlines()[-1].endswith("argument --sizes: each of 1000, 8000, 64000")
+    ), r.stderr
