@@ -288,6 +288,19 @@ def test_a_model_below_the_floor_is_refused_on_the_opening_s_first_stage() -> No
     assert sim.spend.input_tokens < 0.5 * sim._opening_tokens(sim.batches[0])
 
 
+def test_a_model_just_below_the_floor_is_decided_within_the_opening_s_calls() -> None:
+    """A model reading 44% against the 50% floor now and then reads above it on the opening's
+    items by chance: its reference gets items of its own, and still reading below the floor on
+    as many again as the opening drew it is refused there, so no sweep spends more calls than
+    the opening on both stages planned (the control and three levels at three repeats on each
+    of its items), and none writes a ceiling."""
+    for seed in range(16):
+        sim = SimSweep(Truth("cliff", base=0.44, knee=0.8), seed=seed)
+        a = sim.run()
+        assert a.blocking() and a.outcome == "refused", (seed, a.outcome)
+        assert sim.spend.calls <= sim.batches[0] * (1 + 3 * 3), (seed, sim.spend.calls)
+
+
 def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> None:
     """A budget that runs out after the grid passes 0.5 but before the dip scan between the
     reference and 0.5: a dip that recovers there is unseen, so the ceiling stays at the

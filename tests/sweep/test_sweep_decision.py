@@ -21,7 +21,7 @@ from context_ceiling.sweep.analysis import analyse_graded
 from context_ceiling.sweep.calllog import Row
 from context_ceiling.sweep.curve import Design
 from context_ceiling.sweep.decision import SCAN_LOW, decided_by, futile
-from context_ceiling.sweep.design import START_SHARE, next_step
+from context_ceiling.sweep.design import START_SHARE, floor_items, next_step
 from context_ceiling.sweep.prompts import RenderedPrompt
 from context_ceiling.sweep.scorer import grade
 from context_ceiling.sweep.solver import Endpoint, request_of
@@ -574,3 +574,54 @@ def test_a_reference_not_shown_above_the_floor_gets_its_items_first() -> None:
     assert got is not None and (got.kind, got.levels, got.new_items) == ("items", (0.2,), 100)
     above = step(analysed(80))
     assert above is None or above.levels != (0.2,)
+
+
+def test_a_reference_near_the_floor_is_decided_within_the_opening_calls() -> None:
+    """Before the opening's second stage, a reference not shown above the 50% floor gets items
+    of its own; past as many again as the opening drew (``floor_items``), one still reading
+    below the floor (49%, not far enough below for futility) ends the sweep, refused, within
+    the opening's calls, instead of going on to the second stage and past them. One reading
+    above the floor there (55%) goes on until it is shown above it, as does one past the
+    second stage, or with no opening given."""
+    ids = _SCAN_IDS
+
+    def analysed(n: int, right: int, levels: tuple[float, ...] = (0.2,)) -> Any:
+        plan = tuple((lv, 3, ids[:n]) for lv in levels)
+        out = _graded(plan, lambda lv, j: j % 100 < right)
+        design = Design({lv: ids[:n] for lv in levels}, 3, [], 0.2, horizon=100, cap=400)
+        return analyse_graded(out, out, 1000, 0.05, 0.05, design=design, floor=0.5)
+
+    def step(a: Any, drawn: int, target: int = 400, opened: int | None = 100) -> Any:
+        return next_step(
+            a,
+            drawn=drawn,
+            target_items=target,
+            refine=True,
+            adaptive=True,
+            resolution=0.05,
+            batch=100,
+            grid=(0.5, 0.8),
+            opened=opened,
+        )
+
+    def items(s: Any) -> bool:
+        return s is not None and (s.kind, s.levels) == ("items", (0.2,))
+
+    assert floor_items(100, 400) == 200 and floor_items(100, 150) == 150
+    assert floor_items(None, 400) == 400
+    for right in (49, 55):
+        opening = analysed(100, right)
+        ref = opening.level(0.2)
+        assert ref is not None and ref.ci[0] < 0.5 and opening.hopeless is None
+        assert items(step(opening, 100)), right
+    low = analysed(200, 49)
+    assert low.hopeless is None  # not far enough below the floor for futility
+    assert step(low, 200) is None  # the opening's calls are spent
+    assert any("below the floor" in r for r in low.refusals)
+    assert step(low, 200, target=200) is None  # nor is the second stage asked at the last item
+    assert items(step(low, 200, opened=None))
+    assert items(step(analysed(200, 49, (0.2, 0.5)), 200))  # past the second stage
+    near = analysed(200, 55)
+    ref = near.level(0.2)
+    assert ref is not None and ref.ci[0] < 0.5 < ref.accuracy
+    assert items(step(near, 200))  # above the floor, not yet shown: more items

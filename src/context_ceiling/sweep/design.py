@@ -284,6 +284,18 @@ def batch_size(planned_items: int) -> int:
     return max(MIN_ITEMS // 2, planned_items // 4)
 
 
+def floor_items(opened: int | None, target_items: int) -> int:
+    """Items drawn, before the opening's second stage, past which a reference still reading
+    below the accuracy floor (not yet far enough below it for futility) gets no more: as many
+    again as the opening drew (``opened``), asked at the reference and the closed-book control
+    once each (fewer calls than the second stage's level at its repeats), so a model below the
+    floor that read above it on the opening by chance is refused within the calls the opening
+    planned. A reference reading above the floor there goes on until it is shown above it (a
+    model a few points over the floor needs more items than that); no opening given: no
+    limit."""
+    return target_items if opened is None else min(target_items, 2 * opened)
+
+
 def _more_items(
     s: LevelStats, levels: tuple[float, ...], drawn: int, target_items: int, batch: int
 ) -> Step | None:
@@ -307,10 +319,13 @@ def next_step(
     resolution: float,
     batch: int,
     grid: Sequence[float] = (),
+    opened: int | None = None,
 ) -> Step | None:
     """What to measure next, or None when the sweep is done (or can only end in a refusal no
     more data lifts: :attr:`Analysis.hopeless`). ``grid``: the deferred grid levels not measured
-    yet (:func:`deferred`), lowest first."""
+    yet (:func:`deferred`), lowest first; ``opened``: the items the opening drew (a reference
+    still reading below the floor at twice as many, before the second stage, ends the sweep:
+    :func:`floor_items`)."""
     if a.hopeless:
         return None
     ref = a.level(a.reference_level)
@@ -318,6 +333,10 @@ def next_step(
         # the reference not yet shown above the accuracy floor: no ceiling is written without
         # that, so its items come first (the cheapest fill of the grid); a model below the
         # floor that read above it on the opening by chance reads lower on them and stops
+        staged_yet = any(s.level > ref.level for s in a.levels)
+        most = target_items if staged_yet else floor_items(opened, target_items)
+        if drawn >= most and ref.accuracy < a.floor:
+            return None  # still reading below the floor within the opening's calls: refused
         step = _more_items(ref, (ref.level,), drawn, target_items, batch)
         if step is not None:
             return step

@@ -506,6 +506,7 @@ class _Sweep:
                 resolution=self.plan.spec.resolution,
                 batch=self.opening.batch,
                 grid=self.plan.grid_left,
+                opened=self.plan.batches[0] if self.plan.batches else None,
             )
             before = self.plan.model_copy(deep=True)
             todo = self.grow(step) if step is not None else None

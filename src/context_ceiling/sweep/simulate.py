@@ -405,6 +405,7 @@ class SimSweep:
                 resolution=self.resolution,
                 batch=self.open.batch,
                 grid=self.grid_left,
+                opened=self.batches[0],
             )
             if step is None:
                 break
