@@ -301,6 +301,24 @@ def test_a_model_just_below_the_floor_is_decided_within_the_opening_s_calls() ->
         assert sim.spend.calls <= sim.batches[0] * (1 + 3 * 3), (seed, sim.spend.calls)
 
 
+def test_a_model_that_knows_the_answers_is_refused_on_the_opening_s_first_stage() -> None:
+    """A model that answers the task set without its documents (every item known closed-book:
+    97% right with no documents) is refused on the low-fill control and the reference alone:
+    the documents are shown to add less than the tolerance, so no fill's loss could be
+    measured, and 0.5 is never asked. Half the items known closed-book still leaves the
+    documents adding far more than that: the sweep goes on."""
+    for seed in range(3):
+        sim = SimSweep(Truth("cliff", base=0.9, knee=0.8, known=1.0), seed=seed)
+        a = sim.run()
+        assert a.hopeless is not None and "documents add at most" in a.hopeless, seed
+        assert a.outcome == "refused" and a.hopeless in a.refusals
+        assert {r["level"] for r in sim.records} <= {None, 0.1, 0.2}
+        assert sim.spend.calls <= sim.batches[0] * (1 + 3 + 3)
+    half = SimSweep(Truth("cliff", base=0.9, knee=0.8, known=0.5), seed=0)
+    b = half.run()
+    assert b.hopeless is None and any(r["level"] == 0.5 for r in half.records)
+
+
 def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> None:
     """A budget that runs out after the grid passes 0.5 but before the dip scan between the
     reference and 0.5: a dip that recovers there is unseen, so the ceiling stays at the

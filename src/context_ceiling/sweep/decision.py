@@ -239,10 +239,17 @@ def futile(s: LevelStats, tolerance: float, cap: int | None) -> bool:
 
 
 def _judge_closed_book(
-    a: Analysis, ref: LevelStats, rows: list[Row], controls: dict[str, bool]
+    a: Analysis,
+    ref: LevelStats,
+    rows: list[Row],
+    controls: dict[str, bool],
+    tolerance: float,
 ) -> None:
     """The reference must beat the closed-book control (the same items, no documents) on the
-    paired difference, or the answers do not come from the context."""
+    paired difference, or the answers do not come from the context. Shown to beat it by less
+    than ``tolerance`` (a model that knows the answers, a task set answered without its
+    documents) the design stops and the number is refused: no fill's loss can be told apart
+    from what the documents add at all."""
     w, no = a.warnings, a.refusals
     if controls:
         ref_items: dict[str, list[int]] = defaultdict(list)
@@ -258,6 +265,14 @@ def _judge_closed_book(
                     f"the reference is shown no better than the closed-book control (paired 95% "
                     f"upper bound {hi:+.0%}): more items cannot make the answers come from the context"
                 )
+            elif hi < tolerance and len(diffs) >= MIN_ITEMS:
+                a.hopeless = (
+                    f"the documents add at most {hi:+.0%} to the closed-book control's "
+                    f"{a.metric} ({a.closed_book_accuracy:.0%} with no documents; paired 95% "
+                    f"upper bound), less than the {tolerance:.0%} tolerance: the answers hardly "
+                    "depend on the context, so no fill's loss can be measured on this task set"
+                )
+                no.append(a.hopeless)
             if lo <= 0:
                 no.append(
                     f"the reference {a.metric} is not clearly above the closed-book control "
@@ -330,7 +345,7 @@ def judge(
         no.append("the reference level was not measured")
         return
     _judge_floor(a, ref)
-    _judge_closed_book(a, ref, rows, controls)
+    _judge_closed_book(a, ref, rows, controls, tolerance)
     if a.closed_book_flagged:
         what = "left out of the decision" if a.closed_book_excluded else "scored"
         w.append(
