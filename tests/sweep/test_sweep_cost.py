@@ -319,6 +319,18 @@ def test_a_model_that_knows_the_answers_is_refused_on_the_opening_s_first_stage(
     assert b.hopeless is None and any(r["level"] == 0.5 for r in half.records)
 
 
+def test_a_level_left_with_too_few_items_gets_more_before_the_sweep_ends() -> None:
+    """A task set 95% answered closed-book leaves about one item in twelve for the decision: a
+    level measured on the opening's 180 items alone is scored on about 16, fewer than a
+    decision needs, and no tolerance resolves while the chain reaches it. It gets the items
+    drawn before the sweep ends, which then states a ceiling instead of ending unresolved."""
+    sim = SimSweep(Truth("cliff", base=0.9, knee=0.8, known=0.95), seed=0)
+    a = sim.run()
+    assert not any("fewer than the 20" in r for r in a.refusals), a.refusals
+    assert a.outcome == "ceiling" and a.stated_tolerance is not None
+    assert all(s.n_items >= 20 for s in a.chain)
+
+
 def test_a_gap_the_dip_scan_could_not_measure_caps_the_ceiling_below_it() -> None:
     """A budget that runs out after the grid passes 0.5 but before the dip scan between the
     reference and 0.5: a dip that recovers there is unseen, so the ceiling stays at the

@@ -309,6 +309,23 @@ def _more_items(
     return None
 
 
+def _feed_starved(a: Analysis, drawn: int, target_items: int, batch: int) -> Step | None:
+    """While no tolerance resolves the decision (:attr:`Analysis.stated_tolerance` None), more
+    items for the lowest level of the chain scored on fewer than ``MIN_ITEMS`` items (a small
+    opening, the closed-book items left out): a chain that reaches it at any tolerance is
+    unresolved there however it reads, so without them the sweep would end unresolved with
+    most of the task set unasked there. None: no such level, or no items left for it."""
+    ref = a.reference_level
+    if a.stated_tolerance is not None or ref is None:
+        return None
+    for s in a.chain:
+        if s.complete and s.n_items < MIN_ITEMS and s.level != ref:
+            step = _more_items(s, (ref, s.level), drawn, target_items, batch)
+            if step is not None:
+                return step
+    return None
+
+
 def next_step(
     a: Analysis,
     *,
@@ -361,6 +378,9 @@ def next_step(
         dips = scans(a, resolution)
         if dips:
             return Step("scan", tuple(dips))
+    step = _feed_starved(a, drawn, target_items, batch) if adaptive else None
+    if step is not None:
+        return step
     if grid and a.deciding_level is None and a.ceiling_level is not None:
         # every level measured passes (at the tolerance the data resolve): the next grid level
         return Step("grid", (min(grid),))
