@@ -346,18 +346,19 @@ def next_step(
     if a.hopeless:
         return None
     ref = a.level(a.reference_level)
+    # the opening's second stage is measured: a level above the reference is
+    staged_yet = ref is not None and any(s.level > ref.level for s in a.levels)
     if adaptive and ref is not None and ref.complete and ref.ci[0] < a.floor:
         # the reference not yet shown above the accuracy floor: no ceiling is written without
         # that, so its items come first (the cheapest fill of the grid); a model below the
         # floor that read above it on the opening by chance reads lower on them and stops
-        staged_yet = any(s.level > ref.level for s in a.levels)
         most = target_items if staged_yet else floor_items(opened, target_items)
         if drawn >= most and ref.accuracy < a.floor:
             return None  # still reading below the floor within the opening's calls: refused
         step = _more_items(ref, (ref.level,), drawn, target_items, batch)
         if step is not None:
             return step
-    if grid and ref is not None and not any(s.level > ref.level for s in a.levels):
+    if grid and ref is not None and not staged_yet:
         # the opening's second stage (the first level above the reference), once the floor
         # holds or no more items can be drawn to show it: what follows is as if the opening
         # had measured it with the reference
