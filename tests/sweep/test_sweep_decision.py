@@ -320,6 +320,11 @@ def test_validity_benchmark_runs_the_real_code() -> None:
     forecast, within = row.strip(" |").split(" | ")[-2:]
     assert forecast.endswith("M") and within.endswith("%")
     assert "zero accuracy refused | yes" in r.stdout
+    # the regimes the design must refuse write nothing, and show nothing placed
+    for name in ("model below the floor", "model that knows the answers"):
+        cells = next(x for x in r.stdout.splitlines() if x.startswith(f"| {name} |"))
+        written, _, _, _, placed = cells.strip(" |").split(" | ")[2:7]
+        assert (written, placed) == ("0.0%", "-"), cells
 
 
 def test_a_regression_check_holds_a_ceiling_to_the_tolerance_it_was_written_at() -> None:
