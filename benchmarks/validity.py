@@ -10,10 +10,11 @@ known exactly, at a 128k-token window:
   early, bimodal items (nearly always right or nearly always wrong), repeats that agree fully and
   repeats that are independent, drops just past a grid level, task sets of 60, 200 and 960 items,
   and a fixed budget; and, kept out of the "all" row, a model below the accuracy floor, a model
-  that knows the answers (every item answered with no documents), a reference level that reads 4 points high, and an 8-point dip that recovers within 3-6% of the
-  window (narrower than the dip scan's spacing), at the default resolution and at 0.025; knees uniform over 0.3-0.9, base accuracy over 0.6-0.98, item difficulty
-  with a logit SD of 1, 5% of items known closed-book, repeats copying the first call with
-  probability 0.5 unless the regime says otherwise;
+  that knows the answers (every item answered with no documents), a reference level that reads
+  4 points high, and an 8-point dip that recovers within 3-6% of the window (narrower than the
+  dip scan's spacing), at the default resolution and at 0.025; knees uniform over 0.3-0.9, base
+  accuracy over 0.6-0.98, item difficulty with a logit SD of 1, 5% of items known closed-book,
+  repeats copying the first call with probability 0.5 unless the regime says otherwise;
 - **truth**: the population accuracy curve; the true drop point is the highest fill up to which
   every fill is within the tolerance of the reference (at the tolerance the ceiling is stated at);
 - **per regime**: how often a ceiling is written, how often the enforced ceiling is at or below
