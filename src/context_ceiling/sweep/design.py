@@ -346,7 +346,7 @@ def next_step(
     if a.hopeless:
         return None
     ref = a.level(a.reference_level)
-    # the opening's second stage is measured: a level above the reference is
+    # the opening's second stage is measured once any level above the reference is
     staged_yet = ref is not None and any(s.level > ref.level for s in a.levels)
     if adaptive and ref is not None and ref.complete and ref.ci[0] < a.floor:
         # the reference not yet shown above the accuracy floor: no ceiling is written without
