@@ -64,13 +64,16 @@ does. On the opening's 180 items of a default sweep, a model 10 points above the
 this low about 0.1% of the time, 5 points above about 3%, one exactly at the floor about 31%."""
 
 
-SCAN_LOW = 0.2
+SCAN_LOW = 0.0
 """A scanned level gates the chain once its measured difference from the reference is below
-``-SCAN_LOW * tolerance``. The screen runs on the opening's items, which every scan point shares
-with the reference's own chance highs and lows: a dip of 8 points read above half the tolerance
-down on all of its points in about 3% of sweeps, and went unseen. A fifth of the tolerance
-screens that out while a flat stretch still mostly reads above it (a point that holds up costs
-the chain no power), and a point gating by chance stops as soon as more items lift it."""
+``-SCAN_LOW * tolerance``: below the reference at all. The screen runs on the opening's items,
+which every scan point shares with the reference's chance highs and lows, so in a sweep whose
+reference read low on them every point of a dip reads high together: at a fifth of the
+tolerance, 8-point dips 0.03-0.06 of the window wide went unseen in 5% of sweeps at half the
+default spacing, a scan point inside every one of them (each read less than a point down). A flat stretch reads below
+the reference about half the time; such a point is extended to the items drawn and usually
+passes its test, but now and then fails it by chance and holds the ceiling below it: the
+screen buys safety on narrow dips with some placement (docs/validity.md)."""
 
 
 def scan_gates(s: LevelStats, tolerance: float) -> bool:
