@@ -161,7 +161,7 @@ def test_default_sweep_plans_adds_items_where_open_and_resolves(
     added = [lv for lv, n in plan["n_at"].items() if n > first]
     # the reference, the open levels between the grid's 0.5 and 0.8, and any dip-scan point
     # that read below the reference on the opening's items (it is measured on the items drawn)
-    scanned = {f"{lv:.4f}" for lv in plan.get("scanned", [])}
+    scanned = {f"{lv:.4f}" for lv in plan["scanned"]}
     assert "0.2000" in added
     assert all(0.5 <= float(lv) < 0.8 or lv in scanned for lv in added if lv != "0.2000")
     assert plan["n_at"]["0.8000"] == first, "no items added where the decision was clear"

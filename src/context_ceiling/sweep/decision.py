@@ -70,10 +70,11 @@ SCAN_LOW = 0.0
 which every scan point shares with the reference's chance highs and lows, so in a sweep whose
 reference read low on them every point of a dip reads high together: at a fifth of the
 tolerance, 8-point dips 0.03-0.06 of the window wide went unseen in 5% of sweeps at half the
-default spacing, a scan point inside every one of them (each read less than a point down). A flat stretch reads below
-the reference about half the time; such a point is extended to the items drawn and usually
-passes its test, but now and then fails it by chance and holds the ceiling below it: the
-screen buys safety on narrow dips with some placement (docs/validity.md)."""
+default spacing, a scan point inside every one of them (each read less than a point down). A
+flat stretch reads below the reference about half the time; such a point is extended to the
+items drawn and usually passes its test, but now and then fails it by chance and holds the
+ceiling below it: the screen buys safety on narrow dips with some placement
+(docs/validity.md)."""
 
 
 def scan_gates(s: LevelStats, tolerance: float) -> bool:
